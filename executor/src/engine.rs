@@ -1,0 +1,149 @@
+//! The execution engine: request in, result out. Shared by the daemon and `executor run`, so a
+//! command run locally goes through exactly the path a remote one does.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use protocol::{ErrorCode, ExecResult, Isolation, Limits, ResultExtra};
+
+use crate::plan::{plan_command, PlanSettings};
+use crate::profile::Profile;
+use crate::request::ValidRequest;
+use crate::runner::{OutputSink, RunError, Runner, StopReason};
+
+/// Limits used when no flag overrides them. Each is a reason, not a guess:
+pub fn default_limits() -> Limits {
+    Limits {
+        max_message_bytes: 1 << 20,
+        // Linux's MAX_ARG_STRLEN: no single argv string may be longer than 32 pages.
+        max_command_bytes: 128 * 1024 - 1,
+        max_env_entries: 256,
+        max_env_bytes: 128 * 1024,
+        max_id_bytes: 128,
+        // mini-swe-agent's environments default to 30 s.
+        default_timeout: 30.0,
+        max_timeout: 24.0 * 3600.0,
+        // Far more than mini's 10,000-character observation, small enough for many commands.
+        max_output_bytes: 1 << 20,
+        max_commands_per_connection: 16,
+        max_commands_total: 64,
+    }
+}
+
+/// Error returned instead of a result: the command did not run (or its setup broke).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ExecError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// The one place that maps internal run errors to wire error codes.
+impl From<RunError> for ExecError {
+    fn from(err: RunError) -> Self {
+        let code = match &err {
+            RunError::SpawnHelper { .. } | RunError::Setup { .. } => ErrorCode::EnvironmentError,
+            RunError::Plan(_) => ErrorCode::Internal,
+        };
+        Self::new(code, err.to_string())
+    }
+}
+
+pub struct Engine {
+    pub limits: Limits,
+    pub plan_settings: PlanSettings,
+    pub runner: Runner,
+    pub profiles: BTreeMap<String, Profile>,
+    pub default_profile: String,
+    serial: AtomicU64,
+}
+
+impl Engine {
+    pub fn new(
+        limits: Limits,
+        plan_settings: PlanSettings,
+        helper_exe: PathBuf,
+        profiles: BTreeMap<String, Profile>,
+        default_profile: String,
+    ) -> Self {
+        let runner = Runner {
+            helper_exe,
+            max_output_bytes: limits.max_output_bytes,
+        };
+        Self {
+            limits,
+            plan_settings,
+            runner,
+            profiles,
+            default_profile,
+            serial: AtomicU64::new(0),
+        }
+    }
+
+    /// Resolve the profile a request asks for.
+    pub fn profile(&self, asked: Option<&str>) -> Result<&Profile, ExecError> {
+        let name = asked.unwrap_or(&self.default_profile);
+        self.profiles.get(name).ok_or_else(|| {
+            let known: Vec<&str> = self.profiles.keys().map(String::as_str).collect();
+            ExecError::new(
+                ErrorCode::ProfileDenied,
+                format!(
+                    "profile {name:?} is not available here; available: {}",
+                    known.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// Plan and run one validated request.
+    pub async fn execute(
+        &self,
+        req: &ValidRequest,
+        sink: Option<OutputSink>,
+        stop: impl Future<Output = StopReason>,
+    ) -> Result<ExecResult, ExecError> {
+        let profile = self.profile(req.profile.as_deref())?;
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        let plan = plan_command(&req.spec, profile, &self.plan_settings, serial);
+        let outcome = self.runner.run(&plan, req.timeout, sink, stop).await?;
+        let captured = outcome.captured;
+        Ok(ExecResult {
+            id: req.id.clone(),
+            output: captured.text,
+            returncode: outcome.returncode,
+            exception_info: outcome.exception_info,
+            extra: ResultExtra {
+                ended: outcome.ending,
+                timed_out: outcome.ending == protocol::Ending::TimedOut,
+                cancelled: outcome.ending == protocol::Ending::Cancelled,
+                duration_ms: outcome.duration.as_secs_f64() * 1000.0,
+                signal: outcome.signal.map(signal_name),
+                output_bytes: captured.total_bytes,
+                truncated: captured.elided_bytes > 0,
+                elided_bytes: captured.elided_bytes,
+                killed_processes: outcome.killed,
+                isolation: Isolation {
+                    profile: profile.name.clone(),
+                    layers: outcome.layers,
+                },
+            },
+        })
+    }
+}
+
+/// `SIGKILL` for 9; `SIG<n>` for numbers nix does not know (real-time signals).
+pub fn signal_name(signal: i32) -> String {
+    nix::sys::signal::Signal::try_from(signal)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("SIG{signal}"))
+}

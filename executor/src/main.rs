@@ -1,0 +1,469 @@
+//! `executor`: runs shell commands for agents, each as a new process session whose whole tree
+//! dies with it. See the README for the commands and `protocol/README.md` for the wire format.
+
+mod audit;
+mod cgroup;
+mod engine;
+mod helper;
+mod plan;
+mod profile;
+mod request;
+mod runner;
+mod server;
+mod sys;
+mod token;
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use protocol::{Ending, HostFacts, Limits, ProfileSummary, ServerMessage};
+use tokio::sync::mpsc;
+
+use crate::engine::{default_limits, Engine};
+use crate::plan::PlanSettings;
+use crate::profile::{Profile, DEFAULT_PROFILE};
+use crate::runner::{OutputSink, StopReason};
+
+/// Port `executor serve` listens on when `--listen` names none.
+const DEFAULT_PORT: u16 = 7681;
+
+#[derive(Parser)]
+#[command(
+    name = "executor",
+    version,
+    about = "Run agents' shell commands in isolated, fully killable process sessions"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the WebSocket protocol.
+    Serve(ServeArgs),
+    /// Run one command locally through the same path the daemon uses; exit with its code.
+    Run(RunArgs),
+}
+
+#[derive(Args)]
+struct CommonArgs {
+    /// Interpreter and its flag; the command is appended as the last argument.
+    #[arg(long, default_value = "bash -c")]
+    interpreter: String,
+    /// Bytes of output kept per command (first and last halves); the total is always counted.
+    #[arg(long)]
+    max_output_bytes: Option<usize>,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on. Non-loopback addresses need an existing --token-file.
+    #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)))]
+    listen: SocketAddr,
+    /// Directory for the token, the audit log and the default workspace.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Bearer token file; created with a random token (mode 0600) if missing.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Default working directory of commands; created if missing.
+    #[arg(long)]
+    workspace: Option<PathBuf>,
+    /// Audit log, one JSON line per command.
+    #[arg(long)]
+    audit_log: Option<PathBuf>,
+    /// Seconds a command may run when its request names no timeout.
+    #[arg(long)]
+    default_timeout: Option<f64>,
+    /// Largest timeout a request may ask for, in seconds.
+    #[arg(long)]
+    max_timeout: Option<f64>,
+    /// Commands one connection may run at once.
+    #[arg(long)]
+    max_commands_per_connection: Option<usize>,
+    /// Commands the daemon runs at once over all connections.
+    #[arg(long)]
+    max_commands: Option<usize>,
+    /// Open connections accepted at once.
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+    /// Largest WebSocket message accepted, in bytes.
+    #[arg(long)]
+    max_message_bytes: Option<usize>,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Sandbox profile.
+    #[arg(long)]
+    profile: Option<String>,
+    /// Seconds before the command's tree is killed (fractions allowed).
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
+    /// Working directory (default: the current one).
+    #[arg(long)]
+    cwd: Option<PathBuf>,
+    /// Extra environment variable, NAME=VALUE; repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    #[command(flatten)]
+    common: CommonArgs,
+    /// The command; several words are joined with spaces, as ssh does.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    // Helper mode first: before clap, before any runtime or thread exists in this process.
+    if std::env::args_os().nth(1).as_deref() == Some(OsStr::new(helper::HELPER_ARG)) {
+        return helper::main();
+    }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args).map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => run_local(args),
+    };
+    result.unwrap_or_else(|err| {
+        eprintln!("executor: {err:#}");
+        ExitCode::from(2)
+    })
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn helper_exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("cannot locate the executor binary to re-run as helper")
+}
+
+fn interpreter(text: &str) -> anyhow::Result<Vec<String>> {
+    let argv: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    if argv.is_empty() {
+        bail!("--interpreter must name a program");
+    }
+    Ok(argv)
+}
+
+fn builtin_profiles() -> anyhow::Result<BTreeMap<String, Profile>> {
+    Ok(Profile::all_builtin()?
+        .into_iter()
+        .map(|p| (p.name.clone(), p))
+        .collect())
+}
+
+fn home_dir() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"))
+}
+
+fn default_state_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/var/lib/executor")
+    } else {
+        home_dir().join(".local/state/executor")
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let mut limits = default_limits();
+    apply_overrides(&mut limits, &args);
+    // Same-uid commands must not read our memory or environment through /proc or ptrace.
+    nix::sys::prctl::set_dumpable(false).context("cannot make the daemon non-dumpable")?;
+
+    let state_dir = args.state_dir.unwrap_or_else(default_state_dir);
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
+    let workspace = args
+        .workspace
+        .unwrap_or_else(|| state_dir.join("workspace"));
+    std::fs::create_dir_all(&workspace)
+        .with_context(|| format!("cannot create workspace {}", workspace.display()))?;
+
+    let explicit_token = args.token_file.is_some();
+    let token_path = args.token_file.unwrap_or_else(|| state_dir.join("token"));
+    let loopback = args.listen.ip().is_loopback();
+    // Off loopback, a token nobody chose would lock everyone out or, worse, be guessed from a
+    // world-readable default path: insist on an existing, deliberately placed token file.
+    let deliberate_token = explicit_token && token_path.exists();
+    if !loopback && !deliberate_token {
+        bail!(
+            "refusing to listen on non-loopback address {} without an existing --token-file",
+            args.listen
+        );
+    }
+    let (token, created) = token::Token::load_or_create(&token_path, loopback)?;
+
+    let audit_path = args
+        .audit_log
+        .unwrap_or_else(|| state_dir.join("audit.jsonl"));
+    let audit = audit::Audit::open(&audit_path)?;
+    let interpreter = interpreter(&args.common.interpreter)?;
+
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let cgroup_root = match cgroup::prepare(std::process::id()) {
+            Ok(root) => Some(root),
+            Err(err) => {
+                tracing::warn!(%err, "cgroups unavailable; commands are contained by the subreaper sweep alone");
+                None
+            }
+        };
+        let plan_settings = PlanSettings {
+            interpreter: interpreter.clone(),
+            workspace: workspace.clone(),
+            home: home_dir(),
+            cgroup_parent: cgroup_root
+                .as_ref()
+                .map(|r| (r.parent.clone(), r.home.clone())),
+        };
+        let profiles = builtin_profiles()?;
+        let layers = base_layers(cgroup_root.is_some());
+        let hello = protocol::Hello {
+            protocol: protocol::PROTOCOL_VERSION,
+            server: format!("executor {}", env!("CARGO_PKG_VERSION")),
+            host: host_facts(),
+            profiles: profiles
+                .values()
+                .map(|p| ProfileSummary {
+                    name: p.name.clone(),
+                    description: p.description.clone(),
+                    layers: layers.clone(),
+                })
+                .collect(),
+            default_profile: DEFAULT_PROFILE.to_string(),
+            limits: limits.clone(),
+            interpreter,
+            workspace: workspace.display().to_string(),
+        };
+        let engine = Engine::new(
+            limits,
+            plan_settings,
+            helper_exe()?,
+            profiles,
+            DEFAULT_PROFILE.to_string(),
+        );
+        let daemon = Arc::new(server::Daemon::new(
+            engine,
+            token,
+            audit,
+            hello,
+            args.max_connections,
+        ));
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        tracing::info!(
+            %addr,
+            token_file = %token_path.display(),
+            token_created = created,
+            workspace = %workspace.display(),
+            audit_log = %audit_path.display(),
+            "executor ready"
+        );
+        // One line on stdout for scripts and tests that start us on port 0.
+        let mut stdout = std::io::stdout();
+        let _ = writeln!(stdout, "executor listening on ws://{addr}{}", protocol::WS_PATH);
+        let _ = stdout.flush();
+
+        tokio::spawn(shutdown_on_signal(daemon.clone()));
+        server::serve(listener, daemon).await;
+        if let Some(root) = cgroup_root {
+            cgroup::remove(&root.parent);
+        }
+        tracing::info!("executor stopped");
+        Ok(())
+    })
+}
+
+fn apply_overrides(limits: &mut Limits, args: &ServeArgs) {
+    if let Some(v) = args.default_timeout {
+        limits.default_timeout = v;
+    }
+    if let Some(v) = args.max_timeout {
+        limits.max_timeout = v;
+    }
+    if let Some(v) = args.max_commands_per_connection {
+        limits.max_commands_per_connection = v;
+    }
+    if let Some(v) = args.max_commands {
+        limits.max_commands_total = v;
+    }
+    if let Some(v) = args.max_message_bytes {
+        limits.max_message_bytes = v;
+    }
+    if let Some(v) = args.common.max_output_bytes {
+        limits.max_output_bytes = v;
+    }
+}
+
+/// Layers every command gets on this host (profiles add theirs with the sandbox issue).
+fn base_layers(cgroup: bool) -> Vec<String> {
+    let mut layers = vec!["session".to_string(), "subreaper".to_string()];
+    if cgroup {
+        layers.push("cgroup".to_string());
+    }
+    layers
+}
+
+async fn shutdown_on_signal(daemon: Arc<server::Daemon>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; SIGTERM will not drain");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("shutting down: killing running commands and sending their results");
+    daemon.shutdown.cancel();
+}
+
+fn host_facts() -> HostFacts {
+    let uts = nix::sys::utsname::uname().ok();
+    let field = |f: fn(&nix::sys::utsname::UtsName) -> &OsStr| {
+        uts.as_ref()
+            .map(|u| f(u).to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    HostFacts {
+        hostname: nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        kernel: format!("{} {}", field(|u| u.sysname()), field(|u| u.release())),
+        arch: std::env::consts::ARCH.to_string(),
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// `executor run`: one command, output streamed to stdout, exit code passed on.
+fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut limits = default_limits();
+    if let Some(bytes) = args.common.max_output_bytes {
+        limits.max_output_bytes = bytes;
+    }
+    let cwd = match args.cwd {
+        Some(cwd) => cwd,
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let cwd = std::path::absolute(&cwd).unwrap_or(cwd);
+    let mut env = BTreeMap::new();
+    for pair in &args.env {
+        let Some((name, value)) = pair.split_once('=') else {
+            bail!("--env expects NAME=VALUE, got {pair:?}");
+        };
+        env.insert(name.to_string(), value.to_string());
+    }
+    let request = protocol::ExecRequest {
+        id: "local".into(),
+        command: args.command.join(" "),
+        cwd: Some(cwd.display().to_string()),
+        env,
+        timeout: Some(args.timeout),
+        profile: args.profile,
+        stream: true,
+    };
+    let valid = request::validate(request, &limits)?;
+    let engine = Engine::new(
+        limits,
+        PlanSettings {
+            interpreter: interpreter(&args.common.interpreter)?,
+            workspace: cwd.clone(),
+            home: home_dir(),
+            cgroup_parent: None,
+        },
+        helper_exe()?,
+        builtin_profiles()?,
+        DEFAULT_PROFILE.to_string(),
+    );
+    let rt = runtime()?;
+    let kept = engine.limits.max_output_bytes;
+    rt.block_on(async move {
+        let (tx, mut rx) = mpsc::channel::<ServerMessage>(16);
+        let printer = tokio::spawn(async move {
+            let mut stdout = std::io::stdout();
+            while let Some(msg) = rx.recv().await {
+                if let ServerMessage::Output(chunk) = msg {
+                    let _ = stdout.write_all(chunk.data.as_bytes());
+                    let _ = stdout.flush();
+                }
+            }
+        });
+        let sink = OutputSink {
+            id: valid.id.clone(),
+            tx,
+        };
+        let stop = async {
+            let _ = tokio::signal::ctrl_c().await;
+            StopReason::Cancelled
+        };
+        let result = engine.execute(&valid, Some(sink), stop).await;
+        let _ = printer.await;
+        let result = result.map_err(|e| anyhow::anyhow!("{}: {}", e.code, e.message))?;
+        if !result.exception_info.is_empty() {
+            eprintln!("executor: {}", result.exception_info);
+        }
+        if result.extra.truncated {
+            eprintln!(
+                "executor: output was {} bytes; the result kept {kept} of them (head and tail)",
+                result.extra.output_bytes
+            );
+        }
+        Ok(exit_code(result.returncode, result.extra.ended))
+    })
+}
+
+/// Shell conventions: the code itself, 128 + n for a signal, 124 for a timeout (as timeout(1)),
+/// 130 for an interrupt.
+fn exit_code(returncode: i32, ended: Ending) -> ExitCode {
+    let code = match ended {
+        Ending::TimedOut => 124,
+        Ending::Cancelled | Ending::Disconnected | Ending::Shutdown => 130,
+        Ending::Signaled => 128 + returncode.unsigned_abs().min(127) as u8,
+        Ending::Exited => (returncode & 0xff) as u8,
+    };
+    ExitCode::from(code)
+}

@@ -1,0 +1,305 @@
+//! Wire protocol between an executor daemon and its clients.
+//!
+//! Plain data: every message is one JSON text frame on a WebSocket, tagged by `type`.
+//! `protocol/README.md` documents the fields and shows a whole session as a transcript.
+//! Requests reject unknown fields so a misspelt option (`timout`) is an error, not a silent
+//! default; replies may gain fields over time, so clients should ignore fields they do not know.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of this protocol, sent in [`Hello::protocol`]. Bumped only for breaking changes.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Path of the WebSocket endpoint.
+pub const WS_PATH: &str = "/v1/ws";
+
+/// Exit code reported when a command did not finish on its own (timeout, cancel, error),
+/// as mini-swe-agent does.
+pub const RETURNCODE_NOT_FINISHED: i32 = -1;
+
+/// Messages a client sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientMessage {
+    Exec(ExecRequest),
+    Cancel(CancelRequest),
+}
+
+/// Run one shell command as a fresh process session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Chosen by the client, unique among the connection's running commands.
+    pub id: String,
+    /// Passed to the interpreter as `<interpreter> -c <command>`.
+    pub command: String,
+    /// Working directory; the daemon's workspace when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Added to the cleared environment and the profile's defaults; wins over both.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Wall-clock limit in seconds (fractions allowed); the daemon's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+    /// Sandbox profile name; the daemon's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Send `output` messages while the command runs, in addition to the final result.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stream: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// Stop a running command; its result follows with `extra.cancelled = true`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequest {
+    pub id: String,
+}
+
+/// Messages the daemon sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerMessage {
+    Hello(Hello),
+    Output(OutputChunk),
+    Result(ExecResult),
+    Error(ErrorMessage),
+}
+
+/// First message on every connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u32,
+    /// `executor <version>`.
+    pub server: String,
+    pub host: HostFacts,
+    /// Profiles this connection may ask for.
+    pub profiles: Vec<ProfileSummary>,
+    /// Profile used when a request names none.
+    pub default_profile: String,
+    pub limits: Limits,
+    /// Interpreter commands run under, e.g. `["bash", "-c"]`.
+    pub interpreter: Vec<String>,
+    /// Default working directory of commands.
+    pub workspace: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostFacts {
+    pub hostname: String,
+    /// `uname -sr`, e.g. `Linux 6.18.44`.
+    pub kernel: String,
+    pub arch: String,
+    pub cores: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileSummary {
+    pub name: String,
+    pub description: String,
+    /// Isolation layers this profile applies on this host.
+    pub layers: Vec<String>,
+}
+
+/// Bounds the daemon enforces; requests beyond them get a `bad_request` or `busy` error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_message_bytes: usize,
+    pub max_command_bytes: usize,
+    pub max_env_entries: usize,
+    /// Sum over `env` of name + value + 2 bytes.
+    pub max_env_bytes: usize,
+    pub max_id_bytes: usize,
+    pub default_timeout: f64,
+    pub max_timeout: f64,
+    /// Bytes of output kept per command (head and tail); the true total is always reported.
+    pub max_output_bytes: usize,
+    pub max_commands_per_connection: usize,
+    pub max_commands_total: usize,
+}
+
+/// A piece of a command's merged stdout and stderr, sent only when the request set `stream`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputChunk {
+    pub id: String,
+    /// 0, 1, 2, ... per command, so a client can tell nothing was lost.
+    pub seq: u64,
+    /// UTF-8 text; invalid bytes are replaced with U+FFFD.
+    pub data: String,
+}
+
+/// The end of a command, shaped like mini-swe-agent's result dictionary plus `extra`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub id: String,
+    /// Merged stdout and stderr in order; head and tail when longer than the daemon's cap.
+    pub output: String,
+    /// Exit code; `-signal` when a signal ended the shell; -1 when the command did not finish
+    /// on its own (timeout, cancel, disconnect, shutdown).
+    pub returncode: i32,
+    /// Empty when the command ran to completion; otherwise what stopped it.
+    pub exception_info: String,
+    pub extra: ResultExtra,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultExtra {
+    /// How the command ended.
+    pub ended: Ending,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    /// Wall-clock time from spawn to result, in milliseconds.
+    pub duration_ms: f64,
+    /// Signal that ended the shell, if any (e.g. `SIGKILL`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// True number of bytes the command wrote.
+    pub output_bytes: u64,
+    /// Whether the middle of the output was left out of `output`.
+    pub truncated: bool,
+    /// Bytes left out of `output` (0 unless truncated).
+    pub elided_bytes: u64,
+    /// Processes still running when the shell exited, killed by the daemon.
+    pub killed_processes: u32,
+    pub isolation: Isolation,
+}
+
+/// Why a command stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ending {
+    /// The shell exited with a code.
+    Exited,
+    /// The shell was ended by a signal it did not get from the daemon.
+    Signaled,
+    TimedOut,
+    Cancelled,
+    /// The client's connection closed; only the audit log sees this result.
+    Disconnected,
+    /// The daemon is shutting down.
+    Shutdown,
+}
+
+/// Which isolation the command actually ran under.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Isolation {
+    pub profile: String,
+    /// Layers applied, in order, e.g. `["session", "subreaper", "cgroup"]`.
+    pub layers: Vec<String>,
+}
+
+/// A request could not be served. `id` names the request when it could be read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorMessage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// The few error classes a client has to tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The message is malformed, too large, or a field is out of range. Fix the request.
+    BadRequest,
+    /// The id is already in use by a running command of this connection.
+    DuplicateId,
+    /// `cancel` named no running command of this connection.
+    NotFound,
+    /// A concurrency limit is reached. Retry later.
+    Busy,
+    /// The profile does not exist or this client may not use it.
+    ProfileDenied,
+    /// The execution environment itself is broken (the sandbox could not be set up, the
+    /// interpreter or working directory is missing, the host refused a resource). The command
+    /// did not run; an agent should stop rather than show this to the model.
+    EnvironmentError,
+    /// The daemon is draining and takes no new commands.
+    ShuttingDown,
+    /// A bug in the daemon. Nothing was run.
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BadRequest => "bad_request",
+            Self::DuplicateId => "duplicate_id",
+            Self::NotFound => "not_found",
+            Self::Busy => "busy",
+            Self::ProfileDenied => "profile_denied",
+            Self::EnvironmentError => "environment_error",
+            Self::ShuttingDown => "shutting_down",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_exec_request_uses_defaults() {
+        let msg: ClientMessage =
+            serde_json::from_str(r#"{"type":"exec","id":"c1","command":"echo hi"}"#).unwrap();
+        let ClientMessage::Exec(req) = msg else {
+            panic!("not an exec: {msg:?}")
+        };
+        assert_eq!(req.id, "c1");
+        assert_eq!(req.cwd, None);
+        assert!(req.env.is_empty());
+        assert_eq!(req.timeout, None);
+        assert!(!req.stream);
+    }
+
+    #[test]
+    fn full_exec_request_round_trips() {
+        let text = r#"{"type":"exec","id":"c1","command":"echo hi","cwd":"/work","env":{"K":"V"},"timeout":2.5,"profile":"strict","stream":true}"#;
+        let msg: ClientMessage = serde_json::from_str(text).unwrap();
+        assert_eq!(serde_json::to_string(&msg).unwrap(), text);
+    }
+
+    #[test]
+    fn misspelt_request_field_is_rejected() {
+        let err = serde_json::from_str::<ClientMessage>(
+            r#"{"type":"exec","id":"c1","command":"x","timout":3}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("timout"), "{err}");
+    }
+
+    #[test]
+    fn unknown_type_is_rejected() {
+        assert!(serde_json::from_str::<ClientMessage>(r#"{"type":"launch","id":"c1"}"#).is_err());
+    }
+
+    #[test]
+    fn error_codes_serialize_as_documented() {
+        let msg = ServerMessage::Error(ErrorMessage {
+            id: Some("c1".into()),
+            code: ErrorCode::EnvironmentError,
+            message: "m".into(),
+        });
+        assert_eq!(
+            serde_json::to_string(&msg).unwrap(),
+            r#"{"type":"error","id":"c1","code":"environment_error","message":"m"}"#
+        );
+        assert_eq!(ErrorCode::EnvironmentError.as_str(), "environment_error");
+    }
+}
