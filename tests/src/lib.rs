@@ -1,1 +1,426 @@
-//! Harness for the end-to-end tests.
+//! Harness for the end-to-end tests: start the real `executor` binary, talk to it over
+//! WebSocket, and inspect the host (processes, files) afterwards.
+//!
+//! Tests that need root or a kernel feature call [`require`]; it skips locally but panics when
+//! `EXECUTOR_TESTS_STRICT=1` (set by `.ci/run`), so CI can never pass by skipping.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::missing_panics_doc)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use protocol::{ClientMessage, ExecRequest, ExecResult, Hello, OutputChunk, ServerMessage};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// How long any single wait in a test may take before the test fails.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Path of a workspace binary, built once per test process so it is never stale.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        // target/<profile>/deps/e2e-<hash> -> target/<profile>
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.args(["build", "--quiet", "--bins", "-p", "executor", "-p", "agent"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo build runs");
+        assert!(status.success(), "building the binaries failed");
+        dir
+    });
+    dir.join(name)
+}
+
+/// Skip (locally) or fail (CI) when a precondition such as root is missing.
+pub fn require(what: &str, available: bool) -> bool {
+    if available {
+        return true;
+    }
+    if std::env::var("EXECUTOR_TESTS_STRICT").is_ok_and(|v| v == "1") {
+        panic!("required for this test but missing: {what} (EXECUTOR_TESTS_STRICT=1)");
+    }
+    eprintln!("SKIPPED: missing {what}");
+    false
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// A running `executor serve` on a free loopback port with its own state directory.
+pub struct Daemon {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub url: String,
+    pub token: String,
+    pub state: tempfile::TempDir,
+    pub workspace: PathBuf,
+    stderr_log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Start with extra `serve` flags.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let state = tempfile::Builder::new()
+            .prefix("executor-e2e-")
+            .tempdir()
+            .unwrap();
+        let workspace = state.path().join("workspace");
+        let stderr_log = state.path().join("daemon.log");
+        let mut child = Command::new(binary("executor"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state.path())
+            .args(extra)
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("executor listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "daemon did not start: {line:?}\n{}",
+                    std::fs::read_to_string(&stderr_log).unwrap_or_default()
+                )
+            })
+            .to_string();
+        let addr: SocketAddr = url
+            .trim_start_matches("ws://")
+            .trim_end_matches(protocol::WS_PATH)
+            .parse()
+            .unwrap();
+        let token = std::fs::read_to_string(state.path().join("token"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        Self {
+            child,
+            addr,
+            url,
+            token,
+            state,
+            workspace,
+            stderr_log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub async fn connect(&self) -> Client {
+        Client::connect(&self.url, Some(&self.token)).await.unwrap()
+    }
+
+    /// The daemon's log so far (stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    /// Audit log records so far.
+    pub fn audit(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.state.path().join("audit.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Send a signal and wait for the daemon to exit, returning its exit status.
+    pub fn signal_and_wait(&mut self, signal: nix::sys::signal::Signal) -> std::process::ExitStatus {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), signal).unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "daemon did not exit after {signal}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether the daemon answers `/healthz`.
+    pub async fn healthy(&self) -> bool {
+        http_get(self.addr, "/healthz", None).await.is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A raw HTTP/1.1 GET; returns the whole response text.
+pub async fn http_get(addr: SocketAddr, path: &str, auth: Option<&str>) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = TcpStream::connect(addr).await?;
+    let auth = auth
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut out))
+        .await
+        .map_err(|_| std::io::Error::other("timeout"))??;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A protocol client.
+pub struct Client {
+    pub ws: Ws,
+    pub hello: Hello,
+}
+
+/// Everything received for one command.
+#[derive(Debug)]
+pub struct Received {
+    pub chunks: Vec<OutputChunk>,
+    pub result: Result<ExecResult, protocol::ErrorMessage>,
+}
+
+impl Client {
+    /// Connect with `Authorization: <auth>` (e.g. `Bearer x`), or none.
+    pub async fn connect_raw(url: &str, auth: Option<&str>) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
+        let mut req = url.into_client_request()?;
+        if let Some(auth) = auth {
+            req.headers_mut()
+                .insert("Authorization", HeaderValue::from_str(auth).unwrap());
+        }
+        let (ws, _) = tokio_tungstenite::connect_async(req).await?;
+        Ok(ws)
+    }
+
+    pub async fn connect(url: &str, token: Option<&str>) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let ws = Self::connect_raw(url, auth.as_deref()).await?;
+        let mut client = Self {
+            ws,
+            hello: placeholder_hello(),
+        };
+        match client.recv().await {
+            Some(ServerMessage::Hello(hello)) => client.hello = hello,
+            other => panic!("expected hello, got {other:?}"),
+        }
+        Ok(client)
+    }
+
+    pub async fn send(&mut self, msg: &ClientMessage) {
+        self.send_text(&serde_json::to_string(msg).unwrap()).await;
+    }
+
+    pub async fn send_text(&mut self, text: &str) {
+        self.ws.send(Message::text(text.to_string())).await.unwrap();
+    }
+
+    /// Next protocol message, or `None` when the connection closed. Fails the test after
+    /// [`PATIENCE`].
+    pub async fn recv(&mut self) -> Option<ServerMessage> {
+        self.recv_within(PATIENCE).await.expect("no message within the test's patience")
+    }
+
+    /// Next protocol message within `wait`: `Err` on timeout, `Ok(None)` on close.
+    pub async fn recv_within(&mut self, wait: Duration) -> Result<Option<ServerMessage>, ()> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let frame = tokio::time::timeout_at(deadline, self.ws.next())
+                .await
+                .map_err(|_| ())?;
+            match frame {
+                Some(Ok(Message::Text(text))) => {
+                    return Ok(Some(serde_json::from_str(text.as_str()).unwrap_or_else(|e| {
+                        panic!("server sent invalid JSON ({e}): {text}")
+                    })))
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Ok(None),
+                Some(Ok(_)) => continue,
+            }
+        }
+    }
+
+    /// Send `req` and collect its output chunks and its result or error.
+    pub async fn exec(&mut self, req: ExecRequest) -> Received {
+        let id = req.id.clone();
+        self.send(&ClientMessage::Exec(req)).await;
+        self.collect(&id).await
+    }
+
+    /// Collect messages for `id` until its result or error.
+    pub async fn collect(&mut self, id: &str) -> Received {
+        let mut chunks = Vec::new();
+        loop {
+            match self.recv().await {
+                Some(ServerMessage::Output(chunk)) if chunk.id == id => chunks.push(chunk),
+                Some(ServerMessage::Result(result)) if result.id == id => {
+                    return Received {
+                        chunks,
+                        result: Ok(result),
+                    }
+                }
+                Some(ServerMessage::Error(err)) if err.id.as_deref() == Some(id) => {
+                    return Received {
+                        chunks,
+                        result: Err(err),
+                    }
+                }
+                Some(_) => continue,
+                None => panic!("connection closed before the result of {id}"),
+            }
+        }
+    }
+
+    /// Run `command` and return its result, failing the test on a protocol error.
+    pub async fn run(&mut self, id: &str, command: &str) -> ExecResult {
+        self.exec(req(id, command)).await.result.unwrap_or_else(|e| panic!("{id}: {e:?}"))
+    }
+}
+
+/// An exec request with defaults.
+pub fn req(id: &str, command: &str) -> ExecRequest {
+    ExecRequest {
+        id: id.to_string(),
+        command: command.to_string(),
+        cwd: None,
+        env: BTreeMap::new(),
+        timeout: None,
+        profile: None,
+        stream: false,
+    }
+}
+
+fn placeholder_hello() -> Hello {
+    Hello {
+        protocol: 0,
+        server: String::new(),
+        host: protocol::HostFacts {
+            hostname: String::new(),
+            kernel: String::new(),
+            arch: String::new(),
+            cores: 0,
+        },
+        profiles: Vec::new(),
+        default_profile: String::new(),
+        limits: protocol::Limits {
+            max_message_bytes: 0,
+            max_command_bytes: 0,
+            max_env_entries: 0,
+            max_env_bytes: 0,
+            max_id_bytes: 0,
+            default_timeout: 0.0,
+            max_timeout: 0.0,
+            max_output_bytes: 0,
+            max_commands_per_connection: 0,
+            max_commands_total: 0,
+        },
+        interpreter: Vec::new(),
+        workspace: String::new(),
+    }
+}
+
+/// A string unlikely to appear in any other process's command line, to find a test's
+/// processes on the host.
+pub fn marker() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{}{:05}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A `sleep` whose argument embeds `marker` (GNU sleep takes fractions: `sleep 3600.<marker>`).
+pub fn marked_sleep(marker: &str) -> String {
+    format!("sleep 3600.{marker}")
+}
+
+/// Pids of live (non-zombie) processes whose command line contains `needle`.
+pub fn processes_matching(needle: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !cmdline.contains(needle) || pid == std::process::id() as i32 {
+            continue;
+        }
+        let zombie = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
+            .unwrap_or(false);
+        if !zombie {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Poll `cond` until it holds or `wait` passes; returns whether it held.
+pub async fn eventually(wait: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + wait;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Resident set size of `pid` in KiB, from /proc/<pid>/status.
+pub fn rss_kib(pid: u32) -> u64 {
+    status_field(pid, "VmRSS:")
+}
+
+/// Peak resident set size of `pid` in KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    status_field(pid, "VmHWM:")
+}
+
+fn status_field(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+

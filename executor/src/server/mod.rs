@@ -1,7 +1,7 @@
 //! `executor serve`: HTTP on one port, `GET /v1/ws` upgraded to the protocol's WebSocket.
 //!
 //! Unauthenticated peers get a 401 before anything is allocated for them beyond hyper's request
-//! parsing, which is bounded by a header timeout and keep-alive being off.
+//! parsing, which is bounded by a header timeout, a 16 KiB buffer and the connection limit.
 
 mod connection;
 
@@ -119,7 +119,6 @@ async fn serve_http(stream: tokio::net::TcpStream, peer: SocketAddr, daemon: Arc
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
-        .keep_alive(false)
         .max_buf_size(16 * 1024)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();

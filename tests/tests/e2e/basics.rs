@@ -1,0 +1,149 @@
+//! Ordinary commands: output, exit codes, cwd, env, stdin, sessions.
+
+use executor_tests::{req, Daemon};
+use protocol::{Ending, PROTOCOL_VERSION};
+
+#[tokio::test]
+async fn hello_describes_the_daemon() {
+    let daemon = Daemon::start();
+    let client = daemon.connect().await;
+    let hello = &client.hello;
+    assert_eq!(hello.protocol, PROTOCOL_VERSION);
+    assert!(hello.server.starts_with("executor "), "{}", hello.server);
+    assert!(hello.host.cores >= 1);
+    assert!(hello.host.kernel.starts_with("Linux"), "{}", hello.host.kernel);
+    assert_eq!(hello.default_profile, "trusted");
+    assert!(hello.profiles.iter().any(|p| p.name == "trusted"));
+    assert_eq!(hello.interpreter, vec!["bash", "-c"]);
+    assert_eq!(hello.workspace, daemon.workspace.display().to_string());
+    assert!(hello.limits.max_command_bytes > 0);
+}
+
+#[tokio::test]
+async fn stdout_and_stderr_are_merged_in_order_with_the_exit_code() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let result = client
+        .run("c1", "echo one; echo two >&2; echo three; exit 7")
+        .await;
+    assert_eq!(result.output, "one\ntwo\nthree\n");
+    assert_eq!(result.returncode, 7);
+    assert_eq!(result.exception_info, "");
+    assert_eq!(result.extra.ended, Ending::Exited);
+    assert!(!result.extra.timed_out && !result.extra.cancelled);
+    assert_eq!(result.extra.output_bytes, 14);
+    assert!(!result.extra.truncated);
+    assert_eq!(result.extra.isolation.profile, "trusted");
+    assert!(result.extra.isolation.layers.contains(&"session".to_string()));
+    assert!(result.extra.duration_ms > 0.0);
+
+    let ok = client.run("c2", "true").await;
+    assert_eq!((ok.returncode, ok.output.as_str()), (0, ""));
+}
+
+#[tokio::test]
+async fn a_shell_killed_by_a_signal_reports_it() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let result = client.run("sig", "kill -TERM $$").await;
+    assert_eq!(result.returncode, -15);
+    assert_eq!(result.extra.ended, Ending::Signaled);
+    assert_eq!(result.extra.signal.as_deref(), Some("SIGTERM"));
+}
+
+#[tokio::test]
+async fn workspace_is_the_default_cwd_and_persists_files_between_commands() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let pwd = client.run("pwd", "pwd").await;
+    assert_eq!(pwd.output.trim(), daemon.workspace.display().to_string());
+    client.run("w", "echo kept > note.txt").await;
+    // Checked on the host, and from a later command.
+    assert_eq!(
+        std::fs::read_to_string(daemon.workspace.join("note.txt")).unwrap(),
+        "kept\n"
+    );
+    assert_eq!(client.run("r", "cat note.txt").await.output, "kept\n");
+}
+
+#[tokio::test]
+async fn request_cwd_is_used_and_a_missing_cwd_is_an_environment_error() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let mut r = req("cwd", "pwd");
+    r.cwd = Some("/tmp".into());
+    assert_eq!(client.exec(r).await.result.unwrap().output, "/tmp\n");
+
+    let mut r = req("nocwd", "pwd");
+    r.cwd = Some("/nonexistent/dir".into());
+    let err = client.exec(r).await.result.unwrap_err();
+    assert_eq!(err.code, protocol::ErrorCode::EnvironmentError);
+    assert!(err.message.contains("/nonexistent/dir"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn environment_is_cleared_then_defaults_then_request_env() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let mut r = req("env", "env | sort");
+    r.env.insert("MY_VAR".into(), "value with spaces".into());
+    r.env.insert("PAGER".into(), "more".into());
+    let out = client.exec(r).await.result.unwrap().output;
+    assert!(out.contains("MY_VAR=value with spaces\n"), "{out}");
+    assert!(out.contains("PAGER=more\n"), "request env wins: {out}");
+    assert!(out.contains("GIT_PAGER=cat\n"), "{out}");
+    assert!(out.contains("TQDM_DISABLE=1\n"), "{out}");
+    assert!(out.contains("PIP_PROGRESS_BAR=off\n"), "{out}");
+    // The daemon was started with RUST_LOG set; a command must not inherit it.
+    assert!(!out.contains("RUST_LOG"), "{out}");
+    assert!(!out.contains(&daemon.token), "token leaked into the environment");
+}
+
+#[tokio::test]
+async fn stdin_reading_commands_return_at_once() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let started = std::time::Instant::now();
+    let result = client.run("stdin", "cat; read x; echo done:$?").await;
+    assert_eq!(result.output, "done:1\n");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn every_command_is_a_new_session_without_a_terminal() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let out = client
+        .run("sess", "ps -o sid=,pgid=,tty= -p $$; echo pid=$$")
+        .await
+        .output;
+    let mut fields = out.split_whitespace();
+    let sid: u32 = fields.next().unwrap().parse().unwrap();
+    let pgid: u32 = fields.next().unwrap().parse().unwrap();
+    let tty = fields.next().unwrap();
+    assert_eq!(tty, "?", "no controlling terminal: {out}");
+    assert_eq!(sid, pgid, "{out}");
+    let daemon_sid = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(daemon.pid() as i32)))
+        .unwrap()
+        .as_raw() as u32;
+    assert_ne!(sid, daemon_sid, "command shares the daemon's session");
+    // Control: the daemon itself is in a session of its own choosing (ours).
+    assert_eq!(
+        daemon_sid,
+        nix::unistd::getsid(None).unwrap().as_raw() as u32
+    );
+}
+
+#[tokio::test]
+async fn only_stdio_descriptors_reach_the_command() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    // Control: the daemon itself holds far more (its listener, its connections, its pipes).
+    let daemon_fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid())).unwrap().count();
+    assert!(daemon_fds > 4, "daemon has {daemon_fds} fds");
+    // ls runs as a child of the shell; list the shell's descriptors instead.
+    let out = client.run("fds", "ls /proc/$$/fd | sort -n | tr '\\n' ' '").await.output;
+    assert_eq!(out.trim(), "0 1 2", "{out}");
+    let stdin = client.run("stdin", "readlink /proc/$$/fd/0").await.output;
+    assert_eq!(stdin.trim(), "/dev/null");
+}
