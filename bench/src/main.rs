@@ -1,6 +1,730 @@
-//! The executor benchmark (placeholder; see issue 5).
+//! `executor-bench`: the figures of the performance bar (design notes, section 6), measured
+//! against a bare spawn of the same command in the same run.
+//!
+//! One command, from the workspace root:
+//!
+//! ```text
+//! cargo run --release -p executor-bench -- [--quick] [--json PATH]
+//! ```
+//!
+//! It builds `target/release/executor` (unless `--executor` or `--no-build`), starts
+//! `executor serve` on 127.0.0.1 with a fresh state directory, and measures, for every profile
+//! the daemon's hello lists and this host can run: round trips of `echo hi`, throughput with
+//! concurrent connections, streamed output with the daemon's peak RSS, and the timeout kill of a
+//! tree with setsid'd children; then daemon-wide figures: RSS with many idle authenticated
+//! connections and start-to-hello time. Every load goes to 127.0.0.1 and is bounded in count
+//! and time. See bench/README.md for what each figure means.
 #![forbid(unsafe_code)]
 
-fn main() {
-    eprintln!("executor-bench: not implemented yet (protocol v{})", protocol::PROTOCOL_VERSION);
+mod client;
+mod daemon;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use futures_util::StreamExt;
+use protocol::{ErrorCode, Hello};
+
+use crate::client::{request, Client};
+use crate::daemon::{find_executor, raise_nofile, reset_peak_rss, status_kib, Daemon};
+use crate::report::{
+    BareReport, ConnectionsReport, DaemonReport, KillReport, Machine, OutputRun, ProfileReport,
+    Report, Settings, Throughput,
+};
+use crate::stats::{median, summarize};
+
+/// The command whose round trip is measured, as in the design notes' peer table.
+const ECHO: &str = "echo hi";
+const ECHO_OUTPUT: &str = "hi\n";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "executor-bench",
+    about = "Latency, throughput, output and memory figures of the executor against a bare spawn"
+)]
+struct Opts {
+    /// A few seconds in all, for CI: fewer iterations, shorter phases, 100 idle connections.
+    /// Only shows that the benchmark runs; its figures are not comparable.
+    #[arg(long)]
+    quick: bool,
+    /// Also write every figure as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// The executor binary to benchmark (default: target/release/executor, built first).
+    #[arg(long, value_name = "PATH")]
+    executor: Option<PathBuf>,
+    /// Do not run `cargo build --release -p executor` before starting.
+    #[arg(long)]
+    no_build: bool,
+    /// Benchmark only these profiles (repeatable; default: every profile in the hello).
+    #[arg(long = "profile", value_name = "NAME")]
+    profiles: Vec<String>,
+    /// Sequential round trips per profile and for the bare spawn [default: 2000; quick: 100].
+    #[arg(long, value_name = "N")]
+    iterations: Option<usize>,
+    /// Seconds per concurrency level [default: 4; quick: 0.5].
+    #[arg(long, value_name = "SECS")]
+    duration: Option<f64>,
+    /// Concurrent connections (and bare-spawn threads) to measure throughput with.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32])]
+    concurrency: Vec<usize>,
+    /// Output sizes in MB (10^6 bytes) to stream.
+    #[arg(long, value_delimiter = ',', default_values_t = [10usize, 50])]
+    output_mb: Vec<usize>,
+    /// Repeats of each output size, timeout kill and daemon start; medians are reported
+    /// [default: 3; quick: 1].
+    #[arg(long, value_name = "N")]
+    repeats: Option<usize>,
+    /// Idle authenticated connections held open for the RSS figure [default: 1000; quick: 100].
+    #[arg(long, value_name = "N")]
+    idle_connections: Option<usize>,
+    /// Timeout of the timeout-kill command, in seconds [default: 0.5; quick: 0.2].
+    #[arg(long, value_name = "SECS")]
+    kill_timeout: Option<f64>,
+    /// Skip phases: latency, output, kill, connections, startup (repeatable).
+    #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "startup"])]
+    skip: Vec<String>,
+}
+
+impl Opts {
+    fn settings(&self) -> Settings {
+        let q = self.quick;
+        Settings {
+            mode: if q { "quick" } else { "default" }.to_string(),
+            iterations: self.iterations.unwrap_or(if q { 100 } else { 2000 }).max(1),
+            duration_s: self.duration.unwrap_or(if q { 0.5 } else { 4.0 }).max(0.01),
+            concurrency: self
+                .concurrency
+                .iter()
+                .copied()
+                .filter(|&c| c > 0)
+                .collect(),
+            output_mb: self.output_mb.clone(),
+            repeats: self.repeats.unwrap_or(if q { 1 } else { 3 }).max(1),
+            idle_connections: self.idle_connections.unwrap_or(if q { 100 } else { 1000 }),
+            kill_timeout_s: self.kill_timeout.unwrap_or(if q { 0.2 } else { 0.5 }),
+        }
+    }
+
+    fn runs(&self, phase: &str) -> bool {
+        !self.skip.iter().any(|s| s == phase)
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Opts::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("executor-bench: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(opts: Opts) -> anyhow::Result<()> {
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "bench: WARNING: this benchmark is a debug build; its client side is slow and the \
+             figures are not comparable (use cargo run --release)"
+        );
+    }
+    let settings = opts.settings();
+    let executor = find_executor(opts.executor.clone(), !opts.no_build)?;
+    // Idle connections need a descriptor each, here and in the daemon, which inherits this.
+    let want_fds = (settings.idle_connections as u64 + 256).max(1024);
+    let nofile = raise_nofile(want_fds)?;
+    if nofile < want_fds {
+        eprintln!("bench: RLIMIT_NOFILE is {nofile}, below the {want_fds} wanted");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let report = rt.block_on(bench(&opts, settings, &executor))?;
+    println!("{}", report::markdown(&report));
+    if let Some(path) = &opts.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+async fn bench(
+    opts: &Opts,
+    settings: Settings,
+    executor: &std::path::Path,
+) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    eprintln!("bench: starting {} serve", executor.display());
+    let daemon = Daemon::start(executor, &[])?;
+    let (mut first, hello) = Client::connect(&daemon.url, &daemon.token).await?;
+    let rss_after_hello_kib = status_kib(daemon.pid, "VmRSS");
+    let machine = machine(&hello, executor);
+    eprintln!(
+        "bench: daemon pid {} at {}; {} cores, {}",
+        daemon.pid, daemon.url, machine.cores, machine.kernel
+    );
+
+    let bare = if opts.runs("latency") {
+        Some(bare_spawn(&settings)?)
+    } else {
+        None
+    };
+
+    let mut profiles = Vec::new();
+    for summary in &hello.profiles {
+        if !opts.profiles.is_empty() && !opts.profiles.contains(&summary.name) {
+            continue;
+        }
+        let mut report = ProfileReport::new(&summary.name, &summary.layers);
+        // Probe: a profile the host cannot run answers with an error; report it and go on.
+        let probe = first
+            .exec(request("probe".into(), "true", &summary.name))
+            .await?;
+        if let Err(err) = probe.result {
+            if matches!(
+                err.code,
+                ErrorCode::EnvironmentError | ErrorCode::ProfileDenied
+            ) {
+                eprintln!(
+                    "bench: [{}] cannot run here: {}: {}",
+                    summary.name, err.code, err.message
+                );
+                report.skipped = Some(format!("{}: {}", err.code, err.message));
+                profiles.push(report);
+                continue;
+            }
+            bail!(
+                "probe of profile {}: {}: {}",
+                summary.name,
+                err.code,
+                err.message
+            );
+        }
+        if opts.runs("latency") {
+            latency(&daemon, &mut first, &summary.name, &settings, &mut report).await?;
+            if let (Some(bare), Some(own)) = (&bare, &report.sequential) {
+                report.overhead_p50_ms = Some(own.p50_ms - bare.sequential.p50_ms);
+                report.overhead_ratio_p50 = Some(own.p50_ms / bare.sequential.p50_ms);
+            }
+        }
+        if opts.runs("output") {
+            for &mb in &settings.output_mb {
+                report
+                    .output
+                    .push(output(&daemon, &mut first, &summary.name, mb, &settings).await?);
+            }
+        }
+        if opts.runs("kill") {
+            report.timeout_kill = Some(timeout_kill(&mut first, &summary.name, &settings).await?);
+        }
+        profiles.push(report);
+    }
+    settle().await;
+    let rss_idle_kib = status_kib(daemon.pid, "VmRSS");
+    first.close().await;
+
+    let connections = if opts.runs("connections") && settings.idle_connections > 0 {
+        Some(idle_connections(&daemon, settings.idle_connections).await?)
+    } else {
+        None
+    };
+    daemon.stop()?;
+
+    let (start_to_listening_ms, start_to_hello_ms) = if opts.runs("startup") {
+        startup(executor, settings.repeats).await?
+    } else {
+        (None, None)
+    };
+
+    eprintln!("bench: done in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(Report {
+        machine,
+        settings,
+        bare,
+        profiles,
+        daemon: DaemonReport {
+            rss_after_hello_kib,
+            rss_idle_kib,
+            connections,
+            start_to_listening_ms,
+            start_to_hello_ms,
+        },
+    })
+}
+
+fn machine(hello: &Hello, executor: &std::path::Path) -> Machine {
+    Machine {
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        kernel: hello.host.kernel.clone(),
+        arch: hello.host.arch.clone(),
+        server: hello.server.clone(),
+        executor: executor.display().to_string(),
+        release_build: !cfg!(debug_assertions),
+        unix_time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    }
+}
+
+/// Let the daemon finish what it was doing (audit writes, cgroup removal) before reading RSS.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// Prints a progress line at most once a second during long loops.
+struct Progress {
+    what: String,
+    total: Option<usize>,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(what: String, total: Option<usize>) -> Self {
+        eprintln!("bench: {what} ...");
+        Self {
+            what,
+            total,
+            last: Instant::now(),
+        }
+    }
+
+    fn tick(&mut self, done: usize) {
+        if self.last.elapsed() >= Duration::from_secs(1) {
+            self.last = Instant::now();
+            match self.total {
+                Some(total) => eprintln!("bench: {} {done}/{total}", self.what),
+                None => eprintln!("bench: {} {done}", self.what),
+            }
+        }
+    }
+}
+
+// ---- bare spawn baseline -------------------------------------------------------------------
+
+/// `bash -c 'echo hi'` straight from this process: fork/exec, read the pipe, wait.
+fn bare_once() -> anyhow::Result<Duration> {
+    let t0 = Instant::now();
+    let out = Command::new("bash")
+        .args(["-c", ECHO])
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .context("cannot spawn bash")?;
+    let took = t0.elapsed();
+    if !out.status.success() || out.stdout != ECHO_OUTPUT.as_bytes() {
+        bail!("bare spawn gave {:?} {:?}", out.status, out.stdout);
+    }
+    Ok(took)
+}
+
+fn bare_spawn(settings: &Settings) -> anyhow::Result<BareReport> {
+    for _ in 0..warmups(settings.iterations) {
+        bare_once()?;
+    }
+    let mut progress = Progress::new(
+        format!("[bare spawn] {} sequential spawns", settings.iterations),
+        Some(settings.iterations),
+    );
+    let mut samples = Vec::with_capacity(settings.iterations);
+    let t0 = Instant::now();
+    for i in 0..settings.iterations {
+        samples.push(bare_once()?);
+        progress.tick(i + 1);
+    }
+    let elapsed = t0.elapsed();
+    let Some(sequential) = summarize(&samples) else {
+        bail!("no samples");
+    };
+    let mut concurrent = Vec::new();
+    for &workers in &settings.concurrency {
+        eprintln!(
+            "bench: [bare spawn] {workers} threads for {:.1} s ...",
+            settings.duration_s
+        );
+        let deadline = Instant::now() + Duration::from_secs_f64(settings.duration_s);
+        let t0 = Instant::now();
+        let results: Vec<anyhow::Result<Vec<Duration>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(move || {
+                        let mut lat = Vec::new();
+                        while Instant::now() < deadline {
+                            lat.push(bare_once()?);
+                        }
+                        Ok(lat)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("thread panicked")))
+                })
+                .collect()
+        });
+        let elapsed = t0.elapsed();
+        let mut all = Vec::new();
+        for r in results {
+            all.extend(r?);
+        }
+        concurrent.push(Throughput::new(workers, &all, elapsed));
+    }
+    let report = BareReport {
+        seq_cmd_per_s: settings.iterations as f64 / elapsed.as_secs_f64(),
+        sequential,
+        concurrent,
+    };
+    eprintln!(
+        "bench: [bare spawn] p50 {:.3} ms, {:.0} cmd/s sequential",
+        report.sequential.p50_ms, report.seq_cmd_per_s
+    );
+    Ok(report)
+}
+
+fn warmups(iterations: usize) -> usize {
+    (iterations / 20).clamp(5, 100)
+}
+
+// ---- round trips through the daemon --------------------------------------------------------
+
+async fn echo(client: &mut Client, id: String, profile: &str) -> anyhow::Result<Duration> {
+    let t0 = Instant::now();
+    let (result, _) = client.run(request(id, ECHO, profile)).await?;
+    let took = t0.elapsed();
+    if result.returncode != 0 || result.output != ECHO_OUTPUT {
+        bail!(
+            "`{ECHO}` under {profile} gave returncode {} output {:?} ({})",
+            result.returncode,
+            result.output,
+            result.exception_info
+        );
+    }
+    Ok(took)
+}
+
+async fn latency(
+    daemon: &Daemon,
+    client: &mut Client,
+    profile: &str,
+    settings: &Settings,
+    report: &mut ProfileReport,
+) -> anyhow::Result<()> {
+    for i in 0..warmups(settings.iterations) {
+        echo(client, format!("w{i}"), profile).await?;
+    }
+    let mut progress = Progress::new(
+        format!("[{profile}] {} sequential round trips", settings.iterations),
+        Some(settings.iterations),
+    );
+    let mut samples = Vec::with_capacity(settings.iterations);
+    let t0 = Instant::now();
+    for i in 0..settings.iterations {
+        samples.push(echo(client, format!("s{i}"), profile).await?);
+        progress.tick(i + 1);
+    }
+    let elapsed = t0.elapsed();
+    report.seq_cmd_per_s = Some(settings.iterations as f64 / elapsed.as_secs_f64());
+    report.sequential = summarize(&samples);
+    if let Some(s) = &report.sequential {
+        eprintln!(
+            "bench: [{profile}] p50 {:.3} ms p99 {:.3} ms, {:.0} cmd/s sequential",
+            s.p50_ms,
+            s.p99_ms,
+            settings.iterations as f64 / elapsed.as_secs_f64()
+        );
+    }
+
+    for &conns in &settings.concurrency {
+        eprintln!(
+            "bench: [{profile}] {conns} concurrent connections for {:.1} s ...",
+            settings.duration_s
+        );
+        let mut clients = Vec::with_capacity(conns);
+        for _ in 0..conns {
+            clients.push(Client::connect(&daemon.url, &daemon.token).await?.0);
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(settings.duration_s);
+        let t0 = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (n, mut client) in clients.into_iter().enumerate() {
+            let profile = profile.to_string();
+            tasks.spawn(async move {
+                let mut lat = Vec::new();
+                let mut i = 0usize;
+                while tokio::time::Instant::now() < deadline {
+                    lat.push(echo(&mut client, format!("c{n}-{i}"), &profile).await?);
+                    i += 1;
+                }
+                client.close().await;
+                anyhow::Ok(lat)
+            });
+        }
+        let mut all = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            all.extend(joined.context("worker panicked")??);
+        }
+        let tp = Throughput::new(conns, &all, t0.elapsed());
+        eprintln!(
+            "bench: [{profile}] {conns} connections: {:.0} cmd/s",
+            tp.cmd_per_s
+        );
+        report.concurrent.push(tp);
+    }
+    Ok(())
+}
+
+// ---- output --------------------------------------------------------------------------------
+
+async fn output(
+    daemon: &Daemon,
+    client: &mut Client,
+    profile: &str,
+    mb: usize,
+    settings: &Settings,
+) -> anyhow::Result<OutputRun> {
+    let bytes = mb as u64 * 1_000_000;
+    // Printable ASCII, so streamed UTF-8 bytes equal output bytes and JSON escapes only '\n'.
+    let command = format!(
+        "yes 0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ | head -c {bytes}"
+    );
+    eprintln!(
+        "bench: [{profile}] {mb} MB of streamed output x{} ...",
+        settings.repeats
+    );
+    let mut rates = Vec::new();
+    let mut growths = Vec::new();
+    let mut run = OutputRun {
+        megabytes: mb,
+        ..OutputRun::default()
+    };
+    for r in 0..settings.repeats {
+        settle().await;
+        let idle = status_kib(daemon.pid, "VmRSS").unwrap_or(0);
+        let hwm_reset = reset_peak_rss(daemon.pid);
+        // Backup for kernels that refuse the reset: sample VmRSS while the output flows.
+        let sampler = RssSampler::start(daemon.pid);
+        let mut req = request(format!("o{mb}-{r}"), &command, profile);
+        req.stream = true;
+        let t0 = Instant::now();
+        let (result, streamed) = client.run(req).await?;
+        let wall = t0.elapsed();
+        let sampled = sampler.stop();
+        let peak = if hwm_reset {
+            status_kib(daemon.pid, "VmHWM").unwrap_or(0).max(sampled)
+        } else {
+            sampled
+        };
+        if result.returncode != 0 || result.extra.output_bytes != bytes {
+            bail!(
+                "{mb} MB output under {profile}: returncode {}, {} bytes ({})",
+                result.returncode,
+                result.extra.output_bytes,
+                result.exception_info
+            );
+        }
+        let rate = streamed as f64 / 1e6 / wall.as_secs_f64();
+        rates.push(rate);
+        growths.push(peak.saturating_sub(idle) as f64);
+        run.streamed_bytes = streamed;
+        run.output_bytes = result.extra.output_bytes;
+        run.idle_rss_kib = idle;
+        run.peak_rss_kib = run.peak_rss_kib.max(peak);
+        run.peak_from_vmhwm = hwm_reset;
+        run.wall_ms.push(wall.as_secs_f64() * 1e3);
+    }
+    run.mb_per_s = median(&rates).unwrap_or(0.0);
+    run.peak_growth_kib = growths.iter().copied().fold(0.0, f64::max) as u64;
+    eprintln!(
+        "bench: [{profile}] {mb} MB: {:.0} MB/s, peak RSS +{} KiB",
+        run.mb_per_s, run.peak_growth_kib
+    );
+    Ok(run)
+}
+
+/// Samples a process's VmRSS every 2 ms on a thread until stopped; returns the maximum in KiB.
+struct RssSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<u64>,
+}
+
+impl RssSampler {
+    fn start(pid: u32) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut max = 0;
+            while !flag.load(Ordering::Relaxed) {
+                max = max.max(status_kib(pid, "VmRSS").unwrap_or(0));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            max
+        });
+        Self { stop, handle }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap_or(0)
+    }
+}
+
+// ---- timeout kill --------------------------------------------------------------------------
+
+async fn timeout_kill(
+    client: &mut Client,
+    profile: &str,
+    settings: &Settings,
+) -> anyhow::Result<KillReport> {
+    eprintln!(
+        "bench: [{profile}] timeout kill of a setsid'd tree x{} ...",
+        settings.repeats
+    );
+    let mut client_side = Vec::new();
+    let mut daemon_side = Vec::new();
+    let mut leftovers = 0usize;
+    let mut killed = Vec::new();
+    for r in 0..settings.repeats {
+        // GNU sleep takes fractions, so the marker rides in the argument and finds survivors.
+        let marker = format!("3600.{}{r:04}", std::process::id());
+        let command = format!(
+            "setsid sleep {marker} & setsid bash -c 'sleep {marker}; true' & \
+             (setsid sleep {marker} &); sleep {marker}"
+        );
+        let mut req = request(format!("k{r}"), &command, profile);
+        req.timeout = Some(settings.kill_timeout_s);
+        let t0 = Instant::now();
+        let (result, _) = client.run(req).await?;
+        let took = t0.elapsed().as_secs_f64() * 1e3;
+        if !result.extra.timed_out {
+            bail!("the timeout-kill command under {profile} did not time out: {result:?}");
+        }
+        let left = processes_matching(&marker);
+        leftovers += left.len();
+        for pid in left {
+            // Our own leftovers, found by their unique marker: do not leave them running.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let deadline_ms = settings.kill_timeout_s * 1e3;
+        client_side.push(Duration::from_secs_f64(
+            ((took - deadline_ms).max(0.0)) / 1e3,
+        ));
+        daemon_side.push(Duration::from_secs_f64(
+            ((result.extra.duration_ms - deadline_ms).max(0.0)) / 1e3,
+        ));
+        killed.push(result.extra.killed_processes);
+    }
+    let report = KillReport {
+        timeout_s: settings.kill_timeout_s,
+        deadline_to_result_ms: summarize(&client_side),
+        daemon_overrun_ms: summarize(&daemon_side),
+        killed_processes: killed,
+        leftover_processes: leftovers,
+    };
+    if let Some(s) = &report.deadline_to_result_ms {
+        eprintln!(
+            "bench: [{profile}] deadline to result p50 {:.1} ms, {leftovers} survivors",
+            s.p50_ms
+        );
+    }
+    Ok(report)
+}
+
+/// Pids of live, non-zombie processes whose command line contains `needle`.
+fn processes_matching(needle: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id() as i32;
+    dir.flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let zombie = stat
+                .rfind(')')
+                .is_some_and(|i| stat[i + 1..].trim_start().starts_with('Z'));
+            (pid != me && !zombie && cmdline.contains(needle)).then_some(pid)
+        })
+        .collect()
+}
+
+// ---- idle connections ----------------------------------------------------------------------
+
+async fn idle_connections(daemon: &Daemon, count: usize) -> anyhow::Result<ConnectionsReport> {
+    settle().await;
+    let before = status_kib(daemon.pid, "VmRSS").unwrap_or(0);
+    let mut progress = Progress::new(
+        format!("opening {count} idle authenticated connections"),
+        Some(count),
+    );
+    let mut clients = Vec::with_capacity(count);
+    // A few handshakes at a time: the listen backlog is finite and this is not a connect storm.
+    let mut connecting = futures_util::stream::iter(0..count)
+        .map(|_| Client::connect(&daemon.url, &daemon.token))
+        .buffer_unordered(32);
+    while let Some(connected) = connecting.next().await {
+        clients.push(connected?.0);
+        progress.tick(clients.len());
+    }
+    settle().await;
+    let with = status_kib(daemon.pid, "VmRSS").unwrap_or(0);
+    let peak = status_kib(daemon.pid, "VmHWM").unwrap_or(0);
+    let held = clients.len();
+    drop(clients);
+    let per_connection = with.saturating_sub(before) as f64 / held.max(1) as f64;
+    eprintln!(
+        "bench: {held} idle connections: RSS {} KiB (was {before} KiB, {per_connection:.1} KiB each)",
+        with
+    );
+    Ok(ConnectionsReport {
+        count: held,
+        rss_before_kib: before,
+        rss_kib: with,
+        peak_rss_kib: peak,
+        per_connection_kib: per_connection,
+    })
+}
+
+// ---- start-up ------------------------------------------------------------------------------
+
+/// Start a fresh daemon `repeats` times: time to its listening line and to a received hello.
+async fn startup(
+    executor: &std::path::Path,
+    repeats: usize,
+) -> anyhow::Result<(Option<stats::Summary>, Option<stats::Summary>)> {
+    eprintln!("bench: daemon start to hello x{repeats} ...");
+    let mut listening = Vec::new();
+    let mut hello = Vec::new();
+    for _ in 0..repeats {
+        let daemon = Daemon::start(executor, &[])?;
+        let (client, _) = Client::connect(&daemon.url, &daemon.token).await?;
+        hello.push(daemon.spawned_at.elapsed());
+        listening.push(daemon.listening_after);
+        client.close().await;
+        daemon.stop()?;
+    }
+    let report = (summarize(&listening), summarize(&hello));
+    if let Some(s) = &report.1 {
+        eprintln!("bench: start to hello p50 {:.1} ms", s.p50_ms);
+    }
+    Ok(report)
 }

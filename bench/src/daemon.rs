@@ -1,0 +1,188 @@
+//! Starting and stopping `executor serve`, and reading its memory from /proc.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// Longest time the daemon may take to print its listening line or to exit on SIGTERM.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A running `executor serve` on a free loopback port, with its own state directory.
+pub struct Daemon {
+    child: Child,
+    /// Kept open so the daemon never writes to a closed stdout.
+    _stdout: BufReader<ChildStdout>,
+    pub pid: u32,
+    pub url: String,
+    pub token: String,
+    state_dir: PathBuf,
+    /// From spawn to the listening line on stdout.
+    pub listening_after: Duration,
+    /// When the daemon was spawned, for start-to-hello time.
+    pub spawned_at: Instant,
+}
+
+impl Daemon {
+    /// Start `exe serve --listen 127.0.0.1:0` with a fresh state directory and `extra` flags,
+    /// and wait for its listening line.
+    pub fn start(exe: &Path, extra: &[String]) -> anyhow::Result<Self> {
+        static SERIAL: AtomicU32 = AtomicU32::new(0);
+        let state_dir = std::env::temp_dir().join(format!(
+            "executor-bench-{}-{}",
+            std::process::id(),
+            SERIAL.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&state_dir)
+            .with_context(|| format!("cannot create {}", state_dir.display()))?;
+        let log = std::fs::File::create(state_dir.join("daemon.log"))?;
+        let spawned_at = Instant::now();
+        let mut child = Command::new(exe)
+            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(&state_dir)
+            .args(extra)
+            // The daemon's own default, pinned so a RUST_LOG in the caller's shell cannot skew it.
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", exe.display()))?;
+        let pid = child.id();
+        let Some(stdout) = child.stdout.take() else {
+            bail!("daemon stdout missing");
+        };
+        // Read the one line on a thread so a daemon that never prints cannot hang the bench.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let read = reader.read_line(&mut line);
+            let _ = tx.send((read.map(|_| line), reader));
+        });
+        let got = rx.recv_timeout(PATIENCE);
+        let listening_after = spawned_at.elapsed();
+        let mut daemon_log = || {
+            let _ = child.kill();
+            let _ = child.wait();
+            std::fs::read_to_string(state_dir.join("daemon.log")).unwrap_or_default()
+        };
+        let (line, stdout) = match got {
+            Ok((Ok(line), reader)) => (line, reader),
+            _ => {
+                let log = daemon_log();
+                let _ = std::fs::remove_dir_all(&state_dir);
+                bail!("the daemon printed no listening line within {PATIENCE:?}; its log:\n{log}");
+            }
+        };
+        let Some(url) = line.trim().strip_prefix("executor listening on ") else {
+            let log = daemon_log();
+            let _ = std::fs::remove_dir_all(&state_dir);
+            bail!("unexpected first line {line:?} from the daemon; its log:\n{log}");
+        };
+        let url = url.to_string();
+        let token = std::fs::read_to_string(state_dir.join("token"))
+            .context("cannot read the daemon's token")?
+            .trim()
+            .to_string();
+        Ok(Self {
+            child,
+            _stdout: stdout,
+            pid,
+            url,
+            token,
+            state_dir,
+            listening_after,
+            spawned_at,
+        })
+    }
+
+    /// Stop with SIGTERM (so it removes its cgroups) and wait; SIGKILL if it hangs.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + PATIENCE;
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!("the daemon did not exit within {PATIENCE:?} of SIGTERM; killed it")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// A `kB` field of /proc/PID/status (`VmRSS`, `VmHWM`) in KiB.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// Reset VmHWM to the current RSS (proc(5), /proc/PID/clear_refs, value 5). Needs to own the
+/// process or be root; returns whether it worked.
+pub fn reset_peak_rss(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+/// Raise our RLIMIT_NOFILE soft limit to at least `want` (up to the hard limit); the daemon
+/// inherits it. Returns the soft limit in force.
+pub fn raise_nofile(want: u64) -> anyhow::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).context("getrlimit")?;
+    if soft >= want {
+        return Ok(soft);
+    }
+    let new = want.min(hard);
+    setrlimit(Resource::RLIMIT_NOFILE, new, hard).context("setrlimit(RLIMIT_NOFILE)")?;
+    Ok(new)
+}
+
+/// The `executor` binary: `explicit` if given; otherwise the release build next to this
+/// benchmark's own target directory, built first with `cargo build --release -p executor`
+/// unless `build` is false.
+pub fn find_executor(explicit: Option<PathBuf>, build: bool) -> anyhow::Result<PathBuf> {
+    if let Some(path) = explicit {
+        return Ok(path);
+    }
+    let me = std::env::current_exe().context("cannot locate the benchmark binary")?;
+    // target/<profile>/executor-bench -> target/release/executor
+    let Some(target) = me.parent().and_then(Path::parent) else {
+        bail!("cannot tell the target directory from {}", me.display());
+    };
+    let exe = target.join("release").join("executor");
+    if build {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        eprintln!("bench: cargo build --release -p executor");
+        let status = Command::new(cargo)
+            .args(["build", "--release", "--quiet", "-p", "executor"])
+            .env("CARGO_TARGET_DIR", target)
+            .status()
+            .context("cannot run cargo to build the executor (pass --executor PATH)")?;
+        if !status.success() {
+            bail!("building the executor failed");
+        }
+    }
+    if !exe.is_file() {
+        bail!(
+            "{} not found; build it with `cargo build --release -p executor` or pass --executor",
+            exe.display()
+        );
+    }
+    Ok(exe)
+}

@@ -1,0 +1,347 @@
+//! What a run measured, as JSON (`--json`) and as the markdown tables printed on stdout.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::stats::{summarize, Summary};
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub settings: Settings,
+    /// `bash -c 'echo hi'` spawned by the benchmark itself; absent when latency is skipped.
+    pub bare: Option<BareReport>,
+    pub profiles: Vec<ProfileReport>,
+    pub daemon: DaemonReport,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    /// Cores this process may run on.
+    pub cores: usize,
+    /// From the daemon's hello (`uname -sr`).
+    pub kernel: String,
+    pub arch: String,
+    pub server: String,
+    pub executor: String,
+    /// Whether the benchmark itself was built with optimizations.
+    pub release_build: bool,
+    pub unix_time: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    pub mode: String,
+    pub iterations: usize,
+    pub duration_s: f64,
+    pub concurrency: Vec<usize>,
+    pub output_mb: Vec<usize>,
+    pub repeats: usize,
+    pub idle_connections: usize,
+    pub kill_timeout_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BareReport {
+    pub sequential: Summary,
+    pub seq_cmd_per_s: f64,
+    /// Same loop on N threads.
+    pub concurrent: Vec<Throughput>,
+}
+
+/// Commands completed by `workers` closed-loop clients (each waits for its result before
+/// sending the next) over the phase's wall time.
+#[derive(Debug, Serialize)]
+pub struct Throughput {
+    pub workers: usize,
+    pub completed: usize,
+    pub elapsed_s: f64,
+    pub cmd_per_s: f64,
+    pub latency: Option<Summary>,
+}
+
+impl Throughput {
+    pub fn new(workers: usize, latencies: &[Duration], elapsed: Duration) -> Self {
+        Self {
+            workers,
+            completed: latencies.len(),
+            elapsed_s: elapsed.as_secs_f64(),
+            cmd_per_s: latencies.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+            latency: summarize(latencies),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProfileReport {
+    pub name: String,
+    /// Layers the hello says this profile applies on this host.
+    pub layers: Vec<String>,
+    /// Why this profile was not measured (the daemon refused its probe command).
+    pub skipped: Option<String>,
+    /// Round trip of `echo hi`, one connection, one command at a time.
+    pub sequential: Option<Summary>,
+    pub seq_cmd_per_s: Option<f64>,
+    pub concurrent: Vec<Throughput>,
+    /// p50 minus the bare spawn's p50.
+    pub overhead_p50_ms: Option<f64>,
+    /// p50 divided by the bare spawn's p50.
+    pub overhead_ratio_p50: Option<f64>,
+    pub output: Vec<OutputRun>,
+    pub timeout_kill: Option<KillReport>,
+}
+
+impl ProfileReport {
+    pub fn new(name: &str, layers: &[String]) -> Self {
+        Self {
+            name: name.to_string(),
+            layers: layers.to_vec(),
+            skipped: None,
+            sequential: None,
+            seq_cmd_per_s: None,
+            concurrent: Vec::new(),
+            overhead_p50_ms: None,
+            overhead_ratio_p50: None,
+            output: Vec::new(),
+            timeout_kill: None,
+        }
+    }
+}
+
+/// One output size, streamed (`stream: true`). MB/s = bytes of `data` received in `output`
+/// messages / 10^6 / wall time from sending the request to receiving its result.
+#[derive(Debug, Default, Serialize)]
+pub struct OutputRun {
+    pub megabytes: usize,
+    /// Median over the repeats.
+    pub mb_per_s: f64,
+    pub wall_ms: Vec<f64>,
+    pub streamed_bytes: u64,
+    /// `extra.output_bytes` the daemon reported.
+    pub output_bytes: u64,
+    /// Daemon VmRSS just before the (last) transfer.
+    pub idle_rss_kib: u64,
+    /// Highest daemon peak RSS seen over the repeats.
+    pub peak_rss_kib: u64,
+    /// Largest peak minus the idle RSS before it, over the repeats.
+    pub peak_growth_kib: u64,
+    /// Peak read from VmHWM after resetting it (clear_refs 5); otherwise sampled every 2 ms.
+    pub peak_from_vmhwm: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KillReport {
+    pub timeout_s: f64,
+    /// Client side: time from sending the request to its result, minus the timeout (an upper
+    /// bound: it includes the spawn before the deadline clock starts).
+    pub deadline_to_result_ms: Option<Summary>,
+    /// Daemon side: `extra.duration_ms` minus the timeout.
+    pub daemon_overrun_ms: Option<Summary>,
+    pub killed_processes: Vec<u32>,
+    /// Processes of the tree still alive when the result arrived (should be 0).
+    pub leftover_processes: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DaemonReport {
+    pub rss_after_hello_kib: Option<u64>,
+    /// After every profile phase, before the idle-connection phase.
+    pub rss_idle_kib: Option<u64>,
+    pub connections: Option<ConnectionsReport>,
+    /// Spawn to the `executor listening on` line.
+    pub start_to_listening_ms: Option<Summary>,
+    /// Spawn to a received hello on a new authenticated connection.
+    pub start_to_hello_ms: Option<Summary>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConnectionsReport {
+    pub count: usize,
+    pub rss_before_kib: u64,
+    pub rss_kib: u64,
+    pub peak_rss_kib: u64,
+    pub per_connection_kib: f64,
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
+}
+
+fn rate(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.0}"))
+}
+
+fn mib(kib: Option<u64>) -> String {
+    kib.map_or_else(
+        || "-".to_string(),
+        |k| format!("{:.1} MiB", k as f64 / 1024.0),
+    )
+}
+
+fn throughput_at(list: &[Throughput], workers: usize) -> Option<f64> {
+    list.iter()
+        .find(|t| t.workers == workers)
+        .map(|t| t.cmd_per_s)
+}
+
+/// The markdown tables.
+pub fn markdown(r: &Report) -> String {
+    let mut out = String::new();
+    let m = &r.machine;
+    let s = &r.settings;
+    let _ = writeln!(
+        out,
+        "## executor benchmark ({} mode)\n\n{} cores, {} ({}), {}{}; {} sequential round trips, \
+         {:.1} s per concurrency level, {} repeats of output/kill/start-up\n",
+        s.mode,
+        m.cores,
+        m.kernel,
+        m.arch,
+        m.server,
+        if m.release_build {
+            ""
+        } else {
+            " (benchmark NOT a release build)"
+        },
+        s.iterations,
+        s.duration_s,
+        s.repeats
+    );
+
+    // Latency and throughput.
+    let mut header = "| `echo hi` round trip | p50 ms | p90 ms | p99 ms | seq cmd/s |".to_string();
+    let mut rule = "|---|---:|---:|---:|---:|".to_string();
+    for c in &s.concurrency {
+        let _ = write!(header, " {c} conn cmd/s |");
+        rule.push_str("---:|");
+    }
+    header.push_str(" overhead p50 ms | ratio p50 |");
+    rule.push_str("---:|---:|");
+    let _ = writeln!(out, "{header}\n{rule}");
+    if let Some(b) = &r.bare {
+        let mut row = format!(
+            "| bare spawn, no daemon (threads for concurrency) | {:.2} | {:.2} | {:.2} | {:.0} |",
+            b.sequential.p50_ms, b.sequential.p90_ms, b.sequential.p99_ms, b.seq_cmd_per_s
+        );
+        for c in &s.concurrency {
+            let _ = write!(row, " {} |", rate(throughput_at(&b.concurrent, *c)));
+        }
+        row.push_str(" 0 | 1.00x |");
+        let _ = writeln!(out, "{row}");
+    }
+    for p in &r.profiles {
+        let name = format!("{} ({})", p.name, p.layers.join(", "));
+        if let Some(why) = &p.skipped {
+            let _ = writeln!(out, "| {name} | not runnable here: {why} |");
+            continue;
+        }
+        let Some(q) = &p.sequential else { continue };
+        let mut row = format!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {} |",
+            q.p50_ms,
+            q.p90_ms,
+            q.p99_ms,
+            rate(p.seq_cmd_per_s)
+        );
+        for c in &s.concurrency {
+            let _ = write!(row, " {} |", rate(throughput_at(&p.concurrent, *c)));
+        }
+        let _ = write!(
+            row,
+            " {} | {} |",
+            ms(p.overhead_p50_ms),
+            p.overhead_ratio_p50
+                .map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
+        );
+        let _ = writeln!(out, "{row}");
+    }
+
+    // Output and timeout kill, per profile.
+    let measured: Vec<&ProfileReport> = r
+        .profiles
+        .iter()
+        .filter(|p| p.skipped.is_none() && (!p.output.is_empty() || p.timeout_kill.is_some()))
+        .collect();
+    if !measured.is_empty() {
+        let mut header = "\n| profile |".to_string();
+        let mut rule = "|---|".to_string();
+        for mb in &s.output_mb {
+            let _ = write!(
+                header,
+                " {mb} MB streamed MB/s | daemon RSS idle -> peak ({mb} MB) |"
+            );
+            rule.push_str("---:|---:|");
+        }
+        header.push_str(" timeout kill: deadline to result p50 / max ms | survivors |");
+        rule.push_str("---:|---:|");
+        let _ = writeln!(out, "{header}\n{rule}");
+        for p in measured {
+            let mut row = format!("| {} |", p.name);
+            for mb in &s.output_mb {
+                match p.output.iter().find(|o| o.megabytes == *mb) {
+                    Some(o) => {
+                        let _ = write!(
+                            row,
+                            " {:.0} | {} -> {} (+{:.1} MiB) |",
+                            o.mb_per_s,
+                            mib(Some(o.idle_rss_kib)),
+                            mib(Some(o.peak_rss_kib)),
+                            o.peak_growth_kib as f64 / 1024.0
+                        );
+                    }
+                    None => row.push_str(" - | - |"),
+                }
+            }
+            match &p.timeout_kill {
+                Some(k) => {
+                    let d = k.deadline_to_result_ms.as_ref();
+                    let _ = write!(
+                        row,
+                        " {} / {} | {} |",
+                        ms(d.map(|d| d.p50_ms)),
+                        ms(d.map(|d| d.max_ms)),
+                        k.leftover_processes
+                    );
+                }
+                None => row.push_str(" - | - |"),
+            }
+            let _ = writeln!(out, "{row}");
+        }
+    }
+
+    // Daemon-wide figures.
+    let d = &r.daemon;
+    let _ = writeln!(out, "\n| daemon | value | target |\n|---|---:|---:|");
+    let _ = writeln!(
+        out,
+        "| RSS after start and first hello | {} | |",
+        mib(d.rss_after_hello_kib)
+    );
+    let _ = writeln!(
+        out,
+        "| RSS idle after the load above | {} | <= 10 MB |",
+        mib(d.rss_idle_kib)
+    );
+    if let Some(c) = &d.connections {
+        let _ = writeln!(
+            out,
+            "| RSS with {} idle authenticated connections | {} ({:.1} KiB per connection) | <= 64 MB |",
+            c.count,
+            mib(Some(c.rss_kib)),
+            c.per_connection_kib
+        );
+    }
+    if let Some(h) = &d.start_to_hello_ms {
+        let listening = d.start_to_listening_ms.as_ref().map(|l| l.p50_ms);
+        let _ = writeln!(
+            out,
+            "| start to hello, p50 of {} (to listening line: {} ms) | {:.1} ms | <= 50 ms |",
+            h.count,
+            ms(listening),
+            h.p50_ms
+        );
+    }
+    out
+}
