@@ -33,7 +33,9 @@ pub fn binary(name: &str) -> PathBuf {
         let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut build = Command::new(cargo);
-        build.args(["build", "--quiet", "--bins", "-p", "executor", "-p", "agent"]);
+        build.args([
+            "build", "--quiet", "--bins", "-p", "executor", "-p", "agent",
+        ]);
         if dir.file_name().is_some_and(|n| n == "release") {
             build.arg("--release");
         }
@@ -78,13 +80,36 @@ impl Daemon {
 
     /// Start with extra `serve` flags.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::spawn(None, extra)
+    }
+
+    /// Start as an unprivileged user (uid and gid `id`), through setpriv(1).
+    pub fn start_as_user(id: u32, extra: &[&str]) -> Self {
+        Self::spawn(Some(id), extra)
+    }
+
+    fn spawn(user: Option<u32>, extra: &[&str]) -> Self {
         let state = tempfile::Builder::new()
             .prefix("executor-e2e-")
             .tempdir()
             .unwrap();
         let workspace = state.path().join("workspace");
         let stderr_log = state.path().join("daemon.log");
-        let mut child = Command::new(binary("executor"))
+        let mut command = match user {
+            None => Command::new(binary("executor")),
+            Some(id) => {
+                let uid = Some(nix::unistd::Uid::from_raw(id));
+                let gid = Some(nix::unistd::Gid::from_raw(id));
+                nix::unistd::chown(state.path(), uid, gid).unwrap();
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={id}"))
+                    .arg(format!("--regid={id}"))
+                    .arg("--clear-groups")
+                    .arg(binary("executor"));
+                c
+            }
+        };
+        let mut child = command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state.path())
@@ -152,21 +177,29 @@ impl Daemon {
     }
 
     /// Send a signal and wait for the daemon to exit, returning its exit status.
-    pub fn signal_and_wait(&mut self, signal: nix::sys::signal::Signal) -> std::process::ExitStatus {
+    pub fn signal_and_wait(
+        &mut self,
+        signal: nix::sys::signal::Signal,
+    ) -> std::process::ExitStatus {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), signal).unwrap();
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "daemon did not exit after {signal}");
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not exit after {signal}"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
 
     /// Whether the daemon answers `/healthz`.
     pub async fn healthy(&self) -> bool {
-        http_get(self.addr, "/healthz", None).await.is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+        http_get(self.addr, "/healthz", None)
+            .await
+            .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
     }
 }
 
@@ -210,7 +243,10 @@ pub struct Received {
 
 impl Client {
     /// Connect with `Authorization: <auth>` (e.g. `Bearer x`), or none.
-    pub async fn connect_raw(url: &str, auth: Option<&str>) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
+    pub async fn connect_raw(
+        url: &str,
+        auth: Option<&str>,
+    ) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
         let mut req = url.into_client_request()?;
         if let Some(auth) = auth {
             req.headers_mut()
@@ -220,7 +256,10 @@ impl Client {
         Ok(ws)
     }
 
-    pub async fn connect(url: &str, token: Option<&str>) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
+    pub async fn connect(
+        url: &str,
+        token: Option<&str>,
+    ) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
         let auth = token.map(|t| format!("Bearer {t}"));
         let ws = Self::connect_raw(url, auth.as_deref()).await?;
         let mut client = Self {
@@ -245,7 +284,9 @@ impl Client {
     /// Next protocol message, or `None` when the connection closed. Fails the test after
     /// [`PATIENCE`].
     pub async fn recv(&mut self) -> Option<ServerMessage> {
-        self.recv_within(PATIENCE).await.expect("no message within the test's patience")
+        self.recv_within(PATIENCE)
+            .await
+            .expect("no message within the test's patience")
     }
 
     /// Next protocol message within `wait`: `Err` on timeout, `Ok(None)` on close.
@@ -257,9 +298,9 @@ impl Client {
                 .map_err(|_| ())?;
             match frame {
                 Some(Ok(Message::Text(text))) => {
-                    return Ok(Some(serde_json::from_str(text.as_str()).unwrap_or_else(|e| {
-                        panic!("server sent invalid JSON ({e}): {text}")
-                    })))
+                    return Ok(Some(serde_json::from_str(text.as_str()).unwrap_or_else(
+                        |e| panic!("server sent invalid JSON ({e}): {text}"),
+                    )))
                 }
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Ok(None),
                 Some(Ok(_)) => continue,
@@ -300,7 +341,10 @@ impl Client {
 
     /// Run `command` and return its result, failing the test on a protocol error.
     pub async fn run(&mut self, id: &str, command: &str) -> ExecResult {
-        self.exec(req(id, command)).await.result.unwrap_or_else(|e| panic!("{id}: {e:?}"))
+        self.exec(req(id, command))
+            .await
+            .result
+            .unwrap_or_else(|e| panic!("{id}: {e:?}"))
     }
 }
 
@@ -365,30 +409,47 @@ pub fn marked_sleep(marker: &str) -> String {
 
 /// Pids of live (non-zombie) processes whose command line contains `needle`.
 pub fn processes_matching(needle: &str) -> Vec<i32> {
+    processes_where(|cmdline| cmdline.contains(needle))
+}
+
+/// Pids of live `sleep` processes started by [`marked_sleep`] with `marker` (shells whose
+/// command line merely mentions the marker are not counted).
+pub fn sleepers(marker: &str) -> Vec<i32> {
+    let prefix = marked_sleep(marker);
+    processes_where(|cmdline| cmdline.starts_with(&prefix))
+}
+
+fn processes_where(matches: impl Fn(&str) -> bool) -> Vec<i32> {
     let mut pids = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return pids;
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
             continue;
         };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if !cmdline.contains(needle) || pid == std::process::id() as i32 {
+        if !matches(&cmdline) || pid == std::process::id() as i32 {
             continue;
         }
-        let zombie = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
-            .unwrap_or(false);
-        if !zombie {
+        if process_state(pid) != Some('Z') {
             pids.push(pid);
         }
     }
     pids
+}
+
+/// State letter of a process (`R`, `S`, `T`, `Z`, ...) from /proc/<pid>/stat.
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].chars().next()
 }
 
 /// Poll `cond` until it holds or `wait` passes; returns whether it held.
@@ -423,4 +484,3 @@ fn status_field(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
-

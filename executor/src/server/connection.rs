@@ -29,7 +29,7 @@ use crate::runner::{OutputSink, StopReason};
 type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
 /// Messages queued for the writer; a stalled client fills it and then slows its own commands.
-const OUTBOUND_QUEUE: usize = 64;
+const OUTBOUND_QUEUE: usize = 16;
 /// Time the writer gets to flush results and a close frame when the connection ends normally.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 

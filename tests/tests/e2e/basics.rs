@@ -11,7 +11,11 @@ async fn hello_describes_the_daemon() {
     assert_eq!(hello.protocol, PROTOCOL_VERSION);
     assert!(hello.server.starts_with("executor "), "{}", hello.server);
     assert!(hello.host.cores >= 1);
-    assert!(hello.host.kernel.starts_with("Linux"), "{}", hello.host.kernel);
+    assert!(
+        hello.host.kernel.starts_with("Linux"),
+        "{}",
+        hello.host.kernel
+    );
     assert_eq!(hello.default_profile, "trusted");
     assert!(hello.profiles.iter().any(|p| p.name == "trusted"));
     assert_eq!(hello.interpreter, vec!["bash", "-c"]);
@@ -34,7 +38,11 @@ async fn stdout_and_stderr_are_merged_in_order_with_the_exit_code() {
     assert_eq!(result.extra.output_bytes, 14);
     assert!(!result.extra.truncated);
     assert_eq!(result.extra.isolation.profile, "trusted");
-    assert!(result.extra.isolation.layers.contains(&"session".to_string()));
+    assert!(result
+        .extra
+        .isolation
+        .layers
+        .contains(&"session".to_string()));
     assert!(result.extra.duration_ms > 0.0);
 
     let ok = client.run("c2", "true").await;
@@ -96,7 +104,10 @@ async fn environment_is_cleared_then_defaults_then_request_env() {
     assert!(out.contains("PIP_PROGRESS_BAR=off\n"), "{out}");
     // The daemon was started with RUST_LOG set; a command must not inherit it.
     assert!(!out.contains("RUST_LOG"), "{out}");
-    assert!(!out.contains(&daemon.token), "token leaked into the environment");
+    assert!(
+        !out.contains(&daemon.token),
+        "token leaked into the environment"
+    );
 }
 
 #[tokio::test]
@@ -138,12 +149,39 @@ async fn every_command_is_a_new_session_without_a_terminal() {
 async fn only_stdio_descriptors_reach_the_command() {
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
+    let m = executor_tests::marker();
+    let mut r = req("fds", &format!("exec {}", executor_tests::marked_sleep(&m)));
+    r.timeout = Some(30.0);
+    client.send(&protocol::ClientMessage::Exec(r)).await;
+    let mut pids = Vec::new();
+    assert!(
+        executor_tests::eventually(executor_tests::PATIENCE, || {
+            pids = executor_tests::sleepers(&m);
+            pids.len() == 1
+        })
+        .await
+    );
+    // Read the command's descriptor table from the host.
+    let fd_dir = format!("/proc/{}/fd", pids[0]);
+    let mut fds: Vec<u32> = std::fs::read_dir(&fd_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .collect();
+    fds.sort_unstable();
+    assert_eq!(fds, vec![0, 1, 2]);
+    assert_eq!(
+        std::fs::read_link(format!("{fd_dir}/0")).unwrap().to_str(),
+        Some("/dev/null")
+    );
     // Control: the daemon itself holds far more (its listener, its connections, its pipes).
-    let daemon_fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid())).unwrap().count();
+    let daemon_fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+        .unwrap()
+        .count();
     assert!(daemon_fds > 4, "daemon has {daemon_fds} fds");
-    // ls runs as a child of the shell; list the shell's descriptors instead.
-    let out = client.run("fds", "ls /proc/$$/fd | sort -n | tr '\\n' ' '").await.output;
-    assert_eq!(out.trim(), "0 1 2", "{out}");
-    let stdin = client.run("stdin", "readlink /proc/$$/fd/0").await.output;
-    assert_eq!(stdin.trim(), "/dev/null");
+    client
+        .send(&protocol::ClientMessage::Cancel(protocol::CancelRequest {
+            id: "fds".into(),
+        }))
+        .await;
+    assert!(client.collect("fds").await.result.unwrap().extra.cancelled);
 }

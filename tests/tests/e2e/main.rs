@@ -1,9 +1,9 @@
 //! End-to-end tests: the real `executor` binary over WebSocket, outcomes checked on the host.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-// mod auth;
+mod auth;
 mod basics;
-// mod daemon_life;
-// mod kill;
-// mod output;
-// mod protocol_errors;
+mod daemon_life;
+mod kill;
+mod output;
+mod protocol_errors;

@@ -1,0 +1,148 @@
+//! The daemon's own life: SIGKILL takes every command with it, SIGTERM drains, many clients at
+//! once, audit records.
+
+use std::time::Duration;
+
+use executor_tests::{
+    eventually, marked_sleep, marker, processes_matching, req, sleepers, Daemon, PATIENCE,
+};
+use nix::sys::signal::Signal;
+use protocol::{ClientMessage, Ending, ServerMessage, RETURNCODE_NOT_FINISHED};
+
+#[tokio::test]
+async fn daemon_sigkill_mid_command_kills_every_command_tree() {
+    let mut daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    for i in 0..3 {
+        let mut r = req(
+            &format!("k{i}"),
+            &format!("setsid {s} & ( {s} & ) ; {s}", s = marked_sleep(&m)),
+        );
+        r.timeout = Some(600.0);
+        client.send(&ClientMessage::Exec(r)).await;
+    }
+    // Control: all nine sleeps run while the daemon lives.
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 9).await);
+    daemon.signal_and_wait(Signal::SIGKILL);
+    assert!(
+        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        "survivors after daemon SIGKILL: {:?}",
+        processes_matching(&m)
+    );
+    // No helper is left either.
+    assert!(
+        eventually(Duration::from_secs(5), || processes_matching(
+            "__sandbox-helper"
+        )
+        .iter()
+        .all(|pid| parent_of(*pid) != Some(daemon.pid() as i32)))
+        .await
+    );
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[tokio::test]
+async fn sigterm_drains_kills_running_commands_sends_their_results_and_exits() {
+    let mut daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let mut r = req("long", &format!("echo begun; {}", marked_sleep(&m)));
+    r.timeout = Some(600.0);
+    r.stream = true;
+    client.send(&ClientMessage::Exec(r)).await;
+    // Wait until the command printed, so it is surely running.
+    match client.recv().await {
+        Some(ServerMessage::Output(chunk)) => assert_eq!(chunk.data, "begun\n"),
+        other => panic!("expected output, got {other:?}"),
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.pid() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let result = client.collect("long").await.result.unwrap();
+    assert_eq!(result.extra.ended, Ending::Shutdown);
+    assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED);
+    assert_eq!(result.output, "begun\n");
+    assert!(result.exception_info.contains("shutting down"));
+    // Then the connection closes and the daemon exits cleanly.
+    assert!(client.recv().await.is_none());
+    let status = daemon.signal_and_wait(Signal::SIGCONT);
+    assert!(status.success(), "{status:?}");
+    assert!(processes_matching(&m).is_empty());
+    // A new connection is refused once draining is over.
+    assert!(
+        executor_tests::Client::connect(&daemon.url, Some(&daemon.token))
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn thirty_two_concurrent_clients_each_get_their_own_results() {
+    let daemon = Daemon::start();
+    let mut handles = Vec::new();
+    for n in 0..32 {
+        let url = daemon.url.clone();
+        let token = daemon.token.clone();
+        handles.push(tokio::spawn(async move {
+            let mut client = executor_tests::Client::connect(&url, Some(&token))
+                .await
+                .unwrap();
+            for i in 0..5 {
+                let result = client
+                    .run(
+                        &format!("c{i}"),
+                        &format!("echo client {n} cmd {i}; exit {}", (n + i) % 7),
+                    )
+                    .await;
+                assert_eq!(result.output, format!("client {n} cmd {i}\n"));
+                assert_eq!(result.returncode, (n + i) % 7);
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert!(daemon.healthy().await);
+    assert_eq!(daemon.audit().len(), 32 * 5);
+}
+
+#[tokio::test]
+async fn audit_log_has_one_line_per_command_without_the_token() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    client.run("a1", "echo audited; exit 3").await;
+    let mut r = req("a2", "sleep 5");
+    r.timeout = Some(0.2);
+    client.exec(r).await.result.unwrap();
+    let mut r = req("a3", "true");
+    r.cwd = Some("/does/not/exist".into());
+    client.exec(r).await.result.unwrap_err();
+    assert!(eventually(Duration::from_secs(5), || daemon.audit().len() == 3).await);
+    let records = daemon.audit();
+    let by_id = |id: &str| records.iter().find(|r| r["id"] == id).unwrap().clone();
+    let a1 = by_id("a1");
+    assert_eq!(a1["command"], "echo audited; exit 3");
+    assert_eq!(a1["returncode"], 3);
+    assert_eq!(a1["ended"], "exited");
+    assert_eq!(a1["output_bytes"], 8);
+    assert_eq!(a1["profile"], "trusted");
+    assert_eq!(a1["cwd"], daemon.workspace.display().to_string());
+    assert!(a1["client"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert_eq!(by_id("a2")["ended"], "timed_out");
+    let a3 = by_id("a3");
+    assert_eq!(a3["ended"], "error");
+    assert!(a3["error"].as_str().unwrap().contains("environment_error"));
+    let text = std::fs::read_to_string(daemon.state.path().join("audit.jsonl")).unwrap();
+    assert!(!text.contains(daemon.token.as_str()));
+}

@@ -1,0 +1,174 @@
+//! Hostile and malformed input: every bad message gets a typed error, nothing panics, and the
+//! connection and the daemon live on.
+
+use executor_tests::{req, Daemon};
+use protocol::{ClientMessage, ErrorCode, ServerMessage};
+
+async fn expect_error(client: &mut executor_tests::Client, text: &str) -> protocol::ErrorMessage {
+    client.send_text(text).await;
+    match client.recv().await {
+        Some(ServerMessage::Error(err)) => err,
+        other => panic!("for {text:?} expected an error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn malformed_json_unknown_types_and_bad_fields_get_typed_errors_and_the_connection_lives_on()
+{
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let cases: &[(&str, ErrorCode)] = &[
+        ("not json at all", ErrorCode::BadRequest),
+        ("{\"type\":\"exec\"", ErrorCode::BadRequest),
+        ("[]", ErrorCode::BadRequest),
+        ("{\"type\":\"launch\",\"id\":\"x\"}", ErrorCode::BadRequest),
+        ("{\"id\":\"x\",\"command\":\"true\"}", ErrorCode::BadRequest),
+        ("{\"type\":\"exec\",\"id\":\"x\"}", ErrorCode::BadRequest),
+        (
+            "{\"type\":\"exec\",\"id\":\"x\",\"command\":\"true\",\"timout\":3}",
+            ErrorCode::BadRequest,
+        ),
+        (
+            "{\"type\":\"exec\",\"id\":\"x\",\"command\":\"true\",\"timeout\":-1}",
+            ErrorCode::BadRequest,
+        ),
+        (
+            "{\"type\":\"exec\",\"id\":\"x\",\"command\":\"true\",\"timeout\":1e300}",
+            ErrorCode::BadRequest,
+        ),
+        (
+            "{\"type\":\"exec\",\"id\":\"x\",\"command\":\"true\",\"timeout\":\"10\"}",
+            ErrorCode::BadRequest,
+        ),
+        (
+            "{\"type\":\"exec\",\"id\":\"x\",\"command\":\"true\",\"cwd\":\"rel\"}",
+            ErrorCode::BadRequest,
+        ),
+        (
+            "{\"type\":\"exec\",\"id\":\"x\",\"command\":\"a\\u0000b\"}",
+            ErrorCode::BadRequest,
+        ),
+        (
+            "{\"type\":\"exec\",\"id\":\"x\",\"command\":\"true\",\"env\":{\"A=B\":\"c\"}}",
+            ErrorCode::BadRequest,
+        ),
+        (
+            "{\"type\":\"exec\",\"id\":\"\",\"command\":\"true\"}",
+            ErrorCode::BadRequest,
+        ),
+        (
+            "{\"type\":\"exec\",\"id\":\"x\",\"command\":\"true\",\"profile\":\"nope\"}",
+            ErrorCode::ProfileDenied,
+        ),
+        ("{\"type\":\"cancel\"}", ErrorCode::BadRequest),
+    ];
+    for (text, code) in cases {
+        let err = expect_error(&mut client, text).await;
+        assert_eq!(err.code, *code, "{text}: {err:?}");
+        assert!(!err.message.is_empty());
+    }
+    // The error names the request when its id could be read.
+    let err = expect_error(
+        &mut client,
+        "{\"type\":\"exec\",\"id\":\"named\",\"command\":1}",
+    )
+    .await;
+    assert_eq!(err.id.as_deref(), Some("named"));
+    // Binary frames are refused the same way.
+    use futures_util::SinkExt;
+    client
+        .ws
+        .send(tokio_tungstenite::tungstenite::Message::binary(vec![
+            1u8, 2, 3,
+        ]))
+        .await
+        .unwrap();
+    assert!(
+        matches!(client.recv().await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::BadRequest)
+    );
+    // Allowed twin: the same connection still runs commands.
+    assert_eq!(
+        client.run("ok", "echo still here").await.output,
+        "still here\n"
+    );
+}
+
+#[tokio::test]
+async fn oversized_command_is_refused_but_one_at_the_limit_runs() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let max = client.hello.limits.max_command_bytes;
+    let too_long = format!("echo {}", "x".repeat(max));
+    let err = client.exec(req("big", &too_long)).await.result.unwrap_err();
+    assert_eq!(err.code, ErrorCode::BadRequest);
+    assert!(err.message.contains("limit"), "{}", err.message);
+    let at_limit = format!(": {}", "x".repeat(max - 2));
+    assert_eq!(at_limit.len(), max);
+    let result = client.run("fits", &at_limit).await;
+    assert_eq!(result.returncode, 0);
+}
+
+#[tokio::test]
+async fn oversized_message_gets_an_error_and_a_close_while_the_daemon_lives_on() {
+    let daemon = Daemon::start_with(&["--max-message-bytes", "65536"]);
+    let mut client = daemon.connect().await;
+    let huge = format!(
+        "{{\"type\":\"exec\",\"id\":\"h\",\"command\":\"{}\"}}",
+        "x".repeat(100_000)
+    );
+    client.send_text(&huge).await;
+    match client.recv().await {
+        Some(ServerMessage::Error(err)) => {
+            assert_eq!(err.code, ErrorCode::BadRequest);
+            assert!(err.message.contains("too large"), "{}", err.message);
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert!(
+        client.recv().await.is_none(),
+        "connection closes after an oversized message"
+    );
+    // Allowed twin: a new connection works, with a message just under the limit.
+    let mut again = daemon.connect().await;
+    let fits = format!(": {}", "x".repeat(60_000));
+    assert_eq!(again.run("fits", &fits).await.returncode, 0);
+}
+
+#[tokio::test]
+async fn duplicate_ids_and_too_many_concurrent_commands_are_refused() {
+    let daemon = Daemon::start_with(&["--max-commands-per-connection", "2"]);
+    let mut client = daemon.connect().await;
+    for id in ["a", "b"] {
+        let mut r = req(id, "sleep 0.5; echo done");
+        r.timeout = Some(10.0);
+        client.send(&ClientMessage::Exec(r)).await;
+    }
+    let err = client.exec(req("a", "true")).await.result.unwrap_err();
+    assert_eq!(err.code, ErrorCode::DuplicateId);
+    let err = client.exec(req("c", "true")).await.result.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Busy);
+    // Both originals still finish normally...
+    assert_eq!(client.collect("a").await.result.unwrap().output, "done\n");
+    assert_eq!(client.collect("b").await.result.unwrap().output, "done\n");
+    // ...and once they have, the id and the slot are free again.
+    assert_eq!(client.run("a", "echo reused").await.output, "reused\n");
+}
+
+#[tokio::test]
+async fn global_command_limit_applies_across_connections() {
+    let daemon = Daemon::start_with(&["--max-commands", "1"]);
+    let mut first = daemon.connect().await;
+    let mut second = daemon.connect().await;
+    let mut r = req("long", "sleep 1; echo first");
+    r.timeout = Some(10.0);
+    first.send(&ClientMessage::Exec(r)).await;
+    // Wait until it is surely running.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let err = second.exec(req("x", "true")).await.result.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Busy);
+    assert_eq!(
+        first.collect("long").await.result.unwrap().output,
+        "first\n"
+    );
+    assert_eq!(second.run("y", "echo second").await.output, "second\n");
+}
