@@ -228,7 +228,7 @@ pub fn markdown(r: &Report) -> String {
         for c in &s.concurrency {
             let _ = write!(row, " {} |", rate(throughput_at(&b.concurrent, *c)));
         }
-        row.push_str(" 0 | 1.00x |");
+        row.push_str(" - | 1.00x |");
         let _ = writeln!(out, "{row}");
     }
     for p in &r.profiles {
