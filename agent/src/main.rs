@@ -1,12 +1,46 @@
-//! The agent binary. The mini-swe-agent loop lands with its own issue; until then this crate
-//! only pins the protocol dependency so the workspace layout is final.
+//! `agent`: an unprivileged client that runs the mini-swe-agent loop and sends every command to
+//! an executor over WebSocket. See agent/README.md.
 #![forbid(unsafe_code)]
 
-fn main() -> std::process::ExitCode {
-    eprintln!(
-        "agent {}: not implemented yet (protocol v{}); use `executor run` or `executor serve`",
-        env!("CARGO_PKG_VERSION"),
-        protocol::PROTOCOL_VERSION
-    );
-    std::process::ExitCode::from(2)
+mod agent_loop;
+mod cli;
+mod config;
+mod console;
+mod demo;
+mod environment;
+mod local;
+mod model;
+mod templates;
+mod trajectory;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AGENT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agent: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(cli::dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("agent: {e:#}");
+            ExitCode::from(2)
+        }
+    }
 }

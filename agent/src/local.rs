@@ -1,0 +1,149 @@
+//! A local `executor serve` owned by this agent: started on a free loopback port with a fresh
+//! state directory (so a fresh token), stopped when the agent exits.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// How long the executor may take to print its listening line.
+const START_PATIENCE: Duration = Duration::from_secs(20);
+/// How long a stopping executor may drain before it is killed.
+const STOP_PATIENCE: Duration = Duration::from_secs(5);
+
+/// The executor binary: the override, else next to this executable, else on `PATH`.
+pub fn find_executor(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = explicit {
+        if path.is_file() {
+            return Ok(path.to_path_buf());
+        }
+        bail!("--executor-bin {} does not exist", path.display());
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_path_buf))
+    {
+        let sibling = dir.join("executor");
+        if sibling.is_file() {
+            return Ok(sibling);
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join("executor");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    bail!(
+        "cannot find the `executor` binary next to the agent or on PATH; build it with \
+         `cargo build --bins`, pass --executor-bin PATH, or connect to a running one with --executor URL"
+    )
+}
+
+pub struct LocalExecutor {
+    child: Child,
+    pub url: String,
+    pub token: String,
+    pub binary: PathBuf,
+    state: tempfile::TempDir,
+}
+
+impl LocalExecutor {
+    /// Start `binary serve` with `workspace` as its default working directory.
+    pub async fn start(binary: &Path, workspace: &Path) -> anyhow::Result<Self> {
+        let state = tempfile::Builder::new()
+            .prefix("agent-executor-")
+            .tempdir()
+            .context("cannot create a state directory for the local executor")?;
+        let log_path = state.path().join("executor.log");
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let mut command = Command::new(binary);
+        command
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state.path())
+            .arg("--workspace")
+            .arg(workspace)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true);
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "warn");
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        let stdout = child.stdout.take().context("executor stdout missing")?;
+        let mut line = String::new();
+        let read =
+            tokio::time::timeout(START_PATIENCE, BufReader::new(stdout).read_line(&mut line)).await;
+        let url = line
+            .trim()
+            .strip_prefix("executor listening on ")
+            .map(str::to_string);
+        let url = match (read, url) {
+            (Ok(Ok(_)), Some(url)) => url,
+            _ => {
+                let _ = child.start_kill();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                bail!(
+                    "the local executor {} did not start (stdout: {:?}); its log:\n{}",
+                    binary.display(),
+                    line.trim(),
+                    tail(&log, 2000)
+                );
+            }
+        };
+        let token = std::fs::read_to_string(state.path().join("token"))
+            .context("the local executor wrote no token")?
+            .trim()
+            .to_string();
+        Ok(Self {
+            child,
+            url,
+            token,
+            binary: binary.to_path_buf(),
+            state,
+        })
+    }
+
+    /// The executor's log so far, for error reports.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.state.path().join("executor.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM (the executor kills its commands and drains), then SIGKILL after a bound.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            if tokio::time::timeout(STOP_PATIENCE, self.child.wait())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+        let _ = self.child.kill().await;
+    }
+}
+
+fn tail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
