@@ -1,0 +1,281 @@
+//! The environment side: the demo, `agent exec`, remote executors with a token, and an
+//! executor that breaks or dies mid-run.
+
+use std::process::Stdio;
+
+use executor_tests::{binary, eventually, Daemon, PATIENCE};
+
+use crate::{assert_complete_trajectory, Scratch};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_fixes_the_toy_repository_and_submits_a_git_diff() {
+    let s = Scratch::new();
+    let run = s.run(&["--demo"]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_complete_trajectory(&run, "Submitted");
+    let submission = run.traj["info"]["submission"].as_str().unwrap();
+    assert!(
+        submission.starts_with("diff --git a/mathlib.sh b/mathlib.sh"),
+        "{submission}"
+    );
+    assert!(
+        submission.contains("+  echo $(( $1 + $2 ))"),
+        "{submission}"
+    );
+    assert!(run.stderr.contains("SCRIPTED"));
+    assert!(run.stderr.contains("profile \"trusted\"") || run.stderr.contains("profile \""));
+    assert!(run
+        .stdout
+        .contains(&format!("Trajectory: {}", s.traj().display())));
+    // The failing test was seen failing, then passing.
+    let tools = run.with_role("tool");
+    assert!(tools[1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("FAIL: add 2 3 gave -1"));
+    assert!(tools[3]["content"].as_str().unwrap().contains("PASS"));
+    // The local executor the agent started is gone.
+    let url = run
+        .stderr
+        .lines()
+        .find_map(|l| l.split(" at ws://").nth(1))
+        .and_then(|rest| rest.split('/').next())
+        .expect("the agent says where its executor listens")
+        .to_string();
+    let addr: std::net::SocketAddr = url.parse().unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "local executor still listening"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_executor_is_used_with_its_token_and_default_profile() {
+    let daemon = Daemon::start();
+    let s = Scratch::new();
+    let script = s
+        .write("s.yaml", "- command: pwd && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && pwd\n")
+        .display()
+        .to_string();
+    let token = daemon.state.path().join("token");
+    let run = s
+        .run(&[
+            "--model",
+            "scripted",
+            "--script",
+            &script,
+            "--task",
+            "t",
+            "--executor",
+            &daemon.url,
+            "--token-file",
+            token.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // No cwd configured: commands run in the executor's workspace.
+    let workspace = std::fs::canonicalize(&daemon.workspace).unwrap();
+    assert_eq!(
+        run.traj["info"]["submission"].as_str().unwrap().trim(),
+        workspace.to_str().unwrap()
+    );
+    let env = &run.traj["info"]["config"]["environment"];
+    assert_eq!(env["profile"], daemon_default_profile(&daemon).await);
+    assert!(
+        !run.stderr.contains(&daemon.token),
+        "the token must never be printed"
+    );
+    assert!(!serde_json::to_string(&run.traj)
+        .unwrap()
+        .contains(&daemon.token));
+}
+
+async fn daemon_default_profile(daemon: &Daemon) -> String {
+    daemon.connect().await.hello.default_profile
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_refused_at_start() {
+    let daemon = Daemon::start();
+    let s = Scratch::new();
+    let bad = s.write("token", "not-the-token\n");
+    let script = s
+        .write("s.yaml", "- command: echo hi\n")
+        .display()
+        .to_string();
+    let run = s
+        .run(&[
+            "--model",
+            "scripted",
+            "--script",
+            &script,
+            "--task",
+            "t",
+            "--executor",
+            &daemon.url,
+            "--token-file",
+            bad.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("cannot connect to the executor"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_killed_mid_run_gives_environment_error_and_a_complete_trajectory() {
+    let mut daemon = Daemon::start();
+    let s = Scratch::new();
+    let marker = s.path().join("started");
+    let script = s
+        .write(
+            "s.yaml",
+            &format!(
+                "- command: echo first\n- command: touch {} && sleep 60\n- command: echo never\n",
+                marker.display()
+            ),
+        )
+        .display()
+        .to_string();
+    let token = daemon.state.path().join("token");
+    let child = s
+        .agent(&[
+            "--model",
+            "scripted",
+            "--script",
+            &script,
+            "--task",
+            "t",
+            "--executor",
+            &daemon.url,
+            "--token-file",
+            token.to_str().unwrap(),
+            "-c",
+            "environment.reconnect_attempts=2",
+        ])
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(PATIENCE, || marker.exists()).await,
+        "second command never started"
+    );
+    daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+    let run = s.finish(child).await;
+    assert_eq!(run.code, 6);
+    assert_complete_trajectory(&run, "EnvironmentError");
+    // Everything up to the failure is on disk: both model turns and the first observation.
+    assert_eq!(run.with_role("assistant").len(), 2);
+    assert_eq!(run.with_role("tool").len(), 1);
+    let exit = run.messages().last().unwrap();
+    assert!(
+        exit["content"]
+            .as_str()
+            .unwrap()
+            .contains("could not reconnect"),
+        "{exit}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_environment_error_stops_the_run_and_is_never_shown_to_the_model() {
+    let s = Scratch::new();
+    let script = s
+        .write("s.yaml", "- command: echo hi\n- command: echo again\n")
+        .display()
+        .to_string();
+    let daemon = Daemon::start();
+    let token = daemon.state.path().join("token");
+    let run = s
+        .run(&[
+            "--model",
+            "scripted",
+            "--script",
+            &script,
+            "--task",
+            "t",
+            "--executor",
+            &daemon.url,
+            "--token-file",
+            token.to_str().unwrap(),
+            "--cwd",
+            "/nonexistent/agent-e2e",
+            "-c",
+            "environment.create_cwd=false",
+        ])
+        .await;
+    assert_eq!(run.code, 6);
+    assert_complete_trajectory(&run, "EnvironmentError");
+    assert!(
+        run.with_role("tool").is_empty(),
+        "the model saw the environment error"
+    );
+    assert_eq!(run.traj["info"]["model_stats"]["api_calls"], 1);
+    let exit = run.messages().last().unwrap();
+    assert!(
+        exit["content"]
+            .as_str()
+            .unwrap()
+            .contains("environment_error"),
+        "{exit}"
+    );
+}
+
+async fn agent_exec(args: &[&str]) -> (i32, String, String) {
+    let out = tokio::time::timeout(
+        PATIENCE,
+        tokio::process::Command::new(binary("agent"))
+            .arg("exec")
+            .args(args)
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("agent exec did not finish")
+    .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_exec_prints_output_and_exits_with_the_return_code() {
+    let daemon = Daemon::start();
+    let token = daemon.state.path().join("token");
+    let remote = [
+        "--executor",
+        &daemon.url,
+        "--token-file",
+        token.to_str().unwrap(),
+    ];
+    let (code, out, _) =
+        agent_exec(&[&remote[..], &["--", "echo out; echo err >&2; exit 3"]].concat()).await;
+    assert_eq!(code, 3);
+    assert_eq!(out, "out\nerr\n");
+    let (code, out, err) =
+        agent_exec(&[&remote[..], &["--timeout", "1", "--", "echo x; sleep 30"]].concat()).await;
+    assert_eq!((code, out.as_str()), (124, "x\n"));
+    assert!(err.contains("timed out"), "{err}");
+    let (code, out, _) =
+        agent_exec(&[&remote[..], &["--env", "A=b c", "--", "echo", "\"$A\""]].concat()).await;
+    assert_eq!((code, out.as_str()), (0, "b c\n"));
+    // Its own failures are 255, as with ssh.
+    let (code, _, err) = agent_exec(&["--executor", "ws://127.0.0.1:9/v1/ws", "--", "true"]).await;
+    assert_eq!(code, 255);
+    assert!(err.contains("cannot connect"), "{err}");
+    let (code, _, err) =
+        agent_exec(&[&remote[..], &["--cwd", "/nonexistent/x", "--", "true"]].concat()).await;
+    assert_eq!(code, 255);
+    assert!(err.contains("environment_error"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_exec_starts_and_stops_a_local_executor_without_a_url() {
+    let (code, out, err) = agent_exec(&["--", "echo local"]).await;
+    assert_eq!((code, out.as_str()), (0, "local\n"), "{err}");
+    assert!(err.contains("started a local executor"), "{err}");
+}

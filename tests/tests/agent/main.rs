@@ -1,0 +1,147 @@
+//! End-to-end tests of the `agent` binary: real executor, real HTTP model APIs (mocked
+//! in-process), outcomes read from the exit code, stdout and the trajectory on disk.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod executor_side;
+mod exits;
+mod mock;
+mod models;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use executor_tests::binary;
+use serde_json::Value;
+
+/// Longest any agent run in these tests may take.
+const RUN_PATIENCE: Duration = Duration::from_secs(90);
+
+/// A finished agent run.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub traj: Value,
+}
+
+impl Run {
+    pub fn exit_status(&self) -> &str {
+        self.traj["info"]["exit_status"]
+            .as_str()
+            .unwrap_or_default()
+    }
+
+    pub fn messages(&self) -> &Vec<Value> {
+        self.traj["messages"].as_array().unwrap()
+    }
+
+    pub fn with_role(&self, role: &str) -> Vec<&Value> {
+        self.messages()
+            .iter()
+            .filter(|m| m["role"] == role)
+            .collect()
+    }
+}
+
+/// A scratch directory with a trajectory path inside.
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Scratch {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::Builder::new()
+                .prefix("agent-e2e-")
+                .tempdir()
+                .unwrap(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn traj(&self) -> PathBuf {
+        self.path().join("run.traj.json")
+    }
+
+    /// Write a file and return its path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Build the agent command: `agent run -o <traj> <args>`, cwd = scratch dir.
+    pub fn agent(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(binary("agent"));
+        cmd.arg("run")
+            .arg("-o")
+            .arg(self.traj())
+            .args(args)
+            .current_dir(self.path())
+            .env("OPENAI_API_KEY", mock::API_KEY)
+            .env("ANTHROPIC_API_KEY", mock::API_KEY)
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ANTHROPIC_BASE_URL")
+            .env_remove("MSWEA_MODEL_NAME")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Run the agent to completion (bounded) and read its trajectory.
+    pub async fn run(&self, args: &[&str]) -> Run {
+        let child = self.agent(args).spawn().unwrap();
+        self.finish(child).await
+    }
+
+    pub async fn finish(&self, child: tokio::process::Child) -> Run {
+        let out = tokio::time::timeout(RUN_PATIENCE, child.wait_with_output())
+            .await
+            .expect("agent run did not finish in time")
+            .unwrap();
+        let traj = std::fs::read_to_string(self.traj())
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        let run = Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            traj,
+        };
+        eprintln!(
+            "--- agent exit {} ---\nstdout:\n{}\nstderr:\n{}",
+            run.code, run.stdout, run.stderr
+        );
+        run
+    }
+}
+
+/// Every trajectory, whatever the exit, has mini's shape and ends with an exit message.
+pub fn assert_complete_trajectory(run: &Run, status: &str) {
+    let traj = &run.traj;
+    assert_eq!(traj["trajectory_format"], "mini-swe-agent-1.1", "{traj}");
+    assert_eq!(traj["info"]["exit_status"], status);
+    assert!(traj["info"]["model_stats"]["api_calls"].is_u64());
+    assert!(traj["info"]["model_stats"]["instance_cost"].is_number());
+    assert!(traj["info"]["config"]["agent"].is_object());
+    assert!(traj["info"]["config"]["environment"].is_object());
+    let messages = run.messages();
+    assert_eq!(messages[0]["role"], "system");
+    assert_eq!(messages[1]["role"], "user");
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "exit");
+    assert_eq!(last["extra"]["exit_status"], status);
+}
