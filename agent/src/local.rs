@@ -14,6 +14,22 @@ const START_PATIENCE: Duration = Duration::from_secs(20);
 /// How long a stopping executor may drain before it is killed.
 const STOP_PATIENCE: Duration = Duration::from_secs(5);
 
+/// Variables a local executor inherits from the agent. Everything else, API keys above all,
+/// stays with the agent: the executor and its commands never see the model's credentials.
+const INHERITED_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TMPDIR",
+    "TZ",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+];
+
 /// The executor binary: the override, else next to this executable, else on `PATH`.
 pub fn find_executor(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(path) = explicit {
@@ -64,6 +80,12 @@ impl LocalExecutor {
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
         let mut command = Command::new(binary);
+        command.env_clear();
+        for name in INHERITED_ENV {
+            if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
+        }
         command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--state-dir"])

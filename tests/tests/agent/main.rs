@@ -4,6 +4,7 @@
 
 mod executor_side;
 mod exits;
+mod interactive;
 mod mock;
 mod models;
 
