@@ -186,3 +186,49 @@ pub fn find_executor(explicit: Option<PathBuf>, build: bool) -> anyhow::Result<P
     }
     Ok(exe)
 }
+
+/// CPU time of a process itself and of its reaped descendants, in milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuTimes {
+    pub own_ms: f64,
+    pub children_ms: f64,
+}
+
+impl CpuTimes {
+    /// `utime + stime` and `cutime + cstime` of /proc/PID/stat (proc(5), fields 14 to 17).
+    pub fn of(pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name may hold spaces and parentheses; fields resume after the last ')'.
+        let fields: Vec<f64> = stat[stat.rfind(')')? + 1..]
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        let &[utime, stime, cutime, cstime] = fields.as_slice() else {
+            return None;
+        };
+        let tick_ms = 1e3 / clock_ticks_per_second();
+        Some(Self {
+            own_ms: (utime + stime) * tick_ms,
+            children_ms: (cutime + cstime) * tick_ms,
+        })
+    }
+
+    /// What was spent since `earlier`, per one of `count` operations.
+    pub fn per(self, earlier: Self, count: usize) -> Self {
+        let n = count.max(1) as f64;
+        Self {
+            own_ms: (self.own_ms - earlier.own_ms) / n,
+            children_ms: (self.children_ms - earlier.children_ms) / n,
+        }
+    }
+}
+
+fn clock_ticks_per_second() -> f64 {
+    use nix::unistd::{sysconf, SysconfVar};
+    match sysconf(SysconfVar::CLK_TCK) {
+        Ok(Some(ticks)) if ticks > 0 => ticks as f64,
+        _ => 100.0,
+    }
+}

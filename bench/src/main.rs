@@ -31,10 +31,10 @@ use futures_util::StreamExt;
 use protocol::{ErrorCode, Hello};
 
 use crate::client::{request, Client};
-use crate::daemon::{find_executor, raise_nofile, reset_peak_rss, status_kib, Daemon};
+use crate::daemon::{find_executor, raise_nofile, reset_peak_rss, status_kib, CpuTimes, Daemon};
 use crate::report::{
-    BareReport, ConnectionsReport, DaemonReport, KillReport, Machine, OutputRun, ProfileReport,
-    Report, Settings, Throughput,
+    BareReport, ConnectionsReport, CpuPerCommand, DaemonReport, KillReport, Machine, OutputRun,
+    ProfileReport, Report, Settings, Throughput,
 };
 use crate::stats::{median, summarize};
 
@@ -73,9 +73,13 @@ struct Opts {
     /// Concurrent connections (and bare-spawn threads) to measure throughput with.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8, 32])]
     concurrency: Vec<usize>,
-    /// Output sizes in MB (10^6 bytes) to stream.
-    #[arg(long, value_delimiter = ',', default_values_t = [10usize, 50])]
-    output_mb: Vec<usize>,
+    /// Output sizes in MB (10^6 bytes, fractions allowed) to stream.
+    #[arg(long, value_delimiter = ',', default_values_t = [10.0, 50.0])]
+    output_mb: Vec<f64>,
+    /// Ask for output without `stream: true`: only the result (head and tail) comes back, and
+    /// MB/s is the daemon's `extra.output_bytes` over wall time.
+    #[arg(long)]
+    no_stream: bool,
     /// Repeats of each output size, timeout kill and daemon start; medians are reported
     /// [default: 3; quick: 1].
     #[arg(long, value_name = "N")]
@@ -104,7 +108,13 @@ impl Opts {
                 .copied()
                 .filter(|&c| c > 0)
                 .collect(),
-            output_mb: self.output_mb.clone(),
+            output_mb: self
+                .output_mb
+                .iter()
+                .copied()
+                .filter(|&mb| mb > 0.0)
+                .collect(),
+            output_streamed: !self.no_stream,
             repeats: self.repeats.unwrap_or(if q { 1 } else { 3 }).max(1),
             idle_connections: self.idle_connections.unwrap_or(if q { 100 } else { 1000 }),
             kill_timeout_s: self.kill_timeout.unwrap_or(if q { 0.2 } else { 0.5 }),
@@ -339,12 +349,25 @@ fn bare_spawn(settings: &Settings) -> anyhow::Result<BareReport> {
         Some(settings.iterations),
     );
     let mut samples = Vec::with_capacity(settings.iterations);
+    let me = std::process::id();
+    let cpu0 = CpuTimes::of(me);
     let t0 = Instant::now();
     for i in 0..settings.iterations {
         samples.push(bare_once()?);
         progress.tick(i + 1);
     }
     let elapsed = t0.elapsed();
+    let cpu = match (cpu0, CpuTimes::of(me)) {
+        (Some(a), Some(b)) => {
+            let per = b.per(a, settings.iterations);
+            Some(CpuPerCommand {
+                daemon_ms: None,
+                children_ms: per.children_ms,
+                client_ms: per.own_ms,
+            })
+        }
+        _ => None,
+    };
     let Some(sequential) = summarize(&samples) else {
         bail!("no samples");
     };
@@ -384,6 +407,7 @@ fn bare_spawn(settings: &Settings) -> anyhow::Result<BareReport> {
         concurrent.push(Throughput::new(workers, &all, elapsed));
     }
     let report = BareReport {
+        cpu,
         seq_cmd_per_s: settings.iterations as f64 / elapsed.as_secs_f64(),
         sequential,
         concurrent,
@@ -431,12 +455,25 @@ async fn latency(
         Some(settings.iterations),
     );
     let mut samples = Vec::with_capacity(settings.iterations);
+    let me = std::process::id();
+    let cpu0 = (CpuTimes::of(daemon.pid), CpuTimes::of(me));
     let t0 = Instant::now();
     for i in 0..settings.iterations {
         samples.push(echo(client, format!("s{i}"), profile).await?);
         progress.tick(i + 1);
     }
     let elapsed = t0.elapsed();
+    // Helpers are the daemon's reaped children, and the shells the helpers' reaped children.
+    if let ((Some(d0), Some(c0)), Some(d1), Some(c1)) =
+        (cpu0, CpuTimes::of(daemon.pid), CpuTimes::of(me))
+    {
+        let daemon_cpu = d1.per(d0, settings.iterations);
+        report.cpu = Some(CpuPerCommand {
+            daemon_ms: Some(daemon_cpu.own_ms),
+            children_ms: daemon_cpu.children_ms,
+            client_ms: c1.per(c0, settings.iterations).own_ms,
+        });
+    }
     report.seq_cmd_per_s = Some(settings.iterations as f64 / elapsed.as_secs_f64());
     report.sequential = summarize(&samples);
     if let Some(s) = &report.sequential {
@@ -493,16 +530,21 @@ async fn output(
     daemon: &Daemon,
     client: &mut Client,
     profile: &str,
-    mb: usize,
+    mb: f64,
     settings: &Settings,
 ) -> anyhow::Result<OutputRun> {
-    let bytes = mb as u64 * 1_000_000;
+    let bytes = (mb * 1e6).round() as u64;
     // Printable ASCII, so streamed UTF-8 bytes equal output bytes and JSON escapes only '\n'.
     let command = format!(
         "yes 0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ | head -c {bytes}"
     );
     eprintln!(
-        "bench: [{profile}] {mb} MB of streamed output x{} ...",
+        "bench: [{profile}] {mb} MB of {} output x{} ...",
+        if settings.output_streamed {
+            "streamed"
+        } else {
+            "unstreamed"
+        },
         settings.repeats
     );
     let mut rates = Vec::new();
@@ -518,7 +560,7 @@ async fn output(
         // Backup for kernels that refuse the reset: sample VmRSS while the output flows.
         let sampler = RssSampler::start(daemon.pid);
         let mut req = request(format!("o{mb}-{r}"), &command, profile);
-        req.stream = true;
+        req.stream = settings.output_streamed;
         let t0 = Instant::now();
         let (result, streamed) = client.run(req).await?;
         let wall = t0.elapsed();
@@ -528,15 +570,22 @@ async fn output(
         } else {
             sampled
         };
-        if result.returncode != 0 || result.extra.output_bytes != bytes {
+        let streamed_ok = !settings.output_streamed || streamed == bytes;
+        if result.returncode != 0 || result.extra.output_bytes != bytes || !streamed_ok {
             bail!(
-                "{mb} MB output under {profile}: returncode {}, {} bytes ({})",
+                "{mb} MB output under {profile}: returncode {}, {} bytes reported, {streamed} \
+                 streamed ({})",
                 result.returncode,
                 result.extra.output_bytes,
                 result.exception_info
             );
         }
-        let rate = streamed as f64 / 1e6 / wall.as_secs_f64();
+        let counted = if settings.output_streamed {
+            streamed
+        } else {
+            result.extra.output_bytes
+        };
+        let rate = counted as f64 / 1e6 / wall.as_secs_f64();
         rates.push(rate);
         growths.push(peak.saturating_sub(idle) as f64);
         run.streamed_bytes = streamed;

@@ -37,7 +37,9 @@ pub struct Settings {
     pub iterations: usize,
     pub duration_s: f64,
     pub concurrency: Vec<usize>,
-    pub output_mb: Vec<usize>,
+    pub output_mb: Vec<f64>,
+    /// Output requested with `stream: true` (otherwise only the result comes back).
+    pub output_streamed: bool,
     pub repeats: usize,
     pub idle_connections: usize,
     pub kill_timeout_s: f64,
@@ -46,9 +48,23 @@ pub struct Settings {
 #[derive(Debug, Serialize)]
 pub struct BareReport {
     pub sequential: Summary,
+    /// CPU per spawn in the sequential loop (`children_ms` is bash).
+    pub cpu: Option<CpuPerCommand>,
     pub seq_cmd_per_s: f64,
     /// Same loop on N threads.
     pub concurrent: Vec<Throughput>,
+}
+
+/// CPU time per command of the sequential loop, from /proc/PID/stat (10 ms ticks summed over
+/// the whole loop, so precise to 10 ms / iterations).
+#[derive(Debug, Serialize)]
+pub struct CpuPerCommand {
+    /// The daemon's own threads (absent for the bare spawn).
+    pub daemon_ms: Option<f64>,
+    /// Reaped descendants: the helper and bash for the daemon; bash for the bare spawn.
+    pub children_ms: f64,
+    /// The benchmark process: the client, or the spawning loop of the bare spawn.
+    pub client_ms: f64,
 }
 
 /// Commands completed by `workers` closed-loop clients (each waits for its result before
@@ -84,6 +100,7 @@ pub struct ProfileReport {
     /// Round trip of `echo hi`, one connection, one command at a time.
     pub sequential: Option<Summary>,
     pub seq_cmd_per_s: Option<f64>,
+    pub cpu: Option<CpuPerCommand>,
     pub concurrent: Vec<Throughput>,
     /// p50 minus the bare spawn's p50.
     pub overhead_p50_ms: Option<f64>,
@@ -101,6 +118,7 @@ impl ProfileReport {
             skipped: None,
             sequential: None,
             seq_cmd_per_s: None,
+            cpu: None,
             concurrent: Vec::new(),
             overhead_p50_ms: None,
             overhead_ratio_p50: None,
@@ -110,11 +128,12 @@ impl ProfileReport {
     }
 }
 
-/// One output size, streamed (`stream: true`). MB/s = bytes of `data` received in `output`
-/// messages / 10^6 / wall time from sending the request to receiving its result.
+/// One output size. Streamed (`stream: true`, the default): MB/s = bytes of `data` received in
+/// `output` messages / 10^6 / wall time from sending the request to receiving its result.
+/// Unstreamed (`--no-stream`): the daemon's `extra.output_bytes` over the same wall time.
 #[derive(Debug, Default, Serialize)]
 pub struct OutputRun {
-    pub megabytes: usize,
+    pub megabytes: f64,
     /// Median over the repeats.
     pub mb_per_s: f64,
     pub wall_ms: Vec<f64>,
@@ -258,6 +277,33 @@ pub fn markdown(r: &Report) -> String {
         let _ = writeln!(out, "{row}");
     }
 
+    // Where the CPU of one sequential command goes.
+    let mut cpu_lines = Vec::new();
+    if let Some(c) = r.bare.as_ref().and_then(|b| b.cpu.as_ref()) {
+        cpu_lines.push(format!(
+            "bare spawn: bash {:.2} ms, spawning process {:.2} ms",
+            c.children_ms, c.client_ms
+        ));
+    }
+    for p in &r.profiles {
+        if let Some(c) = &p.cpu {
+            cpu_lines.push(format!(
+                "{}: daemon {} ms, helper + bash {:.2} ms, client {:.2} ms",
+                p.name,
+                ms(c.daemon_ms),
+                c.children_ms,
+                c.client_ms
+            ));
+        }
+    }
+    if !cpu_lines.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nCPU per sequential command (from /proc/PID/stat): {}.",
+            cpu_lines.join("; ")
+        );
+    }
+
     // Output and timeout kill, per profile.
     let measured: Vec<&ProfileReport> = r
         .profiles
@@ -270,7 +316,12 @@ pub fn markdown(r: &Report) -> String {
         for mb in &s.output_mb {
             let _ = write!(
                 header,
-                " {mb} MB streamed MB/s | daemon RSS idle -> peak ({mb} MB) |"
+                " {mb} MB {} MB/s | daemon RSS idle -> peak ({mb} MB) |",
+                if s.output_streamed {
+                    "streamed"
+                } else {
+                    "unstreamed"
+                }
             );
             rule.push_str("---:|---:|");
         }
