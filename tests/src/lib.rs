@@ -484,3 +484,122 @@ fn status_field(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+// ---------------------------------------------------------------------------------------------
+// Helpers added for the escape suite (tests/tests/escape). Appended only: nothing above changes.
+// ---------------------------------------------------------------------------------------------
+
+/// Runs on the state directory before the daemon starts.
+pub type PrepareStateDir = Box<dyn FnOnce(&std::path::Path)>;
+
+/// How to start a daemon when [`Daemon::start_with`] is not enough: a state directory prepared
+/// before the daemon sees it (pre-planted symlinks), a state directory outside /tmp, extra
+/// environment (a secret to look for), or a terminal as the daemon's controlling terminal.
+#[derive(Default)]
+pub struct DaemonOptions {
+    /// Extra `serve` flags.
+    pub extra: Vec<String>,
+    /// Directory in which the state directory is created (default: the system temp dir).
+    pub state_parent: Option<PathBuf>,
+    /// Called with the (empty) state directory before the daemon starts.
+    pub prepare: Option<PrepareStateDir>,
+    /// Extra environment variables of the daemon process.
+    pub env: Vec<(String, String)>,
+    /// A terminal (a pty slave) made the daemon's stdin and controlling terminal, through
+    /// `setsid --ctty` (the daemon is then a session leader with that terminal).
+    pub terminal: Option<std::os::fd::OwnedFd>,
+}
+
+impl Daemon {
+    /// Start with [`DaemonOptions`]; `Err` carries the daemon's log when it refused to start.
+    pub fn try_start_opts(opts: DaemonOptions) -> Result<Self, String> {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("executor-escape-");
+        let state = match &opts.state_parent {
+            Some(parent) => {
+                std::fs::create_dir_all(parent).unwrap();
+                builder.tempdir_in(parent).unwrap()
+            }
+            None => builder.tempdir().unwrap(),
+        };
+        if let Some(prepare) = opts.prepare {
+            prepare(state.path());
+        }
+        let workspace = state.path().join("workspace");
+        let stderr_log = state.path().join("daemon.log");
+        let mut command = match &opts.terminal {
+            None => Command::new(binary("executor")),
+            Some(_) => {
+                let mut c = Command::new("setsid");
+                c.arg("--ctty").arg(binary("executor"));
+                c
+            }
+        };
+        command
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state.path())
+            .args(&opts.extra)
+            .env("RUST_LOG", "debug")
+            .envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_log).unwrap());
+        match opts.terminal {
+            Some(tty) => command.stdin(Stdio::from(tty)),
+            None => command.stdin(Stdio::null()),
+        };
+        let mut child = command.spawn().unwrap();
+        let mut line = String::new();
+        let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+        let Some(url) = line.trim().strip_prefix("executor listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::fs::read_to_string(&stderr_log).unwrap_or_default());
+        };
+        let url = url.to_string();
+        let addr: SocketAddr = url
+            .trim_start_matches("ws://")
+            .trim_end_matches(protocol::WS_PATH)
+            .parse()
+            .unwrap();
+        let token = std::fs::read_to_string(state.path().join("token"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        Ok(Self {
+            child,
+            addr,
+            url,
+            token,
+            state,
+            workspace,
+            stderr_log,
+        })
+    }
+
+    /// Start with [`DaemonOptions`], failing the test if the daemon does not come up.
+    pub fn start_opts(opts: DaemonOptions) -> Self {
+        Self::try_start_opts(opts).unwrap_or_else(|log| panic!("daemon did not start:\n{log}"))
+    }
+}
+
+/// A field of /proc/<pid>/status as text (`"Uid:"` -> `"65534\t65534\t65534\t65534"`).
+pub fn proc_status(pid: i32, field: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .map(|v| v.trim().to_string())
+}
+
+/// Target of /proc/<pid>/ns/<kind> (e.g. `net:[4026531840]`).
+pub fn namespace_of(pid: i32, kind: &str) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
+        .ok()
+        .map(|p| p.display().to_string())
+}
+
+/// Number of open file descriptors of `pid`.
+pub fn fd_count(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}

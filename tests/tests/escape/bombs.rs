@@ -1,0 +1,238 @@
+//! Fork, thread and memory bombs stop at the profile's limits. The bombs are self-limited (a
+//! few hundred processes past the limit, a few GB past the memory limit) so that a broken
+//! limit fails the case instead of taking the shared test machine down. `trusted` has no
+//! limits by design and is not bombed; `landlock` declares no process limit (and runs as root,
+//! which RLIMIT_NPROC exempts), so only its memory is bombed here.
+
+use std::time::Duration;
+
+use executor_tests::{eventually, marker, processes_matching, sleepers, Daemon};
+
+use crate::common::*;
+
+/// Fork up to `n` children that exec a marked sleep; print how many and the errno that ended
+/// the loop, then hold them until cancelled.
+fn fork_probe(m: &str, n: u32) -> String {
+    python(&format!(
+        r#"
+import time
+n = 0; err = 0
+for i in range({n}):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e.errno
+        break
+    if pid == 0:
+        try:
+            os.execvp("sleep", ["sleep", "3600.{m}"])
+        finally:
+            os._exit(1)
+    n += 1
+print(f"spawned={{n}} errno={{err}}", flush=True)
+print("ready", flush=True)
+time.sleep(3600)
+"#
+    ))
+}
+
+fn thread_probe(m: &str, n: u32) -> String {
+    python_marked(
+        m,
+        &format!(
+            r#"
+import threading, time
+threading.stack_size(64 * 1024)
+n = 0; err = ""
+for i in range({n}):
+    try:
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+    except Exception as e:
+        err = type(e).__name__
+        break
+    n += 1
+print(f"threads={{n}} error={{err or 'none'}}", flush=True)
+print("ready", flush=True)
+time.sleep(3600)
+"#
+        ),
+    )
+}
+
+#[tokio::test]
+async fn fork_bomb_stops_at_the_process_limit() {
+    let _heavy = HEAVY.lock().await;
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for (profile, limit) in [(STRICT, 512usize), (TASK, 2048)] {
+        // Control: a modest fan-out works under the same profile.
+        let m = marker();
+        let (id, out) = start_until(
+            &mut client,
+            profile,
+            "fan",
+            &fork_probe(&m, 50),
+            "ready",
+            60.0,
+        )
+        .await;
+        assert!(
+            out.contains("spawned=50 errno=0"),
+            "[{profile}] control: {out}"
+        );
+        assert_eq!(sleepers(&m).len(), 50, "[{profile}] control on the host");
+        cancel(&mut client, &id).await;
+
+        let m = marker();
+        let attempt = limit as u32 + 300;
+        let (id, out) = start_until(
+            &mut client,
+            profile,
+            "bomb",
+            &fork_probe(&m, attempt),
+            "ready",
+            120.0,
+        )
+        .await;
+        let spawned: usize = field(&out, "spawned").unwrap().parse().unwrap();
+        assert!(
+            spawned < limit,
+            "[{profile}] forked {spawned} children with a limit of {limit}: {out}"
+        );
+        assert_eq!(
+            field(&out, "errno"),
+            Some("11"),
+            "[{profile}] fork failed with EAGAIN: {out}"
+        );
+        let on_host = sleepers(&m).len();
+        assert!(
+            on_host <= limit && on_host == spawned,
+            "[{profile}] host sees {on_host} children, the command {spawned}"
+        );
+        // The daemon serves other clients while the bomb holds its processes.
+        assert!(daemon.healthy().await, "[{profile}]");
+        cancel(&mut client, &id).await;
+        assert!(
+            eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+            "[{profile}] bomb survivors: {}",
+            processes_matching(&m).len()
+        );
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn thread_bomb_stops_at_the_process_limit() {
+    let _heavy = HEAVY.lock().await;
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for (profile, limit) in [(STRICT, 512usize), (TASK, 2048)] {
+        let m = marker();
+        let (id, out) = start_until(
+            &mut client,
+            profile,
+            "few",
+            &thread_probe(&m, 50),
+            "ready",
+            60.0,
+        )
+        .await;
+        assert!(
+            out.contains("threads=50 error=none"),
+            "[{profile}] control: {out}"
+        );
+        cancel(&mut client, &id).await;
+
+        let m = marker();
+        let attempt = limit as u32 + 300;
+        let (id, out) = start_until(
+            &mut client,
+            profile,
+            "bomb",
+            &thread_probe(&m, attempt),
+            "ready",
+            120.0,
+        )
+        .await;
+        let threads: usize = field(&out, "threads").unwrap().parse().unwrap();
+        assert!(
+            threads < limit,
+            "[{profile}] started {threads} threads with a limit of {limit}: {out}"
+        );
+        let pids = pids_with_prefix(&py_argv(&m));
+        assert_eq!(pids.len(), 1, "[{profile}] the probe on the host: {pids:?}");
+        let on_host: usize = executor_tests::proc_status(pids[0], "Threads:")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            on_host <= limit,
+            "[{profile}] host sees {on_host} threads in the probe"
+        );
+        cancel(&mut client, &id).await;
+        assert!(
+            eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+            "[{profile}]"
+        );
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+/// Allocate and touch memory in 256 MiB steps up to `target_mib`, printing each step.
+fn memory_probe(target_mib: u64) -> String {
+    python(&format!(
+        r#"
+held = []; got = 0
+try:
+    while got < {target_mib}:
+        held.append(b"\x01" * (256 << 20))
+        got += 256
+        print(f"allocated={{got}}", flush=True)
+except MemoryError:
+    print("memoryerror", flush=True)
+"#
+    ))
+}
+
+#[tokio::test]
+async fn memory_bomb_stops_at_the_memory_limit() {
+    let _heavy = HEAVY.lock().await;
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let mut table = vec![(STRICT, 2048u64), (LANDLOCK, 2048)];
+    // 9 GiB past task-container's 8 GiB limit only where a broken limit cannot hurt the host.
+    if mem_available_mib() > 14 * 1024 {
+        table.push((TASK, 8192));
+    } else {
+        eprintln!("task-container memory bomb not run: the host has too little free memory");
+    }
+    for (profile, limit) in table {
+        // Control: 512 MiB is fine.
+        let ok = run_with_timeout(&mut client, profile, "small", &memory_probe(512), 60.0).await;
+        assert!(
+            ok.output.contains("allocated=512") && ok.returncode == 0,
+            "[{profile}] control: {ok:?}"
+        );
+        let target = limit + 1024;
+        let bomb =
+            run_with_timeout(&mut client, profile, "bomb", &memory_probe(target), 90.0).await;
+        let reached: u64 = bomb
+            .output
+            .lines()
+            .filter_map(|l| l.strip_prefix("allocated="))
+            .filter_map(|v| v.parse().ok())
+            .max()
+            .unwrap_or(0);
+        assert!(
+            reached < limit,
+            "[{profile}] touched {reached} MiB with a limit of {limit} MiB: {:?}",
+            bomb.extra
+        );
+        assert!(
+            !bomb.extra.timed_out,
+            "[{profile}] the bomb was stopped by the limit, not the clock"
+        );
+        assert!(daemon.healthy().await, "[{profile}]");
+    }
+    assert_daemon_intact(&daemon).await;
+}

@@ -1,0 +1,211 @@
+//! Shared vocabulary of the escape suite: profile names, the (profile, expectation) tables,
+//! running a command under a named profile, and the host-side checks every case ends with.
+
+use std::time::Duration;
+
+use executor_tests::{process_state, req, Client, Daemon, PATIENCE};
+use protocol::{CancelRequest, ClientMessage, ExecRequest, ExecResult, ServerMessage};
+
+pub const STRICT: &str = "strict";
+pub const LANDLOCK: &str = "landlock";
+pub const TASK: &str = "task-container";
+pub const TRUSTED: &str = "trusted";
+
+/// What a case expects of a profile: the attack is stopped, or policy permits the same action
+/// (the control that proves the probe and the host-side check can see a success).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    Denied,
+    Allowed,
+}
+pub use Expect::{Allowed, Denied};
+
+/// Interpreter for probes. Every profile's root holds /usr/bin/python3 (checked by the
+/// `tools_exist_in_every_profile` case); the absolute path avoids pyenv shims on the host.
+pub const PY: &str = "/usr/bin/python3";
+
+/// Python prelude for syscall probes: `sc(nr, *args)` returns `(ret, errno)`.
+pub const PY_PRELUDE: &str = r#"
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(nr, *args):
+    conv = [a if isinstance(a, (ctypes._SimpleCData, ctypes.Array, ctypes.Structure)) or a is None else ctypes.c_long(a) for a in args]
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *conv)
+    return r, (ctypes.get_errno() if r == -1 else 0)
+"#;
+
+/// `python3 - <<'PY' ... PY` around `body` (with the prelude), as one shell command.
+pub fn python(body: &str) -> String {
+    format!("{PY} - <<'PY_EOF'\n{PY_PRELUDE}\n{body}\nPY_EOF")
+}
+
+/// An exec request for `profile` with a bounded timeout.
+pub fn preq(profile: &str, id: &str, command: &str, timeout: f64) -> ExecRequest {
+    let mut r = req(id, command);
+    r.profile = Some(profile.to_string());
+    r.timeout = Some(timeout);
+    r
+}
+
+/// Run `command` under `profile` and return its result. A refused command (error message)
+/// fails the case: every profile named in a table must run on the test host.
+pub async fn run_in(client: &mut Client, profile: &str, id: &str, command: &str) -> ExecResult {
+    run_with_timeout(client, profile, id, command, 20.0).await
+}
+
+pub async fn run_with_timeout(
+    client: &mut Client,
+    profile: &str,
+    id: &str,
+    command: &str,
+    timeout: f64,
+) -> ExecResult {
+    let id = format!("{profile}-{id}");
+    let result = client
+        .exec(preq(profile, &id, command, timeout))
+        .await
+        .result
+        .unwrap_or_else(|e| {
+            panic!(
+                "[{profile}] {id}: the daemon refused the command: {} {}",
+                e.code, e.message
+            )
+        });
+    assert_eq!(
+        result.extra.isolation.profile, profile,
+        "[{profile}] {id}: ran under another profile: {:?}",
+        result.extra.isolation
+    );
+    result
+}
+
+/// Start `command` under `profile` with streaming on, and wait until its output contains
+/// `ready`. Returns the request id and the output so far.
+pub async fn start_until(
+    client: &mut Client,
+    profile: &str,
+    id: &str,
+    command: &str,
+    ready: &str,
+    timeout: f64,
+) -> (String, String) {
+    let id = format!("{profile}-{id}");
+    let mut r = preq(profile, &id, command, timeout);
+    r.stream = true;
+    client.send(&ClientMessage::Exec(r)).await;
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match client.recv_within(left).await {
+            Ok(Some(ServerMessage::Output(chunk))) if chunk.id == id => {
+                seen.push_str(&chunk.data);
+                if seen.contains(ready) {
+                    return (id, seen);
+                }
+            }
+            Ok(Some(ServerMessage::Result(result))) if result.id == id => panic!(
+                "[{profile}] {id} ended before printing {ready:?}: {:?} output {:?}",
+                result.extra.ended, result.output
+            ),
+            Ok(Some(ServerMessage::Error(err))) if err.id.as_deref() == Some(id.as_str()) => {
+                panic!(
+                    "[{profile}] {id}: the daemon refused the command: {} {}",
+                    err.code, err.message
+                )
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("[{profile}] {id}: connection closed"),
+            Err(()) => panic!("[{profile}] {id}: no {ready:?} within {PATIENCE:?}; saw {seen:?}"),
+        }
+    }
+}
+
+/// Cancel a command started with [`start_until`] and return its result.
+pub async fn cancel(client: &mut Client, id: &str) -> ExecResult {
+    client
+        .send(&ClientMessage::Cancel(CancelRequest { id: id.to_string() }))
+        .await;
+    client
+        .collect(id)
+        .await
+        .result
+        .unwrap_or_else(|e| panic!("{id}: {e:?}"))
+}
+
+/// The daemon survived the attack: its process lives, it answers /healthz, and a fresh
+/// connection runs a follow-up command.
+pub async fn assert_daemon_intact(daemon: &Daemon) {
+    let pid = daemon.pid() as i32;
+    assert!(
+        matches!(process_state(pid), Some(s) if s != 'Z'),
+        "the daemon (pid {pid}) is gone: {}",
+        daemon.log()
+    );
+    assert!(
+        daemon.healthy().await,
+        "the daemon stopped answering /healthz"
+    );
+    let mut client = daemon.connect().await;
+    let result = client
+        .exec(preq(TRUSTED, "follow-up", "echo alive", 10.0))
+        .await
+        .result
+        .unwrap_or_else(|e| panic!("follow-up command refused: {e:?}"));
+    assert_eq!(result.output, "alive\n", "follow-up command: {result:?}");
+}
+
+/// Profiles of `table` with their expectations, for messages.
+pub fn label(profile: &str, expect: Expect) -> String {
+    format!("[{profile} expects {expect:?}]")
+}
+
+/// Short grace period for host-side checks after a command's result.
+pub const SETTLE: Duration = Duration::from_secs(3);
+
+/// Parse `key=value` tokens printed by a probe (`key=value key2=value2`), last one wins.
+pub fn field<'a>(output: &'a str, key: &str) -> Option<&'a str> {
+    output
+        .split_whitespace()
+        .filter_map(|t| t.strip_prefix(key)?.strip_prefix('='))
+        .next_back()
+}
+
+/// Serializes the cases that load the machine (bombs, floods, fills) so they neither starve
+/// each other on 2 cores nor share a per-uid process budget.
+pub static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Host pids of live processes whose command line starts with `prefix`.
+pub fn pids_with_prefix(prefix: &str) -> Vec<i32> {
+    executor_tests::processes_matching(prefix)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .is_ok_and(|c| c.starts_with(prefix))
+        })
+        .collect()
+}
+
+/// `python3 - <marker>` around `body`: the marker lands in the interpreter's argv so the host
+/// can find the probe's own process with [`pids_with_prefix`]`(&py_argv(m))`.
+pub fn python_marked(m: &str, body: &str) -> String {
+    format!("{PY} - {m} <<'PY_EOF'\n{PY_PRELUDE}\n{body}\nPY_EOF")
+}
+
+pub fn py_argv(m: &str) -> String {
+    format!("{PY} - {m}")
+}
+
+/// MemAvailable of the host in MiB.
+pub fn mem_available_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        / 1024
+}

@@ -1,0 +1,152 @@
+//! Cross-command snooping between two clients: one command holds a secret in /tmp and a
+//! running process; another client's command looks for both. Control: the shared workspace is
+//! shared, as it must be for an agent.
+
+use executor_tests::{eventually, marked_sleep, marker, process_state, sleepers, Daemon};
+
+use crate::common::*;
+
+#[tokio::test]
+async fn another_clients_tmp_and_processes_are_invisible_under_strict() {
+    let daemon = Daemon::start();
+    let mut alice = daemon.connect().await;
+    let mut bob = daemon.connect().await;
+    let m = marker();
+    let (alice_id, _) = start_until(
+        &mut alice,
+        STRICT,
+        "alice",
+        &format!(
+            "echo tmp-secret-{m} > /tmp/secret-{m}; echo ws-shared-{m} > shared-{m}; \
+             {} & echo ready; wait",
+            marked_sleep(&m)
+        ),
+        "ready",
+        60.0,
+    )
+    .await;
+    let alice_sleep = sleepers(&m);
+    assert_eq!(alice_sleep.len(), 1);
+    let out = run_in(
+        &mut bob,
+        STRICT,
+        "bob",
+        &format!(
+            "cat /tmp/secret-{m}; echo tmp_rc=$?; cat shared-{m}; \
+             ps -eo args= | grep -c '^sleep [3]600.{m}' | sed 's/^/seen=/'; \
+             pkill -KILL -f '^sleep [3]600.{m}'; echo pkill_rc=$?"
+        ),
+    )
+    .await
+    .output;
+    assert!(
+        !out.contains(&format!("tmp-secret-{m}")),
+        "[strict] bob read alice's /tmp: {out}"
+    );
+    assert_ne!(field(&out, "tmp_rc"), Some("0"), "[strict] {out}");
+    // The bracket keeps grep and bob's own shell from matching themselves.
+    assert_eq!(
+        field(&out, "seen"),
+        Some("0"),
+        "[strict] bob sees alice's process: {out}"
+    );
+    assert!(
+        matches!(process_state(alice_sleep[0]), Some(s) if s != 'Z'),
+        "[strict] bob killed alice's process: {out}"
+    );
+    // Control: the workspace is shared between the two clients.
+    assert!(
+        out.contains(&format!("ws-shared-{m}")),
+        "[strict] control: {out}"
+    );
+    // The host's /tmp never saw alice's file either.
+    assert!(!std::path::Path::new(&format!("/tmp/secret-{m}")).exists());
+    cancel(&mut alice, &alice_id).await;
+    assert!(eventually(SETTLE, || sleepers(&m).is_empty()).await);
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
+    // Landlock's threat model: /tmp is shared and processes are visible, but signals stay
+    // inside each command.
+    let daemon = Daemon::start();
+    let mut alice = daemon.connect().await;
+    let mut bob = daemon.connect().await;
+    let m = marker();
+    let (alice_id, _) = start_until(
+        &mut alice,
+        LANDLOCK,
+        "alice",
+        &format!(
+            "echo tmp-note-{m} > /tmp/note-{m}; {} & echo ready; wait",
+            marked_sleep(&m)
+        ),
+        "ready",
+        60.0,
+    )
+    .await;
+    let alice_sleep = sleepers(&m);
+    assert_eq!(alice_sleep.len(), 1);
+    let out = run_in(
+        &mut bob,
+        LANDLOCK,
+        "bob",
+        &format!(
+            "cat /tmp/note-{m}; kill -KILL {p}; echo kill_rc=$?; \
+             sleep 30 & kill -KILL $!; echo own_rc=$?",
+            p = alice_sleep[0]
+        ),
+    )
+    .await
+    .output;
+    // As documented: shared /tmp.
+    assert!(out.contains(&format!("tmp-note-{m}")), "[landlock] {out}");
+    assert_ne!(
+        field(&out, "kill_rc"),
+        Some("0"),
+        "[landlock] bob signalled alice: {out}"
+    );
+    assert_eq!(
+        field(&out, "own_rc"),
+        Some("0"),
+        "[landlock] control: {out}"
+    );
+    assert!(
+        matches!(process_state(alice_sleep[0]), Some(s) if s != 'Z'),
+        "[landlock] alice's process died"
+    );
+    cancel(&mut alice, &alice_id).await;
+    let _ = std::fs::remove_file(format!("/tmp/note-{m}"));
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn strict_tmp_is_gone_with_its_command() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let first = run_in(
+        &mut client,
+        STRICT,
+        "write",
+        &format!("echo left-{m} > /tmp/left-{m} && cat /tmp/left-{m}"),
+    )
+    .await;
+    // Control: the write worked inside the command.
+    assert_eq!(first.output, format!("left-{m}\n"));
+    let second = run_in(
+        &mut client,
+        STRICT,
+        "read",
+        &format!("cat /tmp/left-{m}; echo rc=$?"),
+    )
+    .await
+    .output;
+    assert!(
+        !second.contains(&format!("left-{m}\n")),
+        "[strict] {second}"
+    );
+    assert!(!std::path::Path::new(&format!("/tmp/left-{m}")).exists());
+    assert_daemon_intact(&daemon).await;
+}

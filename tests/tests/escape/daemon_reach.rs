@@ -1,0 +1,335 @@
+//! Reaching the daemon from a command: its token, audit log and state directory, its
+//! environment and memory, its process, signals and ptrace. Controls run the same probe under
+//! `trusted` (where the daemon's root can do all of it) and against the command's own children.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use executor_tests::{
+    eventually, marked_sleep, marker, proc_status, process_state, Daemon, DaemonOptions,
+};
+
+use crate::common::*;
+
+/// Env var given to the daemon, to be looked for in the command's view of the daemon.
+const SECRET_VAR: &str = "EXECUTOR_ESCAPE_SECRET";
+
+/// A daemon whose state directory lies outside /tmp (landlock's profile writes /tmp) and whose
+/// environment holds a secret.
+fn daemon_with_secret(secret: &str) -> Daemon {
+    Daemon::start_opts(DaemonOptions {
+        state_parent: Some("/var/tmp".into()),
+        env: vec![(SECRET_VAR.to_string(), secret.to_string())],
+        ..Default::default()
+    })
+}
+
+fn secrets_probe(daemon: &Daemon) -> String {
+    let d = daemon.pid();
+    let s = daemon.state.path().display();
+    let scan = python(&format!(
+        r#"
+total = 0
+try:
+    with open("/proc/{d}/maps") as maps, open("/proc/{d}/mem", "rb", 0) as mem:
+        for line in maps:
+            addr, perms = line.split()[:2]
+            if not perms.startswith("rw"):
+                continue
+            lo, hi = (int(x, 16) for x in addr.split("-"))
+            try:
+                mem.seek(lo)
+                total += len(mem.read(min(hi - lo, 1 << 20)))
+            except OSError:
+                pass
+except OSError as e:
+    print(f"memerr={{e.errno}}")
+print(f"memread={{total}}")
+"#
+    ));
+    format!(
+        "cat {s}/token; echo tokenrc=$?\n\
+         head -c 200 {s}/audit.jsonl; echo auditrc=$?\n\
+         ls {s} >/dev/null; echo lsrc=$?\n\
+         tr '\\0' '\\n' < /proc/{d}/environ | grep {SECRET_VAR}; echo envrc=$?\n\
+         {scan}"
+    )
+}
+
+#[tokio::test]
+async fn token_audit_log_environment_and_memory_of_the_daemon_are_out_of_reach() {
+    let secret = format!("s3cret{}", marker());
+    let daemon = daemon_with_secret(&secret);
+    // A line in the audit log to look for.
+    let mut client = daemon.connect().await;
+    run_in(&mut client, TRUSTED, "seed", "true").await;
+    let probe = secrets_probe(&daemon);
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let out = run_in(&mut client, profile, "secrets", &probe).await.output;
+        let l = label(profile, expect);
+        let memread: u64 = field(&out, "memread")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        match expect {
+            Denied => {
+                assert!(!out.contains(&daemon.token), "{l} read the token: {out}");
+                assert!(
+                    !out.contains(&secret),
+                    "{l} read the daemon's environment: {out}"
+                );
+                assert_ne!(field(&out, "tokenrc"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "auditrc"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "lsrc"), Some("0"), "{l} {out}");
+                assert_eq!(memread, 0, "{l} read the daemon's memory: {out}");
+            }
+            Allowed => {
+                assert!(out.contains(&daemon.token), "{l} control: {out}");
+                assert!(out.contains(&secret), "{l} control: {out}");
+                assert!(memread > 0, "{l} control: {out}");
+            }
+        }
+    }
+    // The token file itself is untouched on the host.
+    assert_eq!(
+        std::fs::read_to_string(daemon.state.path().join("token"))
+            .unwrap()
+            .trim(),
+        daemon.token
+    );
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn landlock_never_exposes_a_token_whose_state_dir_lies_under_writable_tmp() {
+    // The harness's usual state directory is under /tmp, which landlock's profile makes
+    // writable, and landlock cannot carve an exception out of an allowed tree. The daemon must
+    // then refuse the profile (fail closed) rather than run the command next to its token.
+    let daemon = Daemon::start();
+    assert!(daemon.state.path().starts_with("/tmp"));
+    let mut client = daemon.connect().await;
+    let s = daemon.state.path().display();
+    let got = client
+        .exec(preq(
+            LANDLOCK,
+            "tmp-token",
+            &format!("cat {s}/token; echo x >> {s}/token; echo rc=$?"),
+            10.0,
+        ))
+        .await
+        .result;
+    match got {
+        Err(err) => assert_eq!(
+            err.code,
+            protocol::ErrorCode::EnvironmentError,
+            "refused, naming the reason: {err:?}"
+        ),
+        Ok(result) => {
+            assert!(
+                !result.output.contains(&daemon.token),
+                "landlock command read the token at {s}/token: {}",
+                result.output
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read_to_string(daemon.state.path().join("token"))
+            .unwrap()
+            .trim(),
+        daemon.token,
+        "token file was modified"
+    );
+    // Control: trusted reads it (the path is right).
+    let r = run_in(&mut client, TRUSTED, "ctl", &format!("cat {s}/token")).await;
+    assert!(r.output.contains(&daemon.token));
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn the_daemon_process_is_invisible_from_namespaced_profiles() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let probe = "ps -eo pid=,args= ; echo; echo count=$(ls /proc | grep -c '^[0-9]*$')";
+    for (profile, expect) in [(STRICT, Denied), (TASK, Denied), (TRUSTED, Allowed)] {
+        let out = run_in(&mut client, profile, "ps", probe).await.output;
+        let l = label(profile, expect);
+        let count: usize = field(&out, "count").unwrap().parse().unwrap();
+        match expect {
+            Denied => {
+                assert!(
+                    !out.contains("executor serve"),
+                    "{l} sees the daemon: {out}"
+                );
+                assert!(count <= 8, "{l} sees {count} processes: {out}");
+            }
+            Allowed => {
+                assert!(out.contains("executor serve"), "{l} control: {out}");
+                assert!(count > 8, "{l} control: {out}");
+            }
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+/// A process of the daemon's uid on the host that commands must not be able to touch.
+fn canary(m: &str) -> Child {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("exec {}", marked_sleep(m)))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn alive(pid: i32) -> bool {
+    matches!(process_state(pid), Some(s) if s != 'Z')
+}
+
+#[tokio::test]
+async fn commands_cannot_signal_the_daemon_or_a_host_process_but_can_signal_their_own() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let d = daemon.pid();
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let m = marker();
+        let mut canary = canary(&m);
+        let c = canary.id() as i32;
+        assert!(eventually(Duration::from_secs(5), || alive(c)).await);
+        // Under trusted only the canary is attacked: killing the daemon there proves nothing.
+        let daemon_attack = if expect == Denied {
+            format!("kill -KILL {d}; echo daemon=$?; kill -STOP {d}; echo stop=$?; ")
+        } else {
+            String::new()
+        };
+        let out = run_in(
+            &mut client,
+            profile,
+            "kill",
+            &format!(
+                "{daemon_attack}kill -KILL {c}; echo canary=$?; \
+                 sleep 30 & kill -KILL $!; echo own=$?; wait"
+            ),
+        )
+        .await
+        .output;
+        // Control in every profile: the command's own child can be killed.
+        assert_eq!(field(&out, "own"), Some("0"), "{l} control: {out}");
+        match expect {
+            Denied => {
+                assert_ne!(field(&out, "daemon"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "stop"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "canary"), Some("0"), "{l} {out}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert!(alive(c), "{l} killed the host canary: {out}");
+                assert_ne!(process_state(d as i32), Some('T'), "{l} stopped the daemon");
+            }
+            Allowed => {
+                assert_eq!(field(&out, "canary"), Some("0"), "{l} control: {out}");
+                assert!(
+                    eventually(Duration::from_secs(3), || !alive(c)).await,
+                    "{l} control: the canary died"
+                );
+            }
+        }
+        let _ = canary.kill();
+        let _ = canary.wait();
+        assert!(daemon.healthy().await, "{l}");
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn commands_cannot_ptrace_or_read_the_memory_of_the_daemon_or_a_host_process() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let d = daemon.pid();
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let m = marker();
+        let mut canary = canary(&m);
+        let c = canary.id() as i32;
+        assert!(eventually(Duration::from_secs(5), || alive(c)).await);
+        let targets = if expect == Denied {
+            vec![("daemon", d as i32), ("canary", c)]
+        } else {
+            vec![("canary", c)]
+        };
+        let mut body = String::from(
+            r#"
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+def tracer_of(pid):
+    try:
+        return [l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("TracerPid")][0]
+    except OSError:
+        return "?"
+"#,
+        );
+        for (name, pid) in &targets {
+            body.push_str(&format!(
+                r#"
+r, e = sc(101, 0x4206, {pid}, 0, 0)   # ptrace(PTRACE_SEIZE)
+print(f"{name}_seize={{r}} {name}_seize_errno={{e}} {name}_tracer={{tracer_of({pid})}}")
+buf = ctypes.create_string_buffer(16)
+local = iovec(ctypes.cast(buf, ctypes.c_void_p), 16)
+remote = iovec(ctypes.c_void_p(0x400000), 16)
+r, e = sc(310, {pid}, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)   # process_vm_readv
+print(f"{name}_vmread_errno={{e}}")
+"#
+            ));
+        }
+        let out = run_in(&mut client, profile, "ptrace", &python(&body))
+            .await
+            .output;
+        for (name, pid) in &targets {
+            let seize = field(&out, &format!("{name}_seize"));
+            let vm = field(&out, &format!("{name}_vmread_errno"));
+            match expect {
+                Denied => {
+                    assert_ne!(seize, Some("0"), "{l} seized the {name}: {out}");
+                    // EPERM, EACCES or ESRCH (not in view); EFAULT would mean permission was
+                    // granted and only the address was bad.
+                    assert!(
+                        matches!(vm, Some("1" | "3" | "13")),
+                        "{l} process_vm_readv on the {name}: {out}"
+                    );
+                }
+                Allowed => {
+                    assert_eq!(seize, Some("0"), "{l} control: {out}");
+                    assert_ne!(
+                        field(&out, &format!("{name}_tracer")),
+                        Some("0"),
+                        "{l} control: {out}"
+                    );
+                }
+            }
+            // On the host: nobody traces the target once the command is over.
+            assert!(
+                eventually(Duration::from_secs(3), || proc_status(*pid, "TracerPid:")
+                    .as_deref()
+                    == Some("0"))
+                .await,
+                "{l} {name} still traced"
+            );
+        }
+        assert!(alive(c), "{l}");
+        let _ = canary.kill();
+        let _ = canary.wait();
+    }
+    assert_daemon_intact(&daemon).await;
+}

@@ -1,0 +1,180 @@
+//! Symlink and hardlink tricks against the daemon's own file handling: symlinks planted where
+//! the daemon writes (token, audit log), a working directory that is a symlink to the state
+//! directory, and a host file hardlinked into the workspace.
+
+use std::os::unix::fs::symlink;
+use std::path::PathBuf;
+
+use executor_tests::{marker, Client, Daemon, DaemonOptions};
+
+use crate::common::*;
+
+/// A directory under /var/tmp (same filesystem as the workspaces, outside every sandbox view)
+/// holding victim files.
+fn victim_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("escape-victim-")
+        .tempdir_in("/var/tmp")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_symlink_planted_at_the_audit_log_is_not_followed() {
+    let victims = victim_dir();
+    let victim = victims.path().join("victim");
+    std::fs::write(&victim, "victim\n").unwrap();
+    let target = victim.clone();
+    let started = Daemon::try_start_opts(DaemonOptions {
+        prepare: Some(Box::new(move |state| {
+            symlink(&target, state.join("audit.jsonl")).unwrap();
+        })),
+        ..Default::default()
+    });
+    if let Ok(daemon) = &started {
+        // It started: run commands and check they are not appended through the link.
+        let mut client = daemon.connect().await;
+        run_in(&mut client, TRUSTED, "audited", "echo audited").await;
+        drop(client);
+        tokio::time::sleep(SETTLE).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "victim\n",
+        "the daemon wrote its audit log through a planted symlink"
+    );
+    // Control: with a plain state directory the same command is audited, so the daemon does
+    // write the audit log when it runs a command.
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    run_in(&mut client, TRUSTED, "audited", "echo audited").await;
+    assert!(
+        executor_tests::eventually(SETTLE, || !daemon.audit().is_empty()).await,
+        "control: the command was audited"
+    );
+}
+
+#[tokio::test]
+async fn a_dangling_symlink_planted_at_the_token_does_not_receive_the_token() {
+    let victims = victim_dir();
+    let victim = victims.path().join("stolen-token");
+    let target = victim.clone();
+    let started = Daemon::try_start_opts(DaemonOptions {
+        prepare: Some(Box::new(move |state| {
+            symlink(&target, state.join("token")).unwrap();
+        })),
+        ..Default::default()
+    });
+    assert!(
+        !victim.exists(),
+        "the daemon wrote its token through a planted symlink to {} (started: {})",
+        victim.display(),
+        started.is_ok()
+    );
+    // Control: a plain state directory does get a token file.
+    let daemon = Daemon::start();
+    assert!(daemon.state.path().join("token").is_file());
+    assert!(!daemon.token.is_empty());
+}
+
+#[tokio::test]
+async fn a_symlink_planted_at_the_token_does_not_choose_the_token() {
+    // A world-readable file someone else controls must never become the bearer token.
+    let victims = victim_dir();
+    let planted = victims.path().join("chosen");
+    std::fs::write(&planted, "attacker-chosen-token-0123456789abcdef\n").unwrap();
+    let target = planted.clone();
+    let started = Daemon::try_start_opts(DaemonOptions {
+        prepare: Some(Box::new(move |state| {
+            symlink(&target, state.join("token")).unwrap();
+        })),
+        ..Default::default()
+    });
+    if let Ok(daemon) = &started {
+        let got =
+            Client::connect(&daemon.url, Some("attacker-chosen-token-0123456789abcdef")).await;
+        assert!(
+            got.is_err(),
+            "the daemon accepted a token from a planted symlink"
+        );
+    }
+    // Control: the daemon's real token does authenticate.
+    let daemon = Daemon::start();
+    assert!(Client::connect(&daemon.url, Some(&daemon.token))
+        .await
+        .is_ok());
+}
+
+#[tokio::test]
+async fn a_cwd_symlinked_to_the_state_dir_does_not_expose_the_token() {
+    let daemon = Daemon::start_opts(DaemonOptions {
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    let link: PathBuf = daemon.workspace.join(format!("statelink-{}", marker()));
+    symlink(daemon.state.path(), &link).unwrap();
+    let mut client = daemon.connect().await;
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let mut r = preq(profile, &format!("{profile}-cwd"), "cat token; pwd", 10.0);
+        r.cwd = Some(link.display().to_string());
+        let got = client.exec(r).await.result;
+        let out = match &got {
+            Ok(result) => result.output.clone(),
+            Err(e) => format!("refused: {} {}", e.code, e.message),
+        };
+        match expect {
+            Denied => assert!(!out.contains(&daemon.token), "{l} read the token: {out}"),
+            Allowed => assert!(out.contains(&daemon.token), "{l} control: {out}"),
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn a_host_file_hardlinked_into_the_workspace_cannot_be_written_through() {
+    let daemon = Daemon::start_opts(DaemonOptions {
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    let victims = victim_dir();
+    let mut client = daemon.connect().await;
+    for (profile, expect) in [(STRICT, Denied), (LANDLOCK, Denied), (TRUSTED, Allowed)] {
+        let l = label(profile, expect);
+        let victim = victims.path().join(format!("file-{profile}"));
+        std::fs::write(&victim, "original\n").unwrap();
+        let name = format!("hl-{}", marker());
+        let out = run_in(
+            &mut client,
+            profile,
+            "hardlink",
+            &format!(
+                "ln {v} {name}; echo ln_rc=$?; echo appended >> {name}; \
+                 ln {s}/token tok-{name}; cat tok-{name}",
+                v = victim.display(),
+                s = daemon.state.path().display()
+            ),
+        )
+        .await
+        .output;
+        let now = std::fs::read_to_string(&victim).unwrap();
+        match expect {
+            Denied => {
+                assert_eq!(
+                    now, "original\n",
+                    "{l} wrote a host file through a hardlink: {out}"
+                );
+                assert!(
+                    !out.contains(&daemon.token),
+                    "{l} hardlinked the token: {out}"
+                );
+            }
+            Allowed => assert_eq!(now, "original\nappended\n", "{l} control: {out}"),
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}

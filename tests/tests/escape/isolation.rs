@@ -1,0 +1,411 @@
+//! What each profile applies, observed from the host (/proc/<pid>/status and ns links of a
+//! running command) and from inside; the write policy; leaked descriptors; the default
+//! profile; failing closed when layers cannot be applied; `executor check`.
+
+use std::process::Command;
+
+use executor_tests::{binary, marked_sleep, marker, namespace_of, proc_status, sleepers, Daemon};
+
+use crate::common::*;
+
+const STRICT_LAYERS: &[&str] = &[
+    "mount_ns",
+    "pid_ns",
+    "net_ns",
+    "ipc_ns",
+    "uts_ns",
+    "cgroup_ns",
+    "pivot_root",
+    "uid",
+    "caps",
+    "no_new_privs",
+    "landlock",
+    "seccomp",
+    "rlimits",
+];
+const LANDLOCK_LAYERS: &[&str] = &["caps", "no_new_privs", "landlock", "seccomp", "rlimits"];
+const TASK_LAYERS: &[&str] = &[
+    "mount_ns",
+    "pid_ns",
+    "ipc_ns",
+    "uts_ns",
+    "cgroup_ns",
+    "caps",
+    "no_new_privs",
+    "seccomp",
+];
+
+fn required_layers(profile: &str) -> &'static [&'static str] {
+    match profile {
+        STRICT => STRICT_LAYERS,
+        LANDLOCK => LANDLOCK_LAYERS,
+        TASK => TASK_LAYERS,
+        _ => &[],
+    }
+}
+
+/// task-container's capability set (sandbox-profiles/task-container.json) as a mask.
+fn task_caps_mask() -> String {
+    let bits = [0u32, 1, 3, 4, 5, 6, 7, 8, 10, 18, 29, 31];
+    format!("{:016x}", bits.iter().fold(0u64, |m, b| m | (1 << b)))
+}
+
+const NS: [&str; 7] = ["mnt", "pid", "net", "ipc", "uts", "cgroup", "user"];
+
+#[tokio::test]
+async fn each_profile_applies_its_layers_as_seen_from_the_host() {
+    let daemon = Daemon::start();
+    let d = daemon.pid() as i32;
+    let mut client = daemon.connect().await;
+    let zero = "0000000000000000".to_string();
+    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+        let m = marker();
+        let (id, _) = start_until(
+            &mut client,
+            profile,
+            "view",
+            &format!("{} & echo ready; wait", marked_sleep(&m)),
+            "ready",
+            30.0,
+        )
+        .await;
+        let pids = sleepers(&m);
+        assert_eq!(pids.len(), 1, "[{profile}]");
+        let p = pids[0];
+        let status = |f: &str| proc_status(p, f).unwrap_or_default();
+        let own_ns: Vec<&str> = NS
+            .iter()
+            .copied()
+            .filter(|k| namespace_of(p, k) != namespace_of(d, k))
+            .collect();
+        let (uid, caps, bnd, nnp, seccomp, ns): (&str, String, String, &str, &str, Vec<&str>) =
+            match profile {
+                STRICT => (
+                    "65534",
+                    zero.clone(),
+                    zero.clone(),
+                    "1",
+                    "2",
+                    vec!["mnt", "pid", "net", "ipc", "uts", "cgroup"],
+                ),
+                LANDLOCK => ("0", zero.clone(), zero.clone(), "1", "2", vec![]),
+                TASK => (
+                    "0",
+                    task_caps_mask(),
+                    task_caps_mask(),
+                    "1",
+                    "2",
+                    vec!["mnt", "pid", "ipc", "uts", "cgroup"],
+                ),
+                _ => (
+                    "0",
+                    proc_status(d, "CapEff:").unwrap(),
+                    proc_status(d, "CapBnd:").unwrap(),
+                    "0",
+                    "0",
+                    vec![],
+                ),
+            };
+        let got_uid = status("Uid:");
+        assert!(
+            got_uid.split_whitespace().all(|u| u == uid),
+            "[{profile}] Uid {got_uid}"
+        );
+        assert_eq!(status("CapEff:"), caps, "[{profile}] CapEff");
+        assert_eq!(status("CapPrm:"), caps, "[{profile}] CapPrm");
+        assert_eq!(status("CapBnd:"), bnd, "[{profile}] CapBnd");
+        assert_eq!(status("CapAmb:"), zero, "[{profile}] CapAmb");
+        assert_eq!(status("NoNewPrivs:"), nnp, "[{profile}] NoNewPrivs");
+        assert_eq!(status("Seccomp:"), seccomp, "[{profile}] Seccomp");
+        assert_eq!(own_ns, ns, "[{profile}] namespaces of its own");
+        let result = cancel(&mut client, &id).await;
+        let layers = &result.extra.isolation.layers;
+        for layer in required_layers(profile) {
+            assert!(
+                layers.iter().any(|l| l == layer),
+                "[{profile}] layer {layer} in {layers:?}"
+            );
+        }
+        if profile == TRUSTED {
+            for layer in layers {
+                assert!(
+                    !layer.ends_with("_ns") && layer != "landlock" && layer != "seccomp",
+                    "[trusted] reports {layer}: {layers:?}"
+                );
+            }
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn strict_sees_a_fresh_root_proc_dev_and_hostname() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let probe = "echo host=$(hostname); echo procs=$(ls /proc | grep -c '^[0-9]*$'); \
+                 echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline | cut -c1-40 | tr ' ' _); \
+                 echo dev=$(ls /dev | tr '\\n' ,); \
+                 echo rootfs=$(stat -f -c %T /); echo tmpfs=$(stat -f -c %T /tmp); \
+                 touch /usr/escape-probe 2>/dev/null; echo usr_rc=$?; \
+                 touch /escape-probe 2>/dev/null; echo root_rc=$?; \
+                 touch ws-probe; echo ws_rc=$?; \
+                 for t in bash python3 perl cat dd; do command -v $t >/dev/null || echo missing=$t; done";
+    let host_name = nix::unistd::gethostname()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    // Control: trusted sees the host's view.
+    let ctl = run_in(&mut client, TRUSTED, "view", probe).await.output;
+    assert_eq!(
+        field(&ctl, "host"),
+        Some(host_name.as_str()),
+        "[trusted] control: {ctl}"
+    );
+    let out = run_in(&mut client, STRICT, "view", probe).await.output;
+    assert_ne!(
+        field(&out, "host"),
+        Some(host_name.as_str()),
+        "[strict] hostname: {out}"
+    );
+    let procs: usize = field(&out, "procs").unwrap().parse().unwrap();
+    assert!(procs <= 6, "[strict] sees {procs} processes: {out}");
+    assert!(
+        !out.contains("executor"),
+        "[strict] pid 1 or /proc mentions the executor: {out}"
+    );
+    let dev: Vec<&str> = field(&out, "dev")
+        .unwrap()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .collect();
+    for needed in ["null", "zero", "full", "random", "urandom"] {
+        assert!(dev.contains(&needed), "[strict] /dev lacks {needed}: {out}");
+    }
+    for absent in ["tty", "vda", "kmsg", "mem", "console", "fuse", "kvm"] {
+        assert!(!dev.contains(&absent), "[strict] /dev has {absent}: {out}");
+    }
+    assert_eq!(field(&out, "tmpfs"), Some("tmpfs"), "[strict] {out}");
+    assert_ne!(
+        field(&out, "usr_rc"),
+        Some("0"),
+        "[strict] wrote /usr: {out}"
+    );
+    assert_ne!(field(&out, "root_rc"), Some("0"), "[strict] wrote /: {out}");
+    assert_eq!(
+        field(&out, "ws_rc"),
+        Some("0"),
+        "[strict] control: workspace: {out}"
+    );
+    assert!(
+        daemon.workspace.join("ws-probe").exists(),
+        "[strict] control on the host"
+    );
+    assert!(!std::path::Path::new("/usr/escape-probe").exists());
+    assert!(
+        !out.contains("missing="),
+        "[strict] tools the suite relies on: {out}"
+    );
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn tools_exist_in_every_profile() {
+    // The probes of this suite run bash, coreutils, python3 and perl inside the sandbox. If
+    // these fail, the other cases' denials could be a missing tool, not a working sandbox.
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let probe = format!(
+        "for t in bash python3 perl cat dd stat od head setsid nohup unshare mount mknod mkfifo ps; do \
+         command -v $t >/dev/null || echo missing=$t; done; {PY} -c 'import ctypes; print(\"py-ok\")'; \
+         perl -e 'print \"perl-ok\\n\"'"
+    );
+    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+        let out = run_in(&mut client, profile, "tools", &probe).await.output;
+        assert!(!out.contains("missing="), "[{profile}] {out}");
+        assert!(
+            out.contains("py-ok") && out.contains("perl-ok"),
+            "[{profile}] {out}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn writes_land_only_where_the_profile_allows() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    // Targets that do not exist yet, so nothing is overwritten; cleaned up after.
+    let targets = ["/etc", "/usr", "/var/tmp", "/root", "/opt"];
+    for (profile, allowed) in [
+        (STRICT, &[][..]),
+        (LANDLOCK, &[][..]),
+        (TASK, &targets[..]),
+        (TRUSTED, &targets[..]),
+    ] {
+        let m = marker();
+        let mut probe =
+            format!("echo x > ws-{m}; echo ws=$?; echo x > /tmp/tmp-{m}; echo tmp=$?; ");
+        for dir in targets {
+            probe.push_str(&format!("echo x > {dir}/escape-{m}; "));
+        }
+        let out = run_in(&mut client, profile, "writes", &probe).await.output;
+        // Control: workspace and /tmp are writable in every profile.
+        assert_eq!(field(&out, "ws"), Some("0"), "[{profile}] workspace: {out}");
+        assert_eq!(field(&out, "tmp"), Some("0"), "[{profile}] /tmp: {out}");
+        assert!(
+            daemon.workspace.join(format!("ws-{m}")).exists(),
+            "[{profile}]"
+        );
+        for dir in targets {
+            let path = format!("{dir}/escape-{m}");
+            let exists = std::path::Path::new(&path).exists();
+            let _ = std::fs::remove_file(&path);
+            assert_eq!(
+                exists,
+                allowed.contains(&dir),
+                "[{profile}] {path} written: {exists}: {out}"
+            );
+        }
+        let _ = std::fs::remove_file(format!("/tmp/tmp-{m}"));
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn only_stdio_descriptors_reach_a_sandboxed_command() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+        let m = marker();
+        let (id, out) = start_until(
+            &mut client,
+            profile,
+            "fds",
+            &format!(
+                "ls /proc/self/fd | tr '\\n' ' '; echo; exec {}",
+                marked_sleep(&m)
+            ),
+            "\n",
+            30.0,
+        )
+        .await;
+        assert!(
+            executor_tests::eventually(PATIENCE_SHORT, || sleepers(&m).len() == 1).await,
+            "[{profile}]"
+        );
+        let pid = sleepers(&m)[0];
+        let mut fds: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+            .collect();
+        fds.sort_unstable();
+        assert_eq!(fds, vec![0, 1, 2], "[{profile}] host view; inside: {out}");
+        // Inside, `ls` sees its own 0-2 plus the directory it reads.
+        assert_eq!(out.trim(), "0 1 2 3", "[{profile}] inside view");
+        cancel(&mut client, &id).await;
+    }
+    // Control: the daemon holds many more.
+    assert!(executor_tests::fd_count(daemon.pid() as i32) > 4);
+    assert_daemon_intact(&daemon).await;
+}
+
+const PATIENCE_SHORT: std::time::Duration = std::time::Duration::from_secs(5);
+
+#[tokio::test]
+async fn strict_is_the_default_and_trusted_is_only_used_when_named() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    assert_eq!(client.hello.default_profile, STRICT, "{:?}", client.hello);
+    let names: Vec<&str> = client
+        .hello
+        .profiles
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    for p in [STRICT, LANDLOCK, TASK, TRUSTED] {
+        assert!(names.contains(&p), "hello lists {p}: {names:?}");
+    }
+    let unnamed = client.run("unnamed", "id -u").await;
+    assert_eq!(unnamed.extra.isolation.profile, STRICT);
+    assert_eq!(unnamed.output, "65534\n");
+    // Control: naming trusted gets it.
+    let named = run_in(&mut client, TRUSTED, "named", "id -u").await;
+    assert_eq!(named.output, "0\n");
+}
+
+#[tokio::test]
+async fn an_unprivileged_daemon_fails_closed_instead_of_downgrading() {
+    if !executor_tests::require(
+        "root (to start the daemon as uid 65534)",
+        executor_tests::is_root(),
+    ) {
+        return;
+    }
+    let daemon = Daemon::start_as_user(65534, &[]);
+    let mut client = daemon.connect().await;
+    assert_ne!(
+        client.hello.default_profile, TRUSTED,
+        "trusted became the default"
+    );
+    for profile in [STRICT, LANDLOCK, TASK] {
+        let m = marker();
+        let file = format!("ran-{m}");
+        let got = client
+            .exec(preq(
+                profile,
+                &format!("{profile}-fc"),
+                &format!("touch {file}"),
+                10.0,
+            ))
+            .await
+            .result;
+        match got {
+            Ok(result) => {
+                // It ran: then with every layer the profile requires.
+                let layers = &result.extra.isolation.layers;
+                for layer in required_layers(profile) {
+                    assert!(
+                        layers.iter().any(|l| l == layer),
+                        "[{profile}] ran without {layer}: {layers:?}"
+                    );
+                }
+            }
+            Err(err) => {
+                assert!(
+                    matches!(
+                        err.code,
+                        protocol::ErrorCode::EnvironmentError | protocol::ErrorCode::ProfileDenied
+                    ),
+                    "[{profile}] {err:?}"
+                );
+                assert!(!err.message.is_empty());
+                assert!(
+                    !daemon.workspace.join(&file).exists(),
+                    "[{profile}] refused, yet the command ran"
+                );
+            }
+        }
+    }
+    // Control: the default profile does run commands on this daemon.
+    let r = client.run("default", "echo ok").await;
+    assert_eq!(r.output, "ok\n");
+    assert_ne!(r.extra.isolation.profile, TRUSTED);
+}
+
+#[tokio::test]
+async fn executor_check_reports_layers_and_profiles() {
+    let out = Command::new(binary("executor"))
+        .arg("check")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "executor check failed: {text}");
+    for word in [
+        STRICT, LANDLOCK, TASK, TRUSTED, "landlock", "seccomp", "pid",
+    ] {
+        assert!(text.contains(word), "check output lacks {word}: {text}");
+    }
+}

@@ -1,0 +1,191 @@
+//! Escaping the kill: setsid, double fork, nohup, stopped and signal-ignoring tasks, under every
+//! profile. The control in each case: while the command runs, every escapee exists on the host,
+//! so "none left" afterwards is a real observation.
+
+use std::time::{Duration, Instant};
+
+use executor_tests::{
+    eventually, marked_sleep, marker, process_state, processes_matching, sleepers, Daemon, PATIENCE,
+};
+use futures_util::future::join_all;
+use nix::sys::signal::Signal;
+use protocol::{ClientMessage, Ending, RETURNCODE_NOT_FINISHED};
+
+use crate::common::*;
+
+const ALL: [&str; 4] = [STRICT, LANDLOCK, TASK, TRUSTED];
+
+/// Seven ways out of a process-group kill; prints `started` once all are launched.
+fn escaping_tree(m: &str) -> String {
+    let s = marked_sleep(m);
+    format!(
+        "{s} &\n\
+         setsid {s} &\n\
+         ( ( {s} & ) & )\n\
+         nohup {s} >/dev/null 2>&1 &\n\
+         ( trap '' TERM HUP INT; {s} ) &\n\
+         ( {s} & sleep 0.1; kill -STOP $! ) &\n\
+         sleep 0.3; echo started; {s}"
+    )
+}
+
+/// Host-side control: all seven sleeps of the tree run, one of them stopped.
+async fn tree_is_running(profile: &str, m: &str) {
+    assert!(
+        eventually(PATIENCE, || sleepers(m).len() == 7).await,
+        "[{profile}] control: expected 7 escapees on the host, saw {:?}",
+        sleepers(m)
+    );
+    assert!(
+        eventually(PATIENCE, || sleepers(m)
+            .iter()
+            .any(|p| process_state(*p) == Some('T')))
+        .await,
+        "[{profile}] control: one escapee is stopped"
+    );
+}
+
+async fn none_left(profile: &str, m: &str, after: &str) {
+    assert!(
+        eventually(Duration::from_secs(3), || processes_matching(m).is_empty()).await,
+        "[{profile}] survivors after {after}: {:?}",
+        processes_matching(m)
+    );
+}
+
+#[tokio::test]
+async fn timeout_kills_setsid_double_forked_nohup_stopped_and_signal_ignoring_tasks() {
+    let daemon = Daemon::start();
+    join_all(ALL.map(|profile| {
+        let daemon = &daemon;
+        async move {
+            let mut client = daemon.connect().await;
+            let m = marker();
+            let started = Instant::now();
+            let (id, _) = start_until(
+                &mut client,
+                profile,
+                "tree",
+                &escaping_tree(&m),
+                "started",
+                4.0,
+            )
+            .await;
+            tree_is_running(profile, &m).await;
+            let result = client.collect(&id).await.result.unwrap();
+            assert_eq!(result.extra.ended, Ending::TimedOut, "[{profile}]");
+            assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED, "[{profile}]");
+            assert!(
+                started.elapsed() < Duration::from_secs(9),
+                "[{profile}] result {:?} after start with a 4 s timeout",
+                started.elapsed()
+            );
+            none_left(profile, &m, "timeout").await;
+        }
+    }))
+    .await;
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn cancel_kills_the_whole_escaping_tree() {
+    let daemon = Daemon::start();
+    join_all(ALL.map(|profile| {
+        let daemon = &daemon;
+        async move {
+            let mut client = daemon.connect().await;
+            let m = marker();
+            let (id, _) = start_until(
+                &mut client,
+                profile,
+                "tree",
+                &escaping_tree(&m),
+                "started",
+                120.0,
+            )
+            .await;
+            tree_is_running(profile, &m).await;
+            let result = cancel(&mut client, &id).await;
+            assert_eq!(result.extra.ended, Ending::Cancelled, "[{profile}]");
+            none_left(profile, &m, "cancel").await;
+        }
+    }))
+    .await;
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn disconnect_kills_the_whole_escaping_tree() {
+    let daemon = Daemon::start();
+    join_all(ALL.map(|profile| {
+        let daemon = &daemon;
+        async move {
+            let m = marker();
+            {
+                let mut client = daemon.connect().await;
+                start_until(
+                    &mut client,
+                    profile,
+                    "tree",
+                    &escaping_tree(&m),
+                    "started",
+                    120.0,
+                )
+                .await;
+                tree_is_running(profile, &m).await;
+                // Dropped without a close frame.
+            }
+            none_left(profile, &m, "disconnect").await;
+        }
+    }))
+    .await;
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn shell_exit_kills_what_it_left_running() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for profile in ALL {
+        let m = marker();
+        let s = marked_sleep(&m);
+        let started = Instant::now();
+        let result = run_in(
+            &mut client,
+            profile,
+            "left",
+            &format!("{s} & setsid {s} & ( {s} & ) ; sleep 0.3; echo shell done"),
+        )
+        .await;
+        assert_eq!(result.output, "shell done\n", "[{profile}] {result:?}");
+        assert_eq!(result.returncode, 0, "[{profile}]");
+        assert!(
+            result.extra.killed_processes >= 3,
+            "[{profile}] {:?}",
+            result.extra
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "[{profile}]");
+        none_left(profile, &m, "the shell exited").await;
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn daemon_sigkill_takes_every_sandboxed_tree_with_it() {
+    let mut daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    for profile in [STRICT, LANDLOCK, TASK] {
+        let mut r = preq(profile, &format!("k-{profile}"), &escaping_tree(&m), 600.0);
+        r.stream = true;
+        client.send(&ClientMessage::Exec(r)).await;
+    }
+    // Control: all 3 x 7 escapees run while the daemon lives.
+    assert!(
+        eventually(PATIENCE, || sleepers(&m).len() == 21).await,
+        "expected 21 escapees, saw {:?}",
+        sleepers(&m).len()
+    );
+    daemon.signal_and_wait(Signal::SIGKILL);
+    none_left("all", &m, "daemon SIGKILL").await;
+}

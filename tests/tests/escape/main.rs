@@ -1,0 +1,24 @@
+//! Escape suite: hostile commands against every sandbox profile, through the real daemon over
+//! WebSocket, with outcomes checked on the host. One module per attack class of
+//! `../shared/design.md` section 5; every denial is paired with its allowed control.
+//!
+//! Profiles and what they promise: `sandbox-profiles/*.json`. Cases name the profiles they run
+//! under in a (profile, expectation) table; `trusted` is usually the control, since it is the
+//! same action with no policy in the way.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+mod bombs;
+mod cgroups;
+mod cross_client;
+mod daemon_reach;
+mod floods;
+mod fs_tricks;
+mod isolation;
+mod kernel_surfaces;
+mod kill;
+mod network;
+mod privilege;
+mod syscalls;
+mod terminal;

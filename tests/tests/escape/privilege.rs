@@ -1,0 +1,299 @@
+//! Privilege escalation: setuid binaries and file capabilities planted in the workspace from
+//! the host side, nested user namespaces, mounts, and undoing task-container's covers.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use executor_tests::{is_root, marked_sleep, marker, namespace_of, require, sleepers, Daemon};
+
+use crate::common::*;
+
+fn sh(cmd: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[tokio::test]
+async fn setuid_root_binary_planted_in_the_workspace_is_inert() {
+    if !require("root (to plant a setuid-root binary)", is_root()) {
+        return;
+    }
+    let daemon = Daemon::start();
+    let ws = &daemon.workspace;
+    let m = marker();
+    let touch = ws.join(format!("suid-touch-{m}"));
+    std::fs::copy("/usr/bin/touch", &touch).unwrap();
+    std::fs::set_permissions(&touch, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let rootonly = ws.join(format!("rootonly-{m}"));
+    std::fs::create_dir(&rootonly).unwrap();
+    std::fs::set_permissions(&rootonly, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut client = daemon.connect().await;
+
+    // Attack: uid 65534 runs the setuid-root copy to write where only root may.
+    let out = run_in(
+        &mut client,
+        STRICT,
+        "suid",
+        &format!("./suid-touch-{m} rootonly-{m}/pwned; echo rc=$?; id -u"),
+    )
+    .await
+    .output;
+    assert!(
+        !rootonly.join("pwned").exists(),
+        "[strict] the setuid-root binary worked: {out}"
+    );
+    assert!(out.contains("65534"), "[strict] runs as 65534: {out}");
+    // Control: the same binary, run by uid 65534 without no_new_privs (trusted + setpriv),
+    // does gain root, so the check above can fail.
+    let ctl = run_in(
+        &mut client,
+        TRUSTED,
+        "suid-ctl",
+        &format!(
+            "setpriv --reuid=65534 --regid=65534 --clear-groups ./suid-touch-{m} rootonly-{m}/control; echo rc=$?"
+        ),
+    )
+    .await
+    .output;
+    assert!(
+        rootonly.join("control").exists(),
+        "[trusted] control: setuid works outside the sandbox: {ctl}"
+    );
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn file_capabilities_planted_in_the_workspace_are_inert() {
+    if !require("root (to set file capabilities)", is_root()) {
+        return;
+    }
+    let daemon = Daemon::start();
+    let ws = &daemon.workspace;
+    let m = marker();
+    let capcp = ws.join(format!("capcp-{m}"));
+    std::fs::copy("/usr/bin/cp", &capcp).unwrap();
+    let setcap = sh(&format!(
+        "setcap cap_dac_override,cap_dac_read_search+ep {}",
+        capcp.display()
+    ));
+    if !require("setcap and xattrs on the workspace", setcap) {
+        return;
+    }
+    // A secret owned by another user, mode 0600: neither uid 65534 nor a capability-less root
+    // may read it.
+    let secret = ws.join(format!("secret-{m}"));
+    std::fs::write(&secret, format!("filecap-secret-{m}\n")).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    nix::unistd::chown(&secret, Some(12345.into()), Some(12345.into())).unwrap();
+    let mut client = daemon.connect().await;
+    for profile in [STRICT, LANDLOCK] {
+        let stolen = ws.join(format!("stolen-{profile}-{m}"));
+        let out = run_in(
+            &mut client,
+            profile,
+            "filecap",
+            &format!(
+                "./capcp-{m} secret-{m} stolen-{profile}-{m}; echo rc=$?; cat secret-{m}; \
+                 grep Cap /proc/self/status"
+            ),
+        )
+        .await
+        .output;
+        assert!(
+            !std::fs::read_to_string(&stolen).is_ok_and(|s| s.contains("filecap-secret")),
+            "[{profile}] the file capability read the secret: {out}"
+        );
+        assert!(!out.contains("filecap-secret"), "[{profile}] {out}");
+    }
+    // Control: uid 65534 outside the sandbox gains the file capabilities and copies the secret.
+    let stolen = ws.join(format!("stolen-ctl-{m}"));
+    let ctl = run_in(
+        &mut client,
+        TRUSTED,
+        "filecap-ctl",
+        &format!(
+            "setpriv --reuid=65534 --regid=65534 --clear-groups ./capcp-{m} secret-{m} stolen-ctl-{m}; echo rc=$?"
+        ),
+    )
+    .await
+    .output;
+    assert!(
+        std::fs::read_to_string(&stolen).is_ok_and(|s| s.contains("filecap-secret")),
+        "[trusted] control: file capabilities work outside the sandbox: {ctl}"
+    );
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn nested_user_namespaces_are_denied() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let host_userns = namespace_of(1, "user").unwrap();
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let m = marker();
+        let probe = format!(
+            "unshare -U -r id -u; echo unshare_rc=$?\n\
+             unshare -U {s} & sleep 0.5\n\
+             {py}\n\
+             echo ready; wait",
+            s = marked_sleep(&m),
+            py = python(
+                "r, e = sc(272, 0x10000000)   # unshare(CLONE_NEWUSER)\nprint(f'sys_unshare={r} errno={e}')"
+            )
+        );
+        let (id, out) = start_until(&mut client, profile, "userns", &probe, "ready", 30.0).await;
+        let nested: Vec<i32> = sleepers(&m)
+            .into_iter()
+            .filter(|p| namespace_of(*p, "user").as_deref() != Some(host_userns.as_str()))
+            .collect();
+        match expect {
+            Denied => {
+                assert_ne!(field(&out, "unshare_rc"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "sys_unshare"), Some("0"), "{l} {out}");
+                assert!(
+                    nested.is_empty(),
+                    "{l} host sees processes in a nested user namespace: {nested:?}"
+                );
+            }
+            Allowed => {
+                assert_eq!(field(&out, "unshare_rc"), Some("0"), "{l} control: {out}");
+                assert_eq!(
+                    nested.len(),
+                    1,
+                    "{l} control: the host sees the nested namespace"
+                );
+            }
+        }
+        cancel(&mut client, &id).await;
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+/// Does the host see a mount with source `source` in any of the command's processes?
+fn mounted_in(m: &str, source: &str) -> bool {
+    sleepers(m).iter().any(|p| {
+        std::fs::read_to_string(format!("/proc/{p}/mountinfo")).is_ok_and(|mi| mi.contains(source))
+    })
+}
+
+#[tokio::test]
+async fn mounting_inside_the_sandbox_is_denied() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let m = marker();
+        let src = format!("escape-{m}");
+        let s = marked_sleep(&m);
+        // Under trusted only the private-namespace variant runs: a plain mount would land on
+        // the host's own /mnt.
+        let plain = if expect == Denied {
+            format!("mount -t tmpfs {src} /mnt; echo mount_rc=$?; {s} &\n")
+        } else {
+            String::new()
+        };
+        let probe = format!(
+            "{plain}unshare -m sh -c 'mount -t tmpfs {src} /mnt && echo nested_mounted; exec {s}' &\n\
+             sleep 0.5; echo ready; wait"
+        );
+        let (id, out) = start_until(&mut client, profile, "mount", &probe, "ready", 30.0).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let seen = mounted_in(&m, &src);
+        match expect {
+            Denied => {
+                assert!(!seen, "{l} a tmpfs was mounted: {out}");
+                assert_ne!(field(&out, "mount_rc"), Some("0"), "{l} {out}");
+                assert!(!out.contains("nested_mounted"), "{l} {out}");
+            }
+            Allowed => assert!(seen, "{l} control: the host sees the tmpfs: {out}"),
+        }
+        cancel(&mut client, &id).await;
+        // Never leave a stray mount on the host's /mnt.
+        if std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|mi| mi.contains(&src)) {
+            let _ = sh("umount /mnt");
+            panic!("{l} mounted {src} on the host's /mnt");
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn task_container_covers_cannot_be_read_removed_or_written_through() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let s = daemon.state.path().display().to_string();
+    let exe = executor_tests::binary("executor");
+    let exe_meta = std::fs::metadata(&exe).unwrap();
+    let m = marker();
+    let ctl_file = format!("/var/tmp/escape-ctl-{m}");
+    // Non-destructive: opening the binary for append proves writability without changing it.
+    let probe = format!(
+        "echo written > {ctl_file}; echo ctl_rc=$?\n\
+         cat {s}/token; echo token_rc=$?\n\
+         umount {s}; echo umount_state=$?; umount -l {s}; echo umount_lazy=$?\n\
+         umount {exe}; echo umount_exe=$?\n\
+         cat {s}/token; echo token_after=$?\n\
+         head -c 4 {exe} | od -c | head -1; echo exe_read=$?\n\
+         {PY} -c 'open(\"{exe}\", \"ab\").close()'; echo exe_append=$?\n\
+         ls /sys/fs/cgroup | wc -l | sed 's/^/cgroup_entries=/'\n\
+         cat /proc/1/cgroup",
+        exe = exe.display()
+    );
+    let out = run_in(&mut client, TASK, "covers", &probe).await.output;
+    // Control: the host root is writable.
+    assert_eq!(
+        field(&out, "ctl_rc"),
+        Some("0"),
+        "[task-container] control: {out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&ctl_file).ok().as_deref(),
+        Some("written\n"),
+        "[task-container] control on the host"
+    );
+    let _ = std::fs::remove_file(&ctl_file);
+    assert!(
+        !out.contains(&daemon.token),
+        "[task-container] read the token: {out}"
+    );
+    for key in [
+        "token_rc",
+        "umount_state",
+        "umount_lazy",
+        "umount_exe",
+        "token_after",
+        "exe_append",
+    ] {
+        assert_ne!(field(&out, key), Some("0"), "[task-container] {key}: {out}");
+    }
+    assert!(
+        !out.contains("E   L   F"),
+        "[task-container] read the binary: {out}"
+    );
+    assert_eq!(
+        field(&out, "cgroup_entries"),
+        Some("0"),
+        "[task-container] /sys/fs/cgroup is hidden: {out}"
+    );
+    let after = std::fs::metadata(&exe).unwrap();
+    assert_eq!(after.len(), exe_meta.len());
+    assert_eq!(after.modified().unwrap(), exe_meta.modified().unwrap());
+    assert!(Path::new(&format!("{s}/token")).exists());
+    assert_daemon_intact(&daemon).await;
+}
