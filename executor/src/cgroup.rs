@@ -1,28 +1,49 @@
-//! cgroup v2 handling: one cgroup per command, killed as a whole with `cgroup.kill`.
+//! cgroups: one cgroup per command in each usable hierarchy.
 //!
-//! The daemon owns `<its cgroup>/executor-<pid>/`; each command gets `cmd-<serial>/` below it.
-//! Only process placement and `cgroup.kill` (Linux 5.14) are used here, which work without any
-//! controller, so hybrid hosts (v1 controllers, a bare v2 mount) get them too.
+//! The daemon owns `<its cgroup>/executor-<pid>/` in each hierarchy; each command gets
+//! `cmd-<serial>/` below it. cgroup v2 gives placement and `cgroup.kill` (Linux 5.14), which
+//! work without any controller; the v1 `pids` and `memory` controllers, where that is what the
+//! host has (hybrid hosts such as this project's CI), give the process and memory limits.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Where the daemon puts its commands' cgroups.
+/// One cgroup hierarchy the daemon uses: where it lives and where its commands go.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CgroupRoot {
+pub struct Hierarchy {
     /// The daemon's own cgroup, which helpers return to after placing their payload.
     pub home: PathBuf,
     /// `<home>/executor-<pid>`, parent of every command cgroup of this daemon.
     pub parent: PathBuf,
 }
 
+/// The hierarchies available on this host. Hybrid hosts (like the one CI runs on) have a bare
+/// cgroup2 mount for `cgroup.kill` and v1 controllers for limits.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CgroupRoot {
+    /// cgroup v2: placement and `cgroup.kill`.
+    pub unified: Option<Hierarchy>,
+    /// The pids controller (v1), for the process limit.
+    pub pids: Option<Hierarchy>,
+    /// The memory controller (v1), for the memory limit.
+    pub memory: Option<Hierarchy>,
+}
+
+impl CgroupRoot {
+    pub fn all(&self) -> impl Iterator<Item = &Hierarchy> {
+        [&self.unified, &self.pids, &self.memory]
+            .into_iter()
+            .flatten()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("no cgroup2 hierarchy is mounted")]
-    NotMounted,
-    #[error("cannot tell this process's cgroup2 path from /proc/self/cgroup")]
-    UnknownOwnCgroup,
+    #[error("no {0} hierarchy is mounted")]
+    NotMounted(&'static str),
+    #[error("cannot tell this process's {0} cgroup from /proc/self/cgroup")]
+    UnknownOwnCgroup(&'static str),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -40,15 +61,49 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
     }
 }
 
-/// Find the cgroup2 mount and this process's place in it, create the daemon's parent cgroup,
-/// and remove what dead daemons left behind.
-pub fn prepare(daemon_pid: u32) -> Result<CgroupRoot, CgroupError> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(io_err(Path::new("/proc/self/mountinfo")))?;
-    let mount = cgroup2_mount(&mountinfo).ok_or(CgroupError::NotMounted)?;
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(io_err(Path::new("/proc/self/cgroup")))?;
-    let own = own_cgroup2_path(&own).ok_or(CgroupError::UnknownOwnCgroup)?;
+/// Find the hierarchies, create the daemon's parent cgroup in each, and remove what dead
+/// daemons left behind. A hierarchy that cannot be used is logged and left out.
+pub fn prepare(daemon_pid: u32) -> CgroupRoot {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let mountinfo = read("/proc/self/mountinfo");
+    let own = read("/proc/self/cgroup");
+    let mut root = CgroupRoot::default();
+    for (slot, kind) in [
+        (&mut root.unified, Kind::Unified),
+        (&mut root.pids, Kind::V1("pids")),
+        (&mut root.memory, Kind::V1("memory")),
+    ] {
+        match prepare_one(kind, &mountinfo, &own, daemon_pid) {
+            Ok(h) => *slot = Some(h),
+            Err(err) => tracing::warn!(%err, "cgroup hierarchy unavailable"),
+        }
+    }
+    root
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Unified,
+    V1(&'static str),
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Unified => "cgroup2",
+            Self::V1(controller) => controller,
+        }
+    }
+}
+
+fn prepare_one(
+    kind: Kind,
+    mountinfo: &str,
+    own: &str,
+    daemon_pid: u32,
+) -> Result<Hierarchy, CgroupError> {
+    let mount = mount_point(mountinfo, kind).ok_or(CgroupError::NotMounted(kind.name()))?;
+    let own = own_path(own, kind).ok_or(CgroupError::UnknownOwnCgroup(kind.name()))?;
     let home = mount.join(own.trim_start_matches('/'));
     remove_stale(&home);
     let parent = home.join(format!("executor-{daemon_pid}"));
@@ -57,29 +112,46 @@ pub fn prepare(daemon_pid: u32) -> Result<CgroupRoot, CgroupError> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io_err(&parent)(e)),
     }
-    if !parent.join("cgroup.kill").exists() {
+    if matches!(kind, Kind::Unified) && !parent.join("cgroup.kill").exists() {
         let _ = std::fs::remove_dir(&parent);
         return Err(CgroupError::NoKill(parent));
     }
-    Ok(CgroupRoot { home, parent })
+    Ok(Hierarchy { home, parent })
 }
 
-/// Mount point of the cgroup2 filesystem, from /proc/self/mountinfo (proc(5)).
-fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+/// Mount point of a hierarchy, from /proc/self/mountinfo (proc(5)): the cgroup2 mount, or the
+/// v1 mount whose super options name the controller.
+fn mount_point(mountinfo: &str, kind: Kind) -> Option<PathBuf> {
     mountinfo.lines().find_map(|line| {
         let (left, right) = line.split_once(" - ")?;
-        if right.split_whitespace().next()? != "cgroup2" {
+        let mut fields = right.split_whitespace();
+        let fstype = fields.next()?;
+        let options = fields.nth(1).unwrap_or_default();
+        let wanted = match kind {
+            Kind::Unified => fstype == "cgroup2",
+            Kind::V1(controller) => {
+                fstype == "cgroup" && options.split(',').any(|o| o == controller)
+            }
+        };
+        if !wanted {
             return None;
         }
         left.split_whitespace().nth(4).map(PathBuf::from)
     })
 }
 
-/// The `0::<path>` entry of /proc/self/cgroup (cgroups(7)).
-fn own_cgroup2_path(proc_cgroup: &str) -> Option<String> {
-    proc_cgroup
-        .lines()
-        .find_map(|line| line.strip_prefix("0::").map(str::to_string))
+/// This process's path in a hierarchy, from /proc/self/cgroup (cgroups(7)): `0::<path>` for
+/// cgroup2, `<n>:<controllers>:<path>` for v1.
+fn own_path(proc_cgroup: &str, kind: Kind) -> Option<String> {
+    proc_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let wanted = match kind {
+            Kind::Unified => controllers.is_empty(),
+            Kind::V1(controller) => controllers.split(',').any(|c| c == controller),
+        };
+        wanted.then(|| path.to_string())
+    })
 }
 
 /// Kill and remove `executor-<pid>` cgroups of daemons that no longer run (a daemon killed
@@ -114,6 +186,19 @@ fn remove_stale(home: &Path) {
 /// Create a command's cgroup.
 pub fn create(dir: &Path) -> Result<(), CgroupError> {
     std::fs::create_dir(dir).map_err(io_err(dir))
+}
+
+/// Write one setting (`pids.max`, `memory.limit_in_bytes`, ...) of a command's cgroup.
+pub fn set(dir: &Path, file: &str, value: &str) -> Result<(), CgroupError> {
+    let path = dir.join(file);
+    std::fs::write(&path, value).map_err(io_err(&path))
+}
+
+/// One setting's current value, trimmed; empty if unreadable.
+pub fn get(dir: &Path, file: &str) -> String {
+    std::fs::read_to_string(dir.join(file))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Move the calling process into `dir`.
@@ -153,25 +238,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finds_the_cgroup2_mount_among_v1_mounts() {
+    fn finds_cgroup2_and_v1_controller_mounts() {
         let mountinfo = "\
 35 24 0:30 / /sys/fs/cgroup/memory rw,relatime shared:12 - cgroup cgroup rw,memory
 36 24 0:31 / /sys/fs/cgroup/unified rw,relatime shared:13 - cgroup2 cgroup2 rw
 ";
         assert_eq!(
-            cgroup2_mount(mountinfo),
+            mount_point(mountinfo, Kind::Unified),
             Some(PathBuf::from("/sys/fs/cgroup/unified"))
         );
-        assert_eq!(cgroup2_mount("1 2 0:3 / /proc rw - proc proc rw\n"), None);
+        assert_eq!(
+            mount_point(mountinfo, Kind::V1("memory")),
+            Some(PathBuf::from("/sys/fs/cgroup/memory"))
+        );
+        assert_eq!(mount_point(mountinfo, Kind::V1("pids")), None);
+        assert_eq!(
+            mount_point("1 2 0:3 / /proc rw - proc proc rw\n", Kind::Unified),
+            None
+        );
     }
 
     #[test]
-    fn reads_the_unified_entry_of_proc_self_cgroup() {
+    fn reads_unified_and_v1_entries_of_proc_self_cgroup() {
         let text = "12:memory:/user.slice\n0::/system.slice/executor.service\n";
         assert_eq!(
-            own_cgroup2_path(text).as_deref(),
+            own_path(text, Kind::Unified).as_deref(),
             Some("/system.slice/executor.service")
         );
-        assert_eq!(own_cgroup2_path("4:pids:/\n"), None);
+        assert_eq!(
+            own_path(text, Kind::V1("memory")).as_deref(),
+            Some("/user.slice")
+        );
+        assert_eq!(own_path("4:pids:/\n", Kind::Unified), None);
     }
 }

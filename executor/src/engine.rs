@@ -93,6 +93,12 @@ impl Engine {
     /// Resolve the profile a request asks for.
     pub fn profile(&self, asked: Option<&str>) -> Result<&Profile, ExecError> {
         let name = asked.unwrap_or(&self.default_profile);
+        if name.is_empty() {
+            return Err(ExecError::new(
+                ErrorCode::ProfileDenied,
+                "this host can run none of the default profiles (see `executor check`); name a profile",
+            ));
+        }
         self.profiles.get(name).ok_or_else(|| {
             let known: Vec<&str> = self.profiles.keys().map(String::as_str).collect();
             ExecError::new(
@@ -132,12 +138,53 @@ impl Engine {
                 truncated: captured.elided_bytes > 0,
                 elided_bytes: captured.elided_bytes,
                 killed_processes: outcome.killed,
+                limits_hit: outcome.limits_hit,
                 isolation: Isolation {
                     profile: profile.name.clone(),
                     layers: outcome.layers,
                 },
             },
         })
+    }
+}
+
+impl Engine {
+    /// Run `true` under every profile, to learn which this host can run and with which
+    /// layers. A profile that cannot run says why, naming the layer that failed.
+    pub async fn probe(&self) -> BTreeMap<String, Result<Vec<String>, String>> {
+        let mut found = BTreeMap::new();
+        for name in self.profiles.keys() {
+            let req = ValidRequest {
+                id: format!("probe-{name}"),
+                spec: crate::plan::CommandSpec {
+                    command: "true".into(),
+                    cwd: Some("/".into()),
+                    env: BTreeMap::new(),
+                },
+                timeout: std::time::Duration::from_secs(10),
+                profile: Some(name.clone()),
+                stream: false,
+            };
+            let outcome = match self.execute(&req, None, std::future::pending()).await {
+                Ok(result) if result.returncode == 0 => Ok(result.extra.isolation.layers),
+                Ok(result) => Err(format!(
+                    "a probe command failed: returncode {} {}",
+                    result.returncode, result.output
+                )),
+                Err(err) => Err(err.message),
+            };
+            found.insert(name.clone(), outcome);
+        }
+        found
+    }
+
+    /// The strongest of the default profiles this host can run.
+    pub fn choose_default(probe: &BTreeMap<String, Result<Vec<String>, String>>) -> String {
+        crate::profile::DEFAULT_PREFERENCE
+            .iter()
+            .find(|name| probe.get(**name).is_some_and(Result::is_ok))
+            .map(|name| name.to_string())
+            .unwrap_or_default()
     }
 }
 

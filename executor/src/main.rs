@@ -9,6 +9,7 @@ mod plan;
 mod profile;
 mod request;
 mod runner;
+mod sandbox;
 mod server;
 mod sys;
 mod token;
@@ -28,7 +29,7 @@ use tokio::sync::mpsc;
 
 use crate::engine::{default_limits, Engine};
 use crate::plan::PlanSettings;
-use crate::profile::{Profile, DEFAULT_PROFILE};
+use crate::profile::Profile;
 use crate::runner::{OutputSink, StopReason};
 
 /// Port `executor serve` listens on when `--listen` names none.
@@ -51,6 +52,8 @@ enum Command {
     Serve(ServeArgs),
     /// Run one command locally through the same path the daemon uses; exit with its code.
     Run(RunArgs),
+    /// Show which isolation layers and profiles work on this host, and why others do not.
+    Check,
 }
 
 #[derive(Args)]
@@ -98,6 +101,12 @@ struct ServeArgs {
     /// Largest WebSocket message accepted, in bytes.
     #[arg(long)]
     max_message_bytes: Option<usize>,
+    /// Profile for requests that name none (default: the strongest this host can run).
+    #[arg(long)]
+    default_profile: Option<String>,
+    /// Directory of extra profiles (*.json); a name there replaces the built-in profile.
+    #[arg(long)]
+    profiles_dir: Option<PathBuf>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -141,6 +150,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(args).map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run_local(args),
+        Command::Check => check(),
     };
     result.unwrap_or_else(|err| {
         eprintln!("executor: {err:#}");
@@ -188,6 +198,67 @@ fn default_state_dir() -> PathBuf {
     }
 }
 
+/// What serve, run and check share: profiles, cgroups, the engine, and which profiles this
+/// host can run (found by running `true` under each).
+struct Setup {
+    engine: Engine,
+    probe: BTreeMap<String, Result<Vec<String>, String>>,
+    cgroups: cgroup::CgroupRoot,
+}
+
+async fn setup(
+    limits: Limits,
+    interpreter: Vec<String>,
+    workspace: PathBuf,
+    state_dir: PathBuf,
+    profiles_dir: Option<&std::path::Path>,
+    default_profile: Option<String>,
+) -> anyhow::Result<Setup> {
+    let cgroups = cgroup::prepare(std::process::id());
+    let mut profiles = builtin_profiles()?;
+    if let Some(dir) = profiles_dir {
+        for profile in Profile::load_dir(dir)? {
+            profiles.insert(profile.name.clone(), profile);
+        }
+    }
+    let plan_settings = PlanSettings {
+        interpreter,
+        workspace,
+        home: home_dir(),
+        state_dir,
+        executor_bin: helper_exe()?,
+        cgroups: cgroups.clone(),
+    };
+    let mut engine = Engine::new(
+        limits,
+        plan_settings,
+        helper_exe()?,
+        profiles,
+        String::new(),
+    );
+    let probe = engine.probe().await;
+    engine.default_profile = match default_profile {
+        Some(name) if !engine.profiles.contains_key(&name) => bail!("no profile named {name:?}"),
+        Some(name) => name,
+        None => Engine::choose_default(&probe),
+    };
+    for (name, outcome) in &probe {
+        match outcome {
+            Ok(layers) => {
+                tracing::info!(profile = %name, layers = %layers.join(","), "profile available")
+            }
+            Err(reason) => {
+                tracing::warn!(profile = %name, %reason, "profile unavailable on this host")
+            }
+        }
+    }
+    Ok(Setup {
+        engine,
+        probe,
+        cgroups,
+    })
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let mut limits = default_limits();
@@ -195,17 +266,21 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Same-uid commands must not read our memory or environment through /proc or ptrace.
     nix::sys::prctl::set_dumpable(false).context("cannot make the daemon non-dumpable")?;
 
-    let state_dir = args.state_dir.unwrap_or_else(default_state_dir);
-    std::fs::create_dir_all(&state_dir)
-        .with_context(|| format!("cannot create state directory {}", state_dir.display()))?;
+    let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
+    create_private_dir(&state_dir)?;
     let workspace = args
         .workspace
+        .clone()
         .unwrap_or_else(|| state_dir.join("workspace"));
+    let workspace_created = !workspace.exists();
     std::fs::create_dir_all(&workspace)
         .with_context(|| format!("cannot create workspace {}", workspace.display()))?;
 
     let explicit_token = args.token_file.is_some();
-    let token_path = args.token_file.unwrap_or_else(|| state_dir.join("token"));
+    let token_path = args
+        .token_file
+        .clone()
+        .unwrap_or_else(|| state_dir.join("token"));
     let loopback = args.listen.ip().is_loopback();
     // Off loopback, a token nobody chose would lock everyone out or, worse, be guessed from a
     // world-readable default path: insist on an existing, deliberately placed token file.
@@ -220,53 +295,55 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let audit_path = args
         .audit_log
+        .clone()
         .unwrap_or_else(|| state_dir.join("audit.jsonl"));
     let audit = audit::Audit::open(&audit_path)?;
     let interpreter = interpreter(&args.common.interpreter)?;
 
     let rt = runtime()?;
     rt.block_on(async move {
-        let cgroup_root = match cgroup::prepare(std::process::id()) {
-            Ok(root) => Some(root),
-            Err(err) => {
-                tracing::warn!(%err, "cgroups unavailable; commands are contained by the subreaper sweep alone");
-                None
-            }
-        };
-        let plan_settings = PlanSettings {
-            interpreter: interpreter.clone(),
-            workspace: workspace.clone(),
-            home: home_dir(),
-            cgroup_parent: cgroup_root
-                .as_ref()
-                .map(|r| (r.parent.clone(), r.home.clone())),
-        };
-        let profiles = builtin_profiles()?;
-        let layers = base_layers(cgroup_root.is_some());
+        let Setup {
+            engine,
+            probe,
+            cgroups,
+        } = setup(
+            limits.clone(),
+            interpreter.clone(),
+            workspace.clone(),
+            state_dir.clone(),
+            args.profiles_dir.as_deref(),
+            args.default_profile.clone(),
+        )
+        .await?;
+        if workspace_created {
+            hand_workspace_to(&engine, &workspace)?;
+        }
         let hello = protocol::Hello {
             protocol: protocol::PROTOCOL_VERSION,
             server: format!("executor {}", env!("CARGO_PKG_VERSION")),
             host: host_facts(),
-            profiles: profiles
+            profiles: engine
+                .profiles
                 .values()
-                .map(|p| ProfileSummary {
-                    name: p.name.clone(),
-                    description: p.description.clone(),
-                    layers: layers.clone(),
+                .map(|p| {
+                    let outcome = probe.get(&p.name);
+                    ProfileSummary {
+                        name: p.name.clone(),
+                        description: p.description.clone(),
+                        available: outcome.is_some_and(Result::is_ok),
+                        layers: outcome
+                            .and_then(|o| o.as_ref().ok())
+                            .cloned()
+                            .unwrap_or_default(),
+                        unavailable_reason: outcome.and_then(|o| o.as_ref().err()).cloned(),
+                    }
                 })
                 .collect(),
-            default_profile: DEFAULT_PROFILE.to_string(),
-            limits: limits.clone(),
+            default_profile: engine.default_profile.clone(),
+            limits,
             interpreter,
             workspace: workspace.display().to_string(),
         };
-        let engine = Engine::new(
-            limits,
-            plan_settings,
-            helper_exe()?,
-            profiles,
-            DEFAULT_PROFILE.to_string(),
-        );
         let daemon = Arc::new(server::Daemon::new(
             engine,
             token,
@@ -284,20 +361,64 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             token_created = created,
             workspace = %workspace.display(),
             audit_log = %audit_path.display(),
+            default_profile = %daemon.engine.default_profile,
             "executor ready"
         );
         // One line on stdout for scripts and tests that start us on port 0.
         let mut stdout = std::io::stdout();
-        let _ = writeln!(stdout, "executor listening on ws://{addr}{}", protocol::WS_PATH);
+        let _ = writeln!(
+            stdout,
+            "executor listening on ws://{addr}{}",
+            protocol::WS_PATH
+        );
         let _ = stdout.flush();
 
         tokio::spawn(shutdown_on_signal(daemon.clone()));
         server::serve(listener, daemon).await;
-        if let Some(root) = cgroup_root {
-            cgroup::remove(&root.parent);
+        for hierarchy in cgroups.all() {
+            cgroup::remove(&hierarchy.parent);
         }
         tracing::info!("executor stopped");
         Ok(())
+    })
+}
+
+/// The state directory holds the token and the audit log: only the daemon's user may enter.
+fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create state directory {}", dir.display()))?;
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777), "state directory is open to other users");
+    }
+    Ok(())
+}
+
+/// A workspace the daemon just created belongs to the identity its default profile runs
+/// commands as, so that they can write it.
+fn hand_workspace_to(engine: &Engine, workspace: &std::path::Path) -> anyhow::Result<()> {
+    let Some(user) = engine
+        .profiles
+        .get(&engine.default_profile)
+        .and_then(|p| p.user.as_ref())
+    else {
+        return Ok(());
+    };
+    nix::unistd::chown(
+        workspace,
+        Some(nix::unistd::Uid::from_raw(user.uid)),
+        Some(nix::unistd::Gid::from_raw(user.gid)),
+    )
+    .with_context(|| {
+        format!(
+            "cannot hand the workspace {} to uid {}",
+            workspace.display(),
+            user.uid
+        )
     })
 }
 
@@ -320,15 +441,6 @@ fn apply_overrides(limits: &mut Limits, args: &ServeArgs) {
     if let Some(v) = args.common.max_output_bytes {
         limits.max_output_bytes = v;
     }
-}
-
-/// Layers every command gets on this host (profiles add theirs with the sandbox issue).
-fn base_layers(cgroup: bool) -> Vec<String> {
-    let mut layers = vec!["session".to_string(), "subreaper".to_string()];
-    if cgroup {
-        layers.push("cgroup".to_string());
-    }
-    layers
 }
 
 async fn shutdown_on_signal(daemon: Arc<server::Daemon>) {
@@ -407,21 +519,20 @@ fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         stream: true,
     };
     let valid = request::validate(request, &limits)?;
-    let engine = Engine::new(
-        limits,
-        PlanSettings {
-            interpreter: interpreter(&args.common.interpreter)?,
-            workspace: cwd.clone(),
-            home: home_dir(),
-            cgroup_parent: None,
-        },
-        helper_exe()?,
-        builtin_profiles()?,
-        DEFAULT_PROFILE.to_string(),
-    );
+    let interpreter = interpreter(&args.common.interpreter)?;
     let rt = runtime()?;
+    let Setup {
+        engine, cgroups, ..
+    } = rt.block_on(setup(
+        limits,
+        interpreter,
+        cwd.clone(),
+        default_state_dir(),
+        None,
+        None,
+    ))?;
     let kept = engine.limits.max_output_bytes;
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         let (tx, mut rx) = mpsc::channel::<ServerMessage>(16);
         let printer = tokio::spawn(async move {
             let mut stdout = std::io::stdout();
@@ -453,7 +564,60 @@ fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
             );
         }
         Ok(exit_code(result.returncode, result.extra.ended))
-    })
+    });
+    for hierarchy in cgroups.all() {
+        cgroup::remove(&hierarchy.parent);
+    }
+    code
+}
+
+/// `executor check`: which layers and profiles this host supports, and why not.
+fn check() -> anyhow::Result<ExitCode> {
+    let rt = runtime()?;
+    let workspace = std::env::temp_dir();
+    let Setup {
+        engine,
+        probe,
+        cgroups,
+    } = rt.block_on(setup(
+        default_limits(),
+        vec!["bash".into(), "-c".into()],
+        workspace,
+        default_state_dir(),
+        None,
+        None,
+    ))?;
+    let facts = host_facts();
+    println!(
+        "host: {} {} ({} cores)",
+        facts.kernel, facts.arch, facts.cores
+    );
+    println!("cgroups:");
+    for (name, h) in [
+        ("cgroup2 (kill)", &cgroups.unified),
+        ("pids controller", &cgroups.pids),
+        ("memory controller", &cgroups.memory),
+    ] {
+        match h {
+            Some(h) => println!("  {name:<18} yes  {}", h.home.display()),
+            None => println!("  {name:<18} no   (limits fall back to rlimits)"),
+        }
+    }
+    println!("profiles:");
+    for (name, outcome) in &probe {
+        match outcome {
+            Ok(layers) => println!("  {name:<15} ok    {}", layers.join(" ")),
+            Err(reason) => println!("  {name:<15} NO    {reason}"),
+        }
+    }
+    match engine.default_profile.as_str() {
+        "" => println!("default profile: none (requests must name a profile)"),
+        name => println!("default profile: {name}"),
+    }
+    for hierarchy in cgroups.all() {
+        cgroup::remove(&hierarchy.parent);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Shell conventions: the code itself, 128 + n for a signal, 124 for a timeout (as timeout(1)),

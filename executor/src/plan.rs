@@ -1,18 +1,19 @@
 //! The sandbox plan: everything the helper needs to run one command, decided by the daemon.
 //!
-//! Planning is pure: [`plan_command`] turns a validated request and the daemon's settings into a
-//! [`Plan`] value, which the daemon writes to the helper's stdin as one JSON line. The helper
-//! (`crate::helper`) only applies it. Keeping the decision here means unit tests can compare whole
-//! plans, and the helper never parses client input.
+//! Planning is pure: [`plan_command`] turns a validated request, a profile and the daemon's
+//! settings into a [`Plan`] value, which the daemon writes to the helper's stdin as one JSON
+//! line. The helper (`crate::helper`) only applies it. Keeping every decision here means unit
+//! tests compare whole plans, and the helper never parses client input or profile files.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::profile::Profile;
+use crate::cgroup::CgroupRoot;
+use crate::profile::{Namespace, Network, Profile, RootMode};
 
-/// What the helper applies, in the order `crate::helper::run_plan` documents.
+/// What the helper applies, in the order `crate::helper` documents.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
@@ -21,19 +22,87 @@ pub struct Plan {
     pub cwd: PathBuf,
     /// The payload's whole environment (the helper starts from an empty one).
     pub env: BTreeMap<String, String>,
-    /// Cgroup the payload runs in, killed as a whole at the end; `None` where the host has no
-    /// writable cgroup2 hierarchy (the subreaper sweep then does the work alone).
-    pub cgroup: Option<CgroupPlan>,
+    /// The command's cgroups, one per usable hierarchy; empty where the host has none (the
+    /// subreaper sweep then does the killing alone).
+    pub cgroups: Vec<CgroupDir>,
+    pub sandbox: SandboxPlan,
+    /// Layers in force once setup succeeds, reported in every result.
+    pub layers: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CgroupPlan {
+pub struct CgroupDir {
     /// Directory to create for this command.
     pub dir: PathBuf,
     /// Cgroup the helper moves back to once the payload is inside `dir`, so that killing `dir`
     /// never kills the helper.
-    pub helper_home: PathBuf,
+    pub home: PathBuf,
+    /// Files to write before joining, e.g. `("pids.max", "512")`.
+    pub settings: Vec<(String, String)>,
+    /// Whether this is the cgroup2 directory whose `cgroup.kill` ends the command.
+    pub kill: bool,
+}
+
+/// The isolation part of a plan.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxPlan {
+    pub namespaces: Vec<Namespace>,
+    /// The new root, when the command gets a mount namespace.
+    pub mounts: Option<MountPlan>,
+    /// Set in a new UTS namespace so the command cannot learn the host's name.
+    pub hostname: Option<String>,
+    /// uid and gid to switch to; `None` keeps the daemon's.
+    pub user: Option<(u32, u32)>,
+    /// Capability names kept (bounding, permitted, effective); `None` keeps them all.
+    pub capabilities: Option<Vec<String>>,
+    pub rlimits: Vec<Rlimit>,
+    pub no_new_privs: bool,
+    pub landlock: Option<LandlockPlan>,
+    pub seccomp: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountPlan {
+    pub root: RootMode,
+    pub read_only: Vec<PathBuf>,
+    pub writable: Vec<PathBuf>,
+    /// Covered with empty read-only mounts.
+    pub hidden: Vec<PathBuf>,
+    /// tmpfs mounts and their sizes in bytes.
+    pub tmpfs: Vec<(PathBuf, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LandlockPlan {
+    /// Readable and executable beneath.
+    pub read: Vec<PathBuf>,
+    /// Readable, writable and executable beneath.
+    pub write: Vec<PathBuf>,
+    /// Directories may be listed (not read) beneath.
+    pub list: Vec<PathBuf>,
+    /// Deny every TCP bind and connect.
+    pub deny_tcp: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RlimitKind {
+    Core,
+    Nofile,
+    Fsize,
+    Cpu,
+    Nproc,
+    As,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimit {
+    pub kind: RlimitKind,
+    pub value: u64,
 }
 
 /// Line the helper writes on its status pipe (its stderr) before it exits.
@@ -46,12 +115,14 @@ pub enum HelperReport {
         code: Option<i32>,
         /// Signal number when a signal ended the shell.
         signal: Option<i32>,
-        /// Processes the helper killed at the end (the shell included if it was still running).
+        /// Processes killed at the end (the shell included if it was still running).
         killed: u32,
         /// Whether the daemon asked for the stop (timeout, cancel, disconnect, shutdown).
         stopped: bool,
         /// Isolation layers that were in force.
         layers: Vec<String>,
+        /// Limits the command ran into (`processes`, `memory`).
+        limits_hit: Vec<String>,
     },
     /// A setup step failed; the command never ran.
     SetupFailed { stage: String, message: String },
@@ -64,8 +135,11 @@ pub struct PlanSettings {
     pub workspace: PathBuf,
     /// `HOME` of commands unless the profile or the request sets it.
     pub home: PathBuf,
-    /// Parent cgroup for commands and the cgroup the helper returns to, if cgroups are usable.
-    pub cgroup_parent: Option<(PathBuf, PathBuf)>,
+    /// Substituted for `{state_dir}` in profiles.
+    pub state_dir: PathBuf,
+    /// Substituted for `{executor_bin}` in profiles.
+    pub executor_bin: PathBuf,
+    pub cgroups: CgroupRoot,
 }
 
 /// What the client asked for, already validated by `crate::request`.
@@ -76,7 +150,12 @@ pub struct CommandSpec {
     pub env: BTreeMap<String, String>,
 }
 
-/// Build the plan for one command. `serial` makes the cgroup name unique within the daemon.
+const MIB: u64 = 1024 * 1024;
+
+/// Device nodes a sandbox with a minimal /dev may write.
+const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
+
+/// Build the plan for one command. `serial` makes the cgroup names unique within the daemon.
 pub fn plan_command(
     spec: &CommandSpec,
     profile: &Profile,
@@ -91,6 +170,9 @@ pub fn plan_command(
     env.extend(profile.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 
+    let cgroups = plan_cgroups(profile, &settings.cgroups, serial);
+    let sandbox = plan_sandbox(profile, settings, &cgroups);
+    let layers = layers(&cgroups, &sandbox);
     Plan {
         argv,
         cwd: spec
@@ -98,38 +180,215 @@ pub fn plan_command(
             .clone()
             .unwrap_or_else(|| settings.workspace.clone()),
         env,
-        cgroup: settings
-            .cgroup_parent
-            .as_ref()
-            .map(|(parent, home)| CgroupPlan {
-                dir: parent.join(format!("cmd-{serial}")),
-                helper_home: home.clone(),
-            }),
+        cgroups,
+        sandbox,
+        layers,
     }
+}
+
+fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<CgroupDir> {
+    let name = format!("cmd-{serial}");
+    let mut dirs = Vec::new();
+    if let Some(h) = &root.unified {
+        dirs.push(CgroupDir {
+            dir: h.parent.join(&name),
+            home: h.home.clone(),
+            settings: Vec::new(),
+            kill: true,
+        });
+    }
+    if let (Some(h), Some(max)) = (&root.pids, profile.limits.processes) {
+        dirs.push(CgroupDir {
+            dir: h.parent.join(&name),
+            home: h.home.clone(),
+            settings: vec![("pids.max".into(), max.to_string())],
+            kill: false,
+        });
+    }
+    if let (Some(h), Some(mb)) = (&root.memory, profile.limits.memory_mb) {
+        dirs.push(CgroupDir {
+            dir: h.parent.join(&name),
+            home: h.home.clone(),
+            settings: vec![("memory.limit_in_bytes".into(), (mb * MIB).to_string())],
+            kill: false,
+        });
+    }
+    dirs
+}
+
+fn plan_sandbox(profile: &Profile, settings: &PlanSettings, cgroups: &[CgroupDir]) -> SandboxPlan {
+    let expand = |path: &str| -> PathBuf {
+        PathBuf::from(
+            path.replace("{workspace}", &settings.workspace.display().to_string())
+                .replace("{state_dir}", &settings.state_dir.display().to_string())
+                .replace(
+                    "{executor_bin}",
+                    &settings.executor_bin.display().to_string(),
+                ),
+        )
+    };
+    let mut namespaces = profile.namespaces.clone();
+    namespaces.sort();
+    let has = |ns: Namespace| namespaces.contains(&ns);
+
+    let mounts = profile
+        .filesystem
+        .as_ref()
+        .filter(|_| has(Namespace::Mount))
+        .map(|fs| MountPlan {
+            root: fs.root,
+            read_only: fs.read_only.iter().map(|g| expand(&g.path)).collect(),
+            writable: fs.writable.iter().map(|g| expand(&g.path)).collect(),
+            hidden: fs.hidden.iter().map(|g| expand(&g.path)).collect(),
+            // A writable path wins over a tmpfs at the same place (`executor run` in /tmp).
+            tmpfs: fs
+                .tmpfs
+                .iter()
+                .map(|t| (expand(&t.path), t.size_mb * MIB))
+                .filter(|(path, _)| !fs.writable.iter().any(|w| expand(&w.path) == *path))
+                .collect(),
+        });
+
+    let landlock = profile
+        .filesystem
+        .as_ref()
+        .filter(|_| profile.landlock)
+        .map(|fs| {
+            let mut read: Vec<PathBuf> = fs.read_only.iter().map(|g| expand(&g.path)).collect();
+            let mut write: Vec<PathBuf> = fs.writable.iter().map(|g| expand(&g.path)).collect();
+            write.extend(fs.tmpfs.iter().map(|t| expand(&t.path)));
+            let mut list = Vec::new();
+            if has(Namespace::Mount) {
+                // Inside the new root, /proc and the minimal /dev exist and are the command's,
+                // and every directory is one the policy put there: listing them is harmless.
+                read.extend(["/proc", "/dev"].map(PathBuf::from));
+                write.extend(WRITABLE_DEVICES.iter().map(PathBuf::from));
+                list.push(PathBuf::from("/"));
+            }
+            LandlockPlan {
+                read,
+                write,
+                list,
+                deny_tcp: profile.network == Network::None,
+            }
+        });
+
+    let limits = &profile.limits;
+    let sandboxed = profile.capabilities.is_some() || profile.seccomp || profile.landlock;
+    let mut rlimits = Vec::new();
+    if sandboxed {
+        // Core dumps could leak memory contents into the workspace and fill the disk.
+        rlimits.push(Rlimit {
+            kind: RlimitKind::Core,
+            value: 0,
+        });
+    }
+    let mut push = |kind, value: Option<u64>| {
+        if let Some(value) = value {
+            rlimits.push(Rlimit { kind, value });
+        }
+    };
+    push(RlimitKind::Nofile, limits.open_files);
+    push(RlimitKind::Fsize, limits.file_size_mb.map(|mb| mb * MIB));
+    push(RlimitKind::Cpu, limits.cpu_seconds);
+    // Without the cgroup controllers, fall back to rlimits: RLIMIT_NPROC counts all processes
+    // of the uid (coarser), RLIMIT_AS bounds address space rather than resident memory.
+    let has_setting = |file: &str| {
+        cgroups
+            .iter()
+            .any(|c| c.settings.iter().any(|(f, _)| f == file))
+    };
+    if !has_setting("pids.max") {
+        push(RlimitKind::Nproc, limits.processes);
+    }
+    if !has_setting("memory.limit_in_bytes") {
+        push(RlimitKind::As, limits.memory_mb.map(|mb| mb * MIB));
+    }
+
+    SandboxPlan {
+        hostname: has(Namespace::Uts).then(|| "sandbox".to_string()),
+        mounts,
+        user: profile.user.as_ref().map(|u| (u.uid, u.gid)),
+        capabilities: profile
+            .capabilities
+            .as_ref()
+            .map(|keep| keep.iter().map(|c| c.name.clone()).collect()),
+        rlimits,
+        no_new_privs: sandboxed,
+        landlock,
+        seccomp: profile.seccomp,
+        namespaces,
+    }
+}
+
+/// Names of the layers a plan puts in force, in the order they are applied.
+fn layers(cgroups: &[CgroupDir], sandbox: &SandboxPlan) -> Vec<String> {
+    let mut layers = vec!["session".to_string(), "subreaper".to_string()];
+    for cg in cgroups {
+        let name = match cg.settings.first().map(|(file, _)| file.as_str()) {
+            None => "cgroup",
+            Some("pids.max") => "pids_limit",
+            Some(_) => "memory_limit",
+        };
+        layers.push(name.to_string());
+    }
+    layers.extend(sandbox.namespaces.iter().map(|ns| ns.layer().to_string()));
+    if sandbox.mounts.is_some() {
+        layers.push("pivot_root".into());
+    }
+    let mut push = |cond: bool, name: &str| {
+        if cond {
+            layers.push(name.to_string());
+        }
+    };
+    push(!sandbox.rlimits.is_empty(), "rlimits");
+    push(sandbox.user.is_some(), "uid");
+    push(sandbox.capabilities.is_some(), "caps");
+    push(sandbox.no_new_privs, "no_new_privs");
+    push(sandbox.landlock.is_some(), "landlock");
+    push(sandbox.seccomp, "seccomp");
+    layers
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cgroup::Hierarchy;
+    use crate::profile::tests::builtin;
 
     fn settings() -> PlanSettings {
+        let hierarchy = |base: &str| Hierarchy {
+            home: base.into(),
+            parent: format!("{base}/executor-7").into(),
+        };
         PlanSettings {
             interpreter: vec!["bash".into(), "-c".into()],
-            workspace: "/work".into(),
+            workspace: "/srv/state/workspace".into(),
             home: "/root".into(),
-            cgroup_parent: Some(("/cg/executor-7".into(), "/cg".into())),
+            state_dir: "/srv/state".into(),
+            executor_bin: "/usr/local/bin/executor".into(),
+            cgroups: CgroupRoot {
+                unified: Some(hierarchy("/cg2")),
+                pids: Some(hierarchy("/cg1/pids")),
+                memory: None,
+            },
+        }
+    }
+
+    fn spec(command: &str) -> CommandSpec {
+        CommandSpec {
+            command: command.into(),
+            cwd: None,
+            env: BTreeMap::new(),
         }
     }
 
     #[test]
-    fn request_env_wins_over_profile_defaults_and_workspace_is_default_cwd() {
-        let profile = crate::profile::tests::trusted();
-        let spec = CommandSpec {
-            command: "echo hi".into(),
-            cwd: None,
-            env: BTreeMap::from([("PAGER".to_string(), "less".to_string())]),
-        };
-        let plan = plan_command(&spec, &profile, &settings(), 3);
+    fn trusted_plan_only_controls_lifetime() {
+        let profile = builtin("trusted");
+        let mut request = spec("echo hi");
+        request.env.insert("PAGER".into(), "less".into());
+        let plan = plan_command(&request, &profile, &settings(), 3);
         let mut env = profile.env.clone();
         env.insert("HOME".into(), "/root".into());
         env.insert("PAGER".into(), "less".into());
@@ -137,30 +396,135 @@ mod tests {
             plan,
             Plan {
                 argv: vec!["bash".into(), "-c".into(), "echo hi".into()],
-                cwd: "/work".into(),
+                cwd: "/srv/state/workspace".into(),
                 env,
-                cgroup: Some(CgroupPlan {
-                    dir: "/cg/executor-7/cmd-3".into(),
-                    helper_home: "/cg".into(),
-                }),
+                cgroups: vec![CgroupDir {
+                    dir: "/cg2/executor-7/cmd-3".into(),
+                    home: "/cg2".into(),
+                    settings: vec![],
+                    kill: true,
+                }],
+                sandbox: SandboxPlan::default(),
+                layers: vec!["session".into(), "subreaper".into(), "cgroup".into()],
             }
         );
     }
 
     #[test]
-    fn request_cwd_is_used_and_no_cgroup_without_hierarchy() {
-        let profile = crate::profile::tests::trusted();
-        let spec = CommandSpec {
-            command: "pwd".into(),
-            cwd: Some("/tmp".into()),
-            env: BTreeMap::new(),
-        };
-        let mut settings = settings();
-        settings.cgroup_parent = None;
-        let plan = plan_command(&spec, &profile, &settings, 1);
+    fn strict_plan_stacks_every_layer() {
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &settings(), 9);
+        let sandbox = &plan.sandbox;
+        assert_eq!(sandbox.namespaces.len(), 6);
+        assert_eq!(sandbox.user, Some((65534, 65534)));
+        assert_eq!(sandbox.capabilities, Some(vec![]));
+        assert!(sandbox.no_new_privs && sandbox.seccomp);
+        assert_eq!(sandbox.hostname.as_deref(), Some("sandbox"));
+        let mounts = sandbox.mounts.as_ref().unwrap();
+        assert_eq!(mounts.root, RootMode::Empty);
+        assert_eq!(mounts.writable, vec![PathBuf::from("/srv/state/workspace")]);
+        assert!(mounts.read_only.contains(&PathBuf::from("/usr")));
+        assert!(!mounts
+            .read_only
+            .iter()
+            .any(|p| PathBuf::from("/srv/state/token").starts_with(p)));
+        assert_eq!(
+            mounts.tmpfs,
+            vec![("/tmp".into(), 512 * MIB), ("/dev/shm".into(), 64 * MIB)]
+        );
+        let landlock = sandbox.landlock.as_ref().unwrap();
+        assert!(landlock.deny_tcp);
+        assert!(landlock
+            .write
+            .contains(&PathBuf::from("/srv/state/workspace")));
+        assert!(landlock.write.contains(&PathBuf::from("/tmp")));
+        assert!(landlock.write.contains(&PathBuf::from("/dev/null")));
+        assert!(!landlock.write.contains(&PathBuf::from("/usr")));
+        // pids through the cgroup controller; memory has no controller here, so RLIMIT_AS.
+        assert_eq!(
+            plan.cgroups[1].settings,
+            vec![("pids.max".to_string(), "512".to_string())]
+        );
+        let kinds: Vec<RlimitKind> = sandbox.rlimits.iter().map(|r| r.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                RlimitKind::Core,
+                RlimitKind::Nofile,
+                RlimitKind::Fsize,
+                RlimitKind::As
+            ]
+        );
+        assert_eq!(
+            plan.layers,
+            [
+                "session",
+                "subreaper",
+                "cgroup",
+                "pids_limit",
+                "mount_ns",
+                "pid_ns",
+                "net_ns",
+                "ipc_ns",
+                "uts_ns",
+                "cgroup_ns",
+                "pivot_root",
+                "rlimits",
+                "uid",
+                "caps",
+                "no_new_privs",
+                "landlock",
+                "seccomp"
+            ]
+        );
+    }
+
+    #[test]
+    fn landlock_plan_needs_no_namespace_and_keeps_the_daemons_uid() {
+        let plan = plan_command(&spec("ls"), &builtin("landlock"), &settings(), 1);
+        let sandbox = &plan.sandbox;
+        assert!(sandbox.namespaces.is_empty());
+        assert!(sandbox.mounts.is_none());
+        assert_eq!(sandbox.user, None);
+        assert_eq!(sandbox.capabilities, Some(vec![]));
+        let landlock = sandbox.landlock.as_ref().unwrap();
+        assert!(landlock.read.contains(&PathBuf::from("/proc")));
+        assert!(landlock
+            .write
+            .contains(&PathBuf::from("/srv/state/workspace")));
+        assert!(!landlock
+            .read
+            .iter()
+            .any(|p| PathBuf::from("/srv/state/token").starts_with(p)));
+        assert!(!plan.layers.contains(&"pivot_root".to_string()));
+    }
+
+    #[test]
+    fn task_container_hides_the_daemon_and_keeps_root() {
+        let plan = plan_command(&spec("ls"), &builtin("task-container"), &settings(), 1);
+        let sandbox = &plan.sandbox;
+        assert_eq!(sandbox.user, Some((0, 0)));
+        assert!(!sandbox.namespaces.contains(&Namespace::Net));
+        let mounts = sandbox.mounts.as_ref().unwrap();
+        assert_eq!(mounts.root, RootMode::Host);
+        assert_eq!(
+            mounts.hidden,
+            [
+                PathBuf::from("/srv/state"),
+                "/usr/local/bin/executor".into(),
+                "/sys/fs/cgroup".into()
+            ]
+        );
+        let caps = sandbox.capabilities.as_ref().unwrap();
+        assert!(caps.contains(&"CAP_CHOWN".to_string()));
+        assert!(!caps.contains(&"CAP_SYS_ADMIN".to_string()));
+        assert!(sandbox.landlock.is_none() && sandbox.seccomp && sandbox.no_new_privs);
+    }
+
+    #[test]
+    fn request_cwd_is_used() {
+        let mut request = spec("pwd");
+        request.cwd = Some("/tmp".into());
+        let plan = plan_command(&request, &builtin("trusted"), &settings(), 1);
         assert_eq!(plan.cwd, PathBuf::from("/tmp"));
-        assert_eq!(plan.cgroup, None);
-        assert_eq!(plan.env.get("HOME").map(String::as_str), Some("/root"));
-        assert_eq!(plan.env.len(), profile.env.len() + 1);
     }
 }

@@ -1,20 +1,36 @@
-//! Sandbox profiles: data files in `sandbox-profiles/`, compiled into the binary.
+//! Sandbox profiles: data files in `sandbox-profiles/`, compiled into the binary and also
+//! loadable from a directory.
 //!
-//! A profile says what a command may see and which defaults its environment starts from. Unknown
-//! fields are errors so that a typo in a profile never silently weakens it.
+//! A profile says what a command may see and do. Every field must be present (so a profile reads
+//! as a complete statement of its policy), unknown fields are errors (so a typo never silently
+//! weakens it), and every grant carries a `reason`.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-/// Profiles shipped in the binary, by file.
-const BUILTIN: &[(&str, &str)] = &[(
-    "trusted",
-    include_str!("../../sandbox-profiles/trusted.json"),
-)];
+/// Profiles shipped in the binary, by name.
+const BUILTIN: &[(&str, &str)] = &[
+    ("strict", include_str!("../../sandbox-profiles/strict.json")),
+    (
+        "landlock",
+        include_str!("../../sandbox-profiles/landlock.json"),
+    ),
+    (
+        "task-container",
+        include_str!("../../sandbox-profiles/task-container.json"),
+    ),
+    (
+        "trusted",
+        include_str!("../../sandbox-profiles/trusted.json"),
+    ),
+];
 
-/// Name of the profile used when a request names none.
-pub const DEFAULT_PROFILE: &str = "trusted";
+/// Profiles that may become the default, strongest first. `trusted` is never a default: it is
+/// reachable only by naming it.
+pub const DEFAULT_PREFERENCE: &[&str] = &["strict", "landlock"];
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,8 +39,124 @@ pub struct Profile {
     pub description: String,
     /// Who the profile protects from whom, and what it does not cover.
     pub threat_model: String,
+    /// Namespaces the command gets of its own. Empty: the host's.
+    pub namespaces: Vec<Namespace>,
+    /// Identity inside; `null` keeps the daemon's.
+    pub user: Option<UserGrant>,
+    /// What the command sees of the filesystem; `null` is the host's, unrestricted.
+    pub filesystem: Option<Filesystem>,
+    pub network: Network,
+    /// Capabilities kept; `null` keeps the daemon's, `[]` drops them all.
+    pub capabilities: Option<Vec<CapabilityGrant>>,
+    /// Repeat the filesystem policy (and deny TCP, signals and abstract sockets leaving the
+    /// sandbox) with landlock.
+    pub landlock: bool,
+    /// Deny dangerous syscalls and kill the 32-bit ABIs.
+    pub seccomp: bool,
+    pub limits: ProfileLimits,
     /// Environment every command starts from (after the cleared one); requests override it.
     pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Namespace {
+    Mount,
+    Pid,
+    Net,
+    Ipc,
+    Uts,
+    Cgroup,
+}
+
+impl Namespace {
+    pub fn layer(self) -> &'static str {
+        match self {
+            Self::Mount => "mount_ns",
+            Self::Pid => "pid_ns",
+            Self::Net => "net_ns",
+            Self::Ipc => "ipc_ns",
+            Self::Uts => "uts_ns",
+            Self::Cgroup => "cgroup_ns",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserGrant {
+    pub uid: u32,
+    pub gid: u32,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RootMode {
+    /// A new, empty root: only the listed paths exist.
+    Empty,
+    /// The host's root, with the listed changes.
+    Host,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Filesystem {
+    pub root: RootMode,
+    #[serde(default)]
+    pub read_only: Vec<PathGrant>,
+    #[serde(default)]
+    pub writable: Vec<PathGrant>,
+    /// Covered by an empty, read-only mount (namespaces) or left out of every rule (landlock).
+    #[serde(default)]
+    pub hidden: Vec<PathGrant>,
+    #[serde(default)]
+    pub tmpfs: Vec<TmpfsGrant>,
+}
+
+/// A path the profile grants, with why. Paths may use `{workspace}`, `{state_dir}` and
+/// `{executor_bin}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathGrant {
+    pub path: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TmpfsGrant {
+    pub path: String,
+    pub size_mb: u64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Network {
+    /// No network: a new network namespace with only loopback, or landlock denying TCP.
+    None,
+    /// The host's network.
+    Host { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilityGrant {
+    /// e.g. `CAP_CHOWN`.
+    pub name: String,
+    pub reason: String,
+}
+
+/// Per-command resource limits; `null` means none beyond the host's.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileLimits {
+    pub processes: Option<u64>,
+    pub memory_mb: Option<u64>,
+    pub file_size_mb: Option<u64>,
+    pub open_files: Option<u64>,
+    pub cpu_seconds: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +169,14 @@ pub enum ProfileError {
     },
     #[error("profile file {file} declares the name {declared}")]
     NameMismatch { file: String, declared: String },
+    #[error("profile {profile}: {problem}")]
+    Invalid { profile: String, problem: String },
+    #[error("cannot read profiles from {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Profile {
@@ -52,7 +192,45 @@ impl Profile {
                 declared: profile.name,
             });
         }
+        profile.check()?;
         Ok(profile)
+    }
+
+    /// Rules a profile must follow beyond its shape.
+    fn check(&self) -> Result<(), ProfileError> {
+        let invalid = |problem: &str| ProfileError::Invalid {
+            profile: self.name.clone(),
+            problem: problem.to_string(),
+        };
+        if self.landlock && self.filesystem.is_none() {
+            return Err(invalid(
+                "landlock needs a filesystem section to build rules from",
+            ));
+        }
+        let mount_ns = self.namespaces.contains(&Namespace::Mount);
+        if let Some(fs) = &self.filesystem {
+            if !mount_ns && !self.landlock {
+                return Err(invalid(
+                    "a filesystem policy needs the mount namespace or landlock to enforce it",
+                ));
+            }
+            if !mount_ns && (!fs.tmpfs.is_empty() || fs.root == RootMode::Empty) {
+                return Err(invalid(
+                    "tmpfs mounts and an empty root need the mount namespace",
+                ));
+            }
+        }
+        if self.namespaces.contains(&Namespace::Mount) != self.namespaces.contains(&Namespace::Pid)
+        {
+            // A fresh /proc needs both; a host /proc in a new mount namespace would show the
+            // daemon, and a pid namespace without a new /proc shows the host's processes.
+            return Err(invalid("mount and pid namespaces go together"));
+        }
+        for cap in self.capabilities.iter().flatten() {
+            caps::Capability::from_str(&cap.name)
+                .map_err(|_| invalid(&format!("unknown capability {}", cap.name)))?;
+        }
+        Ok(())
     }
 
     /// Every shipped profile, parsed.
@@ -62,37 +240,92 @@ impl Profile {
             .map(|(file, text)| Self::parse(file, text))
             .collect()
     }
+
+    /// Every `*.json` profile in `dir`; a name there replaces the built-in one.
+    pub fn load_dir(dir: &Path) -> Result<Vec<Self>, ProfileError> {
+        let read_err = |source| ProfileError::Read {
+            path: dir.display().to_string(),
+            source,
+        };
+        let mut profiles = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(read_err)? {
+            let path = entry.map_err(read_err)?.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let text = std::fs::read_to_string(&path).map_err(read_err)?;
+            profiles.push(Self::parse(&name, &text)?);
+        }
+        Ok(profiles)
+    }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
-    pub(crate) fn trusted() -> Profile {
+    pub(crate) fn builtin(name: &str) -> Profile {
         Profile::all_builtin()
             .unwrap()
             .into_iter()
-            .find(|p| p.name == "trusted")
+            .find(|p| p.name == name)
             .unwrap()
     }
 
     #[test]
-    fn every_shipped_profile_parses() {
+    fn every_shipped_profile_parses_and_states_its_threat_model() {
         let all = Profile::all_builtin().unwrap();
-        assert!(all.iter().any(|p| p.name == DEFAULT_PROFILE));
-        for profile in all {
-            assert!(!profile.threat_model.is_empty(), "{}", profile.name);
+        let names: Vec<&str> = all.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["strict", "landlock", "task-container", "trusted"]);
+        for profile in &all {
+            assert!(profile.threat_model.len() > 100, "{}", profile.name);
             assert_eq!(profile.env.get("PAGER").map(String::as_str), Some("cat"));
         }
     }
 
     #[test]
-    fn unknown_profile_field_is_an_error() {
-        let err = Profile::parse(
-            "x",
-            r#"{"name":"x","description":"","threat_model":"","env":{},"netwrok":"host"}"#,
-        )
-        .unwrap_err();
+    fn strict_is_the_strongest_profile() {
+        let strict = builtin("strict");
+        assert_eq!(strict.namespaces.len(), 6);
+        assert_eq!(strict.user.as_ref().map(|u| u.uid), Some(65534));
+        assert_eq!(strict.capabilities, Some(vec![]));
+        assert!(strict.landlock && strict.seccomp);
+        assert_eq!(strict.network, Network::None);
+        assert_eq!(
+            strict.filesystem.as_ref().map(|f| f.root),
+            Some(RootMode::Empty)
+        );
+    }
+
+    #[test]
+    fn unknown_or_missing_profile_fields_are_errors() {
+        let trusted = include_str!("../../sandbox-profiles/trusted.json");
+        let mut value: serde_json::Value = serde_json::from_str(trusted).unwrap();
+        value["netwrok"] = serde_json::json!("host");
+        let err = Profile::parse("trusted", &value.to_string()).unwrap_err();
         assert!(err.to_string().contains("netwrok"), "{err}");
+        let mut value: serde_json::Value = serde_json::from_str(trusted).unwrap();
+        value.as_object_mut().unwrap().remove("seccomp");
+        let err = Profile::parse("trusted", &value.to_string()).unwrap_err();
+        assert!(err.to_string().contains("seccomp"), "{err}");
+    }
+
+    #[test]
+    fn grants_without_reasons_and_bad_capabilities_are_errors() {
+        let strict = include_str!("../../sandbox-profiles/strict.json");
+        let mut value: serde_json::Value = serde_json::from_str(strict).unwrap();
+        value["filesystem"]["writable"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("reason");
+        assert!(Profile::parse("strict", &value.to_string()).is_err());
+        let mut value: serde_json::Value = serde_json::from_str(strict).unwrap();
+        value["capabilities"] = serde_json::json!([{"name": "CAP_WIZARDRY", "reason": "x"}]);
+        let err = Profile::parse("strict", &value.to_string()).unwrap_err();
+        assert!(err.to_string().contains("CAP_WIZARDRY"), "{err}");
     }
 }

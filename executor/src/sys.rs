@@ -22,3 +22,76 @@ pub fn cloexec_fds_above_stderr() -> io::Result<()> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// Result of [`fork`] as seen by the caller.
+pub enum Forked {
+    Parent(nix::unistd::Pid),
+    Child,
+}
+
+/// fork(2) for the sandbox helper.
+///
+/// Only the helper calls this, and it is single-threaded (checked by `assert_single_threaded`
+/// at its start), so the child inherits no lock held by another thread and may allocate.
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: the caller is the single-threaded helper (see above); nothing in the child can
+    // deadlock on state another thread held at fork time.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Parent { child }) => Ok(Forked::Parent(child)),
+        Ok(nix::unistd::ForkResult::Child) => Ok(Forked::Child),
+        Err(errno) => Err(errno.into()),
+    }
+}
+
+/// Leave a forked child at once, without running exit handlers or flushing the parent's
+/// buffers a second time.
+pub fn exit_child(code: i32) -> ! {
+    // SAFETY: _exit(2) never returns and touches no memory of ours.
+    unsafe { libc::_exit(code) }
+}
+
+/// Set the loopback interface up in the current network namespace (a new one starts with
+/// `lo` down), so that servers a command starts on 127.0.0.1 are reachable from it.
+pub fn loopback_up() -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the flags of the interface named in `req` into `req`; the
+    // pointer is valid for the call and the socket is open.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: ifru_flags is the union member SIOCGIFFLAGS just filled in.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads `req`, which is valid for the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Fail unless the calling process has exactly one thread: forking or changing credentials
+/// in a multi-threaded process would leave other threads behind with the old state.
+pub fn assert_single_threaded() -> io::Result<()> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let threads = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .map(str::trim);
+    if threads == Some("1") {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "the sandbox helper must be single-threaded, has {threads:?} threads"
+        )))
+    }
+}

@@ -83,7 +83,8 @@ pub struct Hello {
     pub host: HostFacts,
     /// Profiles this connection may ask for.
     pub profiles: Vec<ProfileSummary>,
-    /// Profile used when a request names none.
+    /// Profile used when a request names none: the strongest this host can run. Empty when
+    /// it can run none of the defaults (then every request must name a profile).
     pub default_profile: String,
     pub limits: Limits,
     /// Interpreter commands run under, e.g. `["bash", "-c"]`.
@@ -105,8 +106,13 @@ pub struct HostFacts {
 pub struct ProfileSummary {
     pub name: String,
     pub description: String,
+    /// Whether this host can run the profile (checked at start by running a command under it).
+    pub available: bool,
     /// Isolation layers this profile applies on this host.
     pub layers: Vec<String>,
+    /// Why the profile cannot run here, naming the layer that failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_reason: Option<String>,
 }
 
 /// Bounds the daemon enforces; requests beyond them get a `bad_request` or `busy` error.
@@ -167,8 +173,12 @@ pub struct ResultExtra {
     pub truncated: bool,
     /// Bytes left out of `output` (0 unless truncated).
     pub elided_bytes: u64,
-    /// Processes still running when the shell exited, killed by the daemon.
+    /// Processes killed when the command ended: leftovers of the shell, and the shell itself
+    /// if it was still running.
     pub killed_processes: u32,
+    /// Resource limits the command ran into (`processes`, `memory`).
+    #[serde(default)]
+    pub limits_hit: Vec<String>,
     pub isolation: Isolation,
 }
 

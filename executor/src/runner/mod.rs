@@ -66,6 +66,7 @@ pub struct Outcome {
     pub exception_info: String,
     pub killed: u32,
     pub layers: Vec<String>,
+    pub limits_hit: Vec<String>,
     pub duration: Duration,
 }
 
@@ -167,11 +168,21 @@ impl Runner {
         // Backstops for a helper that died or hung: kill it and everything in its cgroup.
         if report.is_none() {
             let _ = child.start_kill();
-            if let Some(cg) = &plan.cgroup {
-                cgroup::kill(&cg.dir);
-                let dir = cg.dir.clone();
-                tokio::task::spawn_blocking(move || cgroup::remove(&dir));
-            }
+            let dirs: Vec<_> = plan
+                .cgroups
+                .iter()
+                .map(|c| (c.dir.clone(), c.kill))
+                .collect();
+            tokio::task::spawn_blocking(move || {
+                for (dir, kill) in &dirs {
+                    if *kill {
+                        cgroup::kill(dir);
+                    }
+                }
+                for (dir, _) in &dirs {
+                    cgroup::remove(dir);
+                }
+            });
         }
         let _ = child.wait().await;
 
@@ -198,7 +209,8 @@ impl Runner {
             signal: None,
             exception_info: String::new(),
             killed: 0,
-            layers: Vec::new(),
+            layers: plan.layers.clone(),
+            limits_hit: Vec::new(),
             duration: started.elapsed(),
         };
         match report {
@@ -211,7 +223,9 @@ impl Runner {
                 killed,
                 stopped,
                 layers,
+                limits_hit,
             }) => {
+                outcome.limits_hit = limits_hit;
                 outcome.killed = killed;
                 outcome.layers = layers;
                 outcome.signal = signal;

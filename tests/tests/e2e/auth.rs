@@ -90,7 +90,18 @@ async fn a_same_uid_command_cannot_read_the_daemons_memory_or_environment() {
              && echo $f:readable || echo $f:denied; done"
         )
     };
-    let out = client.run("daemon", &probe(pid)).await.output;
+    // The trusted profile, so that nothing but the daemon's own flag is tested.
+    let trusted = |id: &str, command: String| {
+        let mut r = executor_tests::req(id, &command);
+        r.profile = Some("trusted".into());
+        r
+    };
+    let out = client
+        .exec(trusted("daemon", probe(pid)))
+        .await
+        .result
+        .unwrap()
+        .output;
     assert_eq!(out, format!("{NOBODY}\nenviron:denied\nmaps:denied\n"));
     // Control: an ordinary process of the same uid is readable by the same command.
     let mut peer = std::process::Command::new("setpriv")
@@ -103,7 +114,12 @@ async fn a_same_uid_command_cannot_read_the_daemons_memory_or_environment() {
         ])
         .spawn()
         .unwrap();
-    let out = client.run("peer", &probe(peer.id())).await.output;
+    let out = client
+        .exec(trusted("peer", probe(peer.id())))
+        .await
+        .result
+        .unwrap()
+        .output;
     let _ = peer.kill();
     let _ = peer.wait();
     assert_eq!(out, format!("{NOBODY}\nenviron:readable\nmaps:readable\n"));

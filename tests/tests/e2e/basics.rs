@@ -16,8 +16,18 @@ async fn hello_describes_the_daemon() {
         "{}",
         hello.host.kernel
     );
-    assert_eq!(hello.default_profile, "trusted");
-    assert!(hello.profiles.iter().any(|p| p.name == "trusted"));
+    // On a root host with namespaces, the strongest profile is the default; trusted is only
+    // reachable by name.
+    assert_eq!(hello.default_profile, "strict");
+    for name in ["strict", "landlock", "task-container", "trusted"] {
+        let p = hello.profiles.iter().find(|p| p.name == name).unwrap();
+        assert!(p.available, "{name}: {:?}", p.unavailable_reason);
+        assert!(
+            p.layers.contains(&"session".to_string()),
+            "{name}: {:?}",
+            p.layers
+        );
+    }
     assert_eq!(hello.interpreter, vec!["bash", "-c"]);
     assert_eq!(hello.workspace, daemon.workspace.display().to_string());
     assert!(hello.limits.max_command_bytes > 0);
@@ -37,12 +47,20 @@ async fn stdout_and_stderr_are_merged_in_order_with_the_exit_code() {
     assert!(!result.extra.timed_out && !result.extra.cancelled);
     assert_eq!(result.extra.output_bytes, 14);
     assert!(!result.extra.truncated);
-    assert_eq!(result.extra.isolation.profile, "trusted");
-    assert!(result
-        .extra
-        .isolation
-        .layers
-        .contains(&"session".to_string()));
+    assert_eq!(result.extra.isolation.profile, "strict");
+    for layer in [
+        "session",
+        "pid_ns",
+        "net_ns",
+        "pivot_root",
+        "landlock",
+        "seccomp",
+    ] {
+        assert!(
+            result.extra.isolation.layers.contains(&layer.to_string()),
+            "{layer}"
+        );
+    }
     assert!(result.extra.duration_ms > 0.0);
 
     let ok = client.run("c2", "true").await;

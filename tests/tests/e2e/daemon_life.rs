@@ -136,7 +136,7 @@ async fn audit_log_has_one_line_per_command_without_the_token() {
     assert_eq!(a1["returncode"], 3);
     assert_eq!(a1["ended"], "exited");
     assert_eq!(a1["output_bytes"], 8);
-    assert_eq!(a1["profile"], "trusted");
+    assert_eq!(a1["profile"], "strict");
     assert_eq!(a1["cwd"], daemon.workspace.display().to_string());
     assert!(a1["client"].as_str().unwrap().starts_with("127.0.0.1:"));
     assert_eq!(by_id("a2")["ended"], "timed_out");

@@ -1,0 +1,249 @@
+//! Applying a [`SandboxPlan`]. Two entry points, called by the helper in its child processes:
+//!
+//! - [`enter_namespaces`]: in the sandbox's init (pid 1 of a new pid namespace): the remaining
+//!   namespaces, the new root, hostname and loopback. Process-wide, done once per command.
+//! - [`confine_process`]: in the payload right before exec: rlimits, identity, capabilities,
+//!   no_new_privs, landlock, seccomp, in that order (each step needs the privileges the next
+//!   one removes; seccomp goes last so it never blocks our own setup).
+//!
+//! Every step fails closed: an error aborts the command with the step's name.
+
+pub mod landlock;
+pub mod mounts;
+pub mod seccomp;
+
+use std::str::FromStr;
+
+use caps::{CapSet, Capability, CapsHashSet};
+use nix::sched::CloneFlags;
+use nix::sys::resource::{setrlimit, Resource};
+use nix::unistd::{Gid, Uid};
+
+use crate::plan::{RlimitKind, SandboxPlan};
+use crate::profile::Namespace;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot create namespaces {flags}: {source}")]
+    Namespaces {
+        flags: String,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error(transparent)]
+    Mounts(#[from] mounts::MountError),
+    #[error("cannot set the hostname: {0}")]
+    Hostname(#[source] nix::errno::Errno),
+    #[error("cannot bring up loopback: {0}")]
+    Loopback(#[source] std::io::Error),
+    #[error("cannot set {kind:?} limit: {source}")]
+    Rlimit {
+        kind: RlimitKind,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("cannot switch to uid {uid} gid {gid}: {source}")]
+    Identity {
+        uid: u32,
+        gid: u32,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("cannot drop capabilities: {0}")]
+    Capabilities(String),
+    #[error("cannot set no_new_privs: {0}")]
+    NoNewPrivs(#[source] nix::errno::Errno),
+    #[error(transparent)]
+    Landlock(#[from] landlock::LandlockError),
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
+}
+
+impl SandboxError {
+    /// The layer that failed, as named in results and errors.
+    pub fn layer(&self) -> &'static str {
+        match self {
+            Self::Namespaces { .. } => "namespaces",
+            Self::Mounts(_) => "pivot_root",
+            Self::Hostname(_) => "uts_ns",
+            Self::Loopback(_) => "net_ns",
+            Self::Rlimit { .. } => "rlimits",
+            Self::Identity { .. } => "uid",
+            Self::Capabilities(_) => "caps",
+            Self::NoNewPrivs(_) => "no_new_privs",
+            Self::Landlock(_) => "landlock",
+            Self::Seccomp(_) => "seccomp",
+        }
+    }
+}
+
+/// Flags for every namespace of the plan except pid, which the helper creates before forking
+/// init (a new pid namespace applies to children only).
+pub fn namespace_flags(namespaces: &[Namespace]) -> CloneFlags {
+    namespaces.iter().fold(CloneFlags::empty(), |flags, ns| {
+        flags
+            | match ns {
+                Namespace::Mount => CloneFlags::CLONE_NEWNS,
+                Namespace::Pid => CloneFlags::empty(),
+                Namespace::Net => CloneFlags::CLONE_NEWNET,
+                Namespace::Ipc => CloneFlags::CLONE_NEWIPC,
+                Namespace::Uts => CloneFlags::CLONE_NEWUTS,
+                Namespace::Cgroup => CloneFlags::CLONE_NEWCGROUP,
+            }
+    })
+}
+
+/// In the sandbox's init: unshare the other namespaces, build the root, name the host, bring
+/// up loopback. The cgroup namespace is created here, after the helper placed us in the
+/// command's cgroup, so that cgroup becomes the root of what the command can see.
+pub fn enter_namespaces(plan: &SandboxPlan) -> Result<(), SandboxError> {
+    let flags = namespace_flags(&plan.namespaces);
+    nix::sched::unshare(flags).map_err(|source| SandboxError::Namespaces {
+        flags: format!("{flags:?}"),
+        source,
+    })?;
+    if let Some(mounts) = &plan.mounts {
+        mounts::build_root(mounts)?;
+    }
+    if let Some(name) = &plan.hostname {
+        nix::unistd::sethostname(name).map_err(SandboxError::Hostname)?;
+    }
+    if plan.namespaces.contains(&Namespace::Net) {
+        crate::sys::loopback_up().map_err(SandboxError::Loopback)?;
+    }
+    Ok(())
+}
+
+/// In the payload, right before exec: everything that restricts this one process tree.
+pub fn confine_process(plan: &SandboxPlan) -> Result<(), SandboxError> {
+    // 1. Resource limits, while we may still raise them.
+    for limit in &plan.rlimits {
+        let resource = match limit.kind {
+            RlimitKind::Core => Resource::RLIMIT_CORE,
+            RlimitKind::Nofile => Resource::RLIMIT_NOFILE,
+            RlimitKind::Fsize => Resource::RLIMIT_FSIZE,
+            RlimitKind::Cpu => Resource::RLIMIT_CPU,
+            RlimitKind::Nproc => Resource::RLIMIT_NPROC,
+            RlimitKind::As => Resource::RLIMIT_AS,
+        };
+        setrlimit(resource, limit.value, limit.value).map_err(|source| SandboxError::Rlimit {
+            kind: limit.kind,
+            source,
+        })?;
+    }
+
+    // 2. Capabilities out of the bounding, inheritable and ambient sets (this needs
+    //    CAP_SETPCAP, so before the identity switch drops it).
+    let keep = match &plan.capabilities {
+        Some(names) => Some(parse_caps(names)?),
+        None => None,
+    };
+    let bounding_shrunk = can_shrink_bounding();
+    if let Some(keep) = &keep {
+        drop_unkept(keep)?;
+    }
+
+    // 3. Identity. Leaving uid 0 clears the permitted and effective sets (capabilities(7)).
+    if let Some((uid, gid)) = plan.user {
+        let identity_err = |source| SandboxError::Identity { uid, gid, source };
+        let (u, g) = (Uid::from_raw(uid), Gid::from_raw(gid));
+        nix::unistd::setgroups(&[g]).map_err(identity_err)?;
+        nix::unistd::setresgid(g, g, g).map_err(identity_err)?;
+        nix::unistd::setresuid(u, u, u).map_err(identity_err)?;
+    }
+    if let Some(keep) = &keep {
+        // Staying root: cut the sets we run with to the kept ones too, then check.
+        for set in [CapSet::Effective, CapSet::Permitted] {
+            let have =
+                caps::read(None, set).map_err(|e| SandboxError::Capabilities(e.to_string()))?;
+            if !have.is_subset(keep) {
+                let want: CapsHashSet = have.intersection(keep).copied().collect();
+                caps::set(None, set, &want)
+                    .map_err(|e| SandboxError::Capabilities(e.to_string()))?;
+            }
+        }
+        verify_caps(keep, bounding_shrunk)?;
+    }
+
+    // 4. no_new_privs: setuid binaries and file capabilities can no longer raise privileges
+    //    (and seccomp may be installed without CAP_SYS_ADMIN).
+    if plan.no_new_privs {
+        nix::sys::prctl::set_no_new_privs().map_err(SandboxError::NoNewPrivs)?;
+    }
+
+    // 5. Landlock: filesystem, TCP and scope rules.
+    if let Some(rules) = &plan.landlock {
+        landlock::restrict(rules)?;
+    }
+
+    // 6. seccomp, last: from here on even our own setup syscalls would be filtered.
+    if plan.seccomp {
+        seccomp::install()?;
+    }
+    Ok(())
+}
+
+fn parse_caps(names: &[String]) -> Result<CapsHashSet, SandboxError> {
+    names
+        .iter()
+        .map(|n| {
+            Capability::from_str(n)
+                .map_err(|_| SandboxError::Capabilities(format!("unknown capability {n}")))
+        })
+        .collect()
+}
+
+/// Whether we may change the bounding set (it takes CAP_SETPCAP). A daemon running as an
+/// ordinary user has no capability to drop: its bounding set stays full but unreachable, since
+/// no_new_privs stops setuid binaries and file capabilities from ever granting any.
+fn can_shrink_bounding() -> bool {
+    caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false)
+}
+
+fn drop_unkept(keep: &CapsHashSet) -> Result<(), SandboxError> {
+    let err = |e: caps::errors::CapsError| SandboxError::Capabilities(e.to_string());
+    if can_shrink_bounding() {
+        for cap in caps::all() {
+            if !keep.contains(&cap) {
+                caps::drop(None, CapSet::Bounding, cap).map_err(err)?;
+            }
+        }
+    }
+    caps::clear(None, CapSet::Ambient).map_err(err)?;
+    let inheritable: CapsHashSet = caps::read(None, CapSet::Inheritable)
+        .map_err(err)?
+        .intersection(keep)
+        .copied()
+        .collect();
+    caps::set(None, CapSet::Inheritable, &inheritable).map_err(err)
+}
+
+/// Fail closed: read the sets back and refuse to go on if any holds more than the plan keeps
+/// (the bounding set only where we could shrink it, see [`can_shrink_bounding`]).
+fn verify_caps(keep: &CapsHashSet, bounding_shrunk: bool) -> Result<(), SandboxError> {
+    if bounding_shrunk {
+        let have = caps::read(None, CapSet::Bounding)
+            .map_err(|e| SandboxError::Capabilities(e.to_string()))?;
+        if !have.is_subset(keep) {
+            return Err(SandboxError::Capabilities(format!(
+                "the bounding set still holds {:?}",
+                have.difference(keep).collect::<Vec<_>>()
+            )));
+        }
+    }
+    for set in [
+        CapSet::Effective,
+        CapSet::Permitted,
+        CapSet::Inheritable,
+        CapSet::Ambient,
+    ] {
+        let have = caps::read(None, set).map_err(|e| SandboxError::Capabilities(e.to_string()))?;
+        if !have.is_subset(keep) {
+            return Err(SandboxError::Capabilities(format!(
+                "{set:?} still holds {:?}",
+                have.difference(keep).collect::<Vec<_>>()
+            )));
+        }
+    }
+    Ok(())
+}

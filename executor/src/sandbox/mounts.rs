@@ -1,0 +1,415 @@
+//! The command's filesystem view, built in a fresh mount namespace.
+//!
+//! Follows bubblewrap's order: make every mount private, mount a staging tmpfs on /tmp and
+//! pivot into it so the host's tree sits at /oldroot (bind sources are read from there, so a
+//! new mount can never hide a source), build the new root at /newroot, detach /oldroot, and
+//! pivot into /newroot. Paths that do not exist on the host are skipped: a profile may list
+//! toolchain directories that only some hosts have.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use crate::plan::MountPlan;
+use crate::profile::RootMode;
+
+const STAGING: &str = "/tmp";
+const OLD: &str = "/oldroot";
+const NEW: &str = "/newroot";
+/// An empty file in the staging tmpfs, bound over hidden files.
+const EMPTY_FILE: &str = "/empty";
+
+/// Device nodes of the minimal /dev, bound from the host's.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+/// /proc directories made read-only (they hold host-wide knobs), as Docker does.
+const PROC_READ_ONLY: &[&str] = &["sys", "bus", "fs", "irq"];
+/// /proc files covered by /dev/null: kernel memory, keys, timers, and the sysrq trigger.
+const PROC_MASKED: &[&str] = &["sysrq-trigger", "kcore", "keys", "timer_list"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("{op} {path}: {source}")]
+    Sys {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} must be an absolute path")]
+    Relative(PathBuf),
+}
+
+type Result<T> = std::result::Result<T, MountError>;
+
+fn sys(op: &'static str, path: &Path) -> impl FnOnce(nix::errno::Errno) -> MountError {
+    let path = path.to_path_buf();
+    move |source| MountError::Sys { op, path, source }
+}
+
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> MountError {
+    let path = path.to_path_buf();
+    move |source| MountError::Io { op, path, source }
+}
+
+/// What to mount at one path of the new root.
+#[derive(Debug, Clone, PartialEq)]
+enum Entry {
+    ReadOnly,
+    Writable,
+    Hidden,
+    Tmpfs(u64),
+    Dev,
+    Proc,
+}
+
+/// Build the new root described by `plan` and pivot into it. Runs in the sandbox's init, in a
+/// fresh mount namespace, as root.
+pub fn build_root(plan: &MountPlan) -> Result<()> {
+    let root = Path::new("/");
+    // 1. Nothing we mount may propagate back to the host, nor host mounts into us.
+    mount(
+        None::<&str>,
+        root,
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(sys("make private", root))?;
+
+    // 2. Staging: a tmpfs on /tmp, pivoted into, puts the host tree at /oldroot.
+    let staging = Path::new(STAGING);
+    mount(
+        Some("tmpfs"),
+        staging,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755,size=1m"),
+    )
+    .map_err(sys("mount staging tmpfs on", staging))?;
+    for dir in ["newroot", "oldroot"] {
+        mkdir(&staging.join(dir))?;
+    }
+    let put_old = staging.join("oldroot");
+    nix::unistd::pivot_root(staging, &put_old).map_err(sys("pivot_root into", staging))?;
+    nix::unistd::chdir(root).map_err(sys("chdir", root))?;
+    std::fs::File::create(EMPTY_FILE).map_err(io("create", Path::new(EMPTY_FILE)))?;
+
+    // 3. The new root: an empty tmpfs, or the host's tree.
+    let new = Path::new(NEW);
+    match plan.root {
+        RootMode::Empty => mount(
+            Some("tmpfs"),
+            new,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755,size=1m"),
+        )
+        .map_err(sys("mount root tmpfs on", new))?,
+        RootMode::Host => mount(
+            Some(OLD),
+            new,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(sys("bind host root on", new))?,
+    }
+
+    // 4. Everything else, parents before children, so a later mount can sit inside an earlier
+    //    one (the workspace inside a hidden state directory, /dev/shm inside /dev).
+    let mut entries: Vec<(PathBuf, Entry)> = Vec::new();
+    entries.extend(plan.read_only.iter().map(|p| (p.clone(), Entry::ReadOnly)));
+    entries.extend(plan.writable.iter().map(|p| (p.clone(), Entry::Writable)));
+    entries.extend(plan.hidden.iter().map(|p| (p.clone(), Entry::Hidden)));
+    entries.extend(
+        plan.tmpfs
+            .iter()
+            .map(|(p, size)| (p.clone(), Entry::Tmpfs(*size))),
+    );
+    entries.push(("/dev".into(), Entry::Dev));
+    entries.push(("/proc".into(), Entry::Proc));
+    entries.sort_by_key(|(path, _)| path.components().count());
+    let mut builder = Builder {
+        may_create: plan.root == RootMode::Empty,
+        covers: Vec::new(),
+        created_roots: Vec::new(),
+    };
+    for (path, entry) in &entries {
+        if !path.is_absolute() {
+            return Err(MountError::Relative(path.clone()));
+        }
+        builder.apply(path, entry)?;
+    }
+    // Covers were writable so mount points could be made inside them; now seal them.
+    for cover in &builder.covers {
+        remount(
+            cover,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        )?;
+    }
+    if plan.root == RootMode::Empty {
+        // The root tmpfs holds only mount points; the command may not add anything to it.
+        remount(
+            new,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        )?;
+    } else {
+        // The host's /sys holds host-wide knobs; the command only reads it.
+        let sys_dir = inside("/sys");
+        if sys_dir.is_dir() {
+            bind(&sys_dir, &sys_dir)?;
+            remount(
+                &sys_dir,
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            )?;
+        }
+    }
+
+    // 5. Detach the host tree, then make /newroot the root (runc's pivot_root(".", ".") trick:
+    //    the old root ends up stacked on the new one and is lazily unmounted).
+    let old = Path::new(OLD);
+    umount2(old, MntFlags::MNT_DETACH).map_err(sys("detach", old))?;
+    nix::unistd::chdir(new).map_err(sys("chdir", new))?;
+    let here = Path::new(".");
+    nix::unistd::pivot_root(here, here).map_err(sys("pivot_root into", new))?;
+    umount2(here, MntFlags::MNT_DETACH).map_err(sys("detach staging", here))?;
+    nix::unistd::chdir(root).map_err(sys("chdir", root))?;
+    Ok(())
+}
+
+struct Builder {
+    /// Whether mount points may be created: always in an empty root (a tmpfs of ours), never
+    /// in the host's tree except inside covers and tmpfs mounts we made.
+    may_create: bool,
+    covers: Vec<PathBuf>,
+    /// Mounts of ours (covers, tmpfs) inside which mount points may be created.
+    created_roots: Vec<PathBuf>,
+}
+
+impl Builder {
+    fn can_create(&self, target: &Path) -> bool {
+        self.may_create || self.created_roots.iter().any(|r| target.starts_with(r))
+    }
+
+    fn apply(&mut self, path: &Path, entry: &Entry) -> Result<()> {
+        let source = from_host(path);
+        let target = inside(path);
+        match entry {
+            Entry::ReadOnly | Entry::Writable => {
+                let read_only = *entry == Entry::ReadOnly;
+                let Ok(meta) = std::fs::symlink_metadata(&source) else {
+                    return Ok(()); // Not on this host: skip.
+                };
+                if meta.file_type().is_symlink() {
+                    // Recreate the link (merged-/usr systems have /bin -> usr/bin).
+                    if self.can_create(&target) && std::fs::symlink_metadata(&target).is_err() {
+                        let link = std::fs::read_link(&source).map_err(io("readlink", &source))?;
+                        create_parent(&target)?;
+                        std::os::unix::fs::symlink(&link, &target)
+                            .map_err(io("symlink", &target))?;
+                    }
+                    return Ok(());
+                }
+                if !self.mount_point(&target, meta.is_dir())? {
+                    return Ok(());
+                }
+                bind(&source, &target)?;
+                let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+                if read_only {
+                    flags |= MsFlags::MS_RDONLY;
+                }
+                remount(&target, flags)
+            }
+            Entry::Hidden => {
+                let Ok(meta) = std::fs::symlink_metadata(&target) else {
+                    return Ok(()); // Nothing there to hide.
+                };
+                if meta.is_dir() {
+                    tmpfs(&target, "mode=0755,size=64k")?;
+                    self.covers.push(target.clone());
+                    self.created_roots.push(target);
+                } else {
+                    bind(Path::new(EMPTY_FILE), &target)?;
+                    remount(
+                        &target,
+                        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                    )?;
+                }
+                Ok(())
+            }
+            Entry::Tmpfs(size) => {
+                if !self.mount_point(&target, true)? {
+                    return Ok(());
+                }
+                tmpfs(&target, &format!("mode=1777,size={size}"))?;
+                self.created_roots.push(target);
+                Ok(())
+            }
+            Entry::Dev => self.minimal_dev(&target),
+            Entry::Proc => self.fresh_proc(&target),
+        }
+    }
+
+    /// Make sure `target` exists to mount on; false when it does not and may not be made.
+    fn mount_point(&self, target: &Path, dir: bool) -> Result<bool> {
+        if std::fs::symlink_metadata(target).is_ok() {
+            return Ok(true);
+        }
+        if !self.can_create(target) {
+            return Ok(false);
+        }
+        if dir {
+            mkdir(target)?;
+        } else {
+            create_parent(target)?;
+            std::fs::File::create(target).map_err(io("create", target))?;
+        }
+        Ok(true)
+    }
+
+    /// A tmpfs /dev with only harmless device nodes: no disks, no /dev/mem, no terminals.
+    fn minimal_dev(&mut self, target: &Path) -> Result<()> {
+        if !self.mount_point(target, true)? {
+            return Ok(());
+        }
+        // nodev on the tmpfs itself: a node made with mknod here would not work; the bound
+        // nodes below keep the flags of the host's /dev mount.
+        tmpfs(target, "mode=0755,size=64k")?;
+        self.created_roots.push(target.to_path_buf());
+        for name in DEVICES {
+            let node = target.join(name);
+            std::fs::File::create(&node).map_err(io("create", &node))?;
+            bind(&from_host(&Path::new("/dev").join(name)), &node)?;
+        }
+        for (link, to) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            let path = target.join(link);
+            std::os::unix::fs::symlink(to, &path).map_err(io("symlink", &path))?;
+        }
+        mkdir(&target.join("shm"))?;
+        Ok(())
+    }
+
+    /// A new procfs: it shows the pid namespace of the mounting process (ours), so only the
+    /// command's processes. Host-wide knobs under it are made read-only or masked.
+    fn fresh_proc(&self, target: &Path) -> Result<()> {
+        if !self.mount_point(target, true)? {
+            return Ok(());
+        }
+        mount(
+            Some("proc"),
+            target,
+            Some("proc"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        )
+        .map_err(sys("mount proc on", target))?;
+        for dir in PROC_READ_ONLY {
+            let path = target.join(dir);
+            if path.is_dir() {
+                bind(&path, &path)?;
+                remount(
+                    &path,
+                    MsFlags::MS_RDONLY
+                        | MsFlags::MS_NOSUID
+                        | MsFlags::MS_NODEV
+                        | MsFlags::MS_NOEXEC,
+                )?;
+            }
+        }
+        for file in PROC_MASKED {
+            let path = target.join(file);
+            if path.exists() {
+                bind(Path::new(EMPTY_FILE), &path)?;
+                remount(
+                    &path,
+                    MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a host path is while building: under /oldroot.
+fn from_host(path: &Path) -> PathBuf {
+    Path::new(OLD).join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// Where a sandbox path is while building: under /newroot.
+fn inside(path: impl AsRef<Path>) -> PathBuf {
+    let path = path.as_ref();
+    Path::new(NEW).join(path.strip_prefix("/").unwrap_or(path))
+}
+
+fn mkdir(path: &Path) -> Result<()> {
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(path)
+    {
+        Ok(()) => Ok(()),
+        Err(e) => Err(io("mkdir", path)(e)),
+    }
+}
+
+fn create_parent(path: &Path) -> Result<()> {
+    match path.parent() {
+        Some(parent) => mkdir(parent),
+        None => Ok(()),
+    }
+}
+
+/// Non-recursive bind: submounts of the source stay out, so none of them escapes the
+/// read-only remount that follows.
+fn bind(source: &Path, target: &Path) -> Result<()> {
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(sys("bind onto", target))
+}
+
+/// Change the flags of the bind mount at `target` (a bind mount's own flags can only be set
+/// by remounting it).
+fn remount(target: &Path, flags: MsFlags) -> Result<()> {
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | flags,
+        None::<&str>,
+    )
+    .map_err(sys("remount", target))
+}
+
+fn tmpfs(target: &Path, options: &str) -> Result<()> {
+    mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options),
+    )
+    .map_err(sys("mount tmpfs on", target))?;
+    // tmpfs honours mode= only at creation; keep it explicit for sticky /tmp.
+    if options.starts_with("mode=1777") {
+        let _ = std::fs::set_permissions(target, std::fs::Permissions::from_mode(0o1777));
+    }
+    Ok(())
+}
