@@ -270,19 +270,27 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         templates.format_error_template = t.clone();
     }
 
+    // The trajectory records the templates in effect, as mini's does.
+    config.agent.system_template = Some(templates.system_template.clone());
+    config.agent.instance_template = Some(templates.instance_template.clone());
+    config.model.observation_template = Some(templates.observation_template.clone());
+    config.model.format_error_template = Some(templates.format_error_template.clone());
+
     let mode = resolve_mode(&args, &config)?;
+    config.agent.mode = Some(mode);
     let console = match mode {
         Mode::Yolo => None,
         _ => Console::open(),
     };
 
     // The executor.
-    let workspace = match &config.environment.cwd {
-        Some(cwd) => std::path::absolute(cwd).unwrap_or_else(|_| PathBuf::from(cwd)),
-        None => std::env::current_dir().context("cannot read the current directory")?,
+    let workspace = match (&demo_dir, &config.environment.cwd) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(cwd)) => std::path::absolute(cwd).unwrap_or_else(|_| PathBuf::from(cwd)),
+        (None, None) => std::env::current_dir().context("cannot read the current directory")?,
     };
     let local = config.environment.executor_url.is_none();
-    if local {
+    if local && config.environment.cwd.is_none() {
         // A local executor's workspace is the working directory itself.
         config.environment.cwd = Some(workspace.display().to_string());
     }
@@ -331,7 +339,7 @@ async fn run_with(
     let layers = env.profile_layers();
     if local {
         eprintln!(
-            "executor: profile {:?} (strongest this host offers, preferring {}); layers: {}",
+            "executor: profile {:?} (the strongest usable here, preferring {}); layers: {}",
             env.effective_profile(),
             PROFILE_PREFERENCE.join(" > "),
             layers.join(", ")

@@ -24,13 +24,19 @@ pub fn directory() -> anyhow::Result<PathBuf> {
         .map(|d| d.as_millis())
         .unwrap_or(0);
     let dir = std::env::temp_dir().join(format!("agent-demo-{}-{stamp}", std::process::id()));
-    std::fs::create_dir_all(dir.join("repo"))
+    std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create the demo directory {}", dir.display()))?;
+    // Sandboxes may run commands as an unprivileged uid: let whoever they run as create the
+    // toy repository here (so git sees its own repository), and the demo can use the
+    // strongest profile.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
+        .with_context(|| format!("cannot open up {}", dir.display()))?;
     Ok(dir)
 }
 
-/// Create the toy repository through the executor, so its files belong to whoever the
-/// sandbox runs commands as.
+/// Create the toy repository (`<dir>/repo`) through the executor, so its files belong to
+/// whoever the sandbox runs commands as.
 pub async fn setup(env: &mut Environment, dir: &Path) -> anyhow::Result<()> {
     let repo = dir.join("repo").display().to_string();
     let command = format!(

@@ -98,10 +98,6 @@ impl Environment {
                 "the executor offers no profile {name:?} (it has: {})",
                 offered.join(", ")
             ),
-            None if choose_strongest => PROFILE_PREFERENCE
-                .iter()
-                .find(|p| offered.contains(p))
-                .map(|p| p.to_string()),
             None => None,
         };
         if config.timeout <= 0.0 || config.timeout > hello.limits.max_timeout {
@@ -122,7 +118,7 @@ impl Environment {
             .interpreter
             .clone()
             .filter(|argv| !argv.is_empty() && *argv != hello.interpreter);
-        Ok(Self {
+        let mut environment = Self {
             url: url.to_string(),
             token,
             ws: Some(ws),
@@ -132,7 +128,51 @@ impl Environment {
             env,
             wrap,
             next_id: 0,
-        })
+        };
+        if environment.profile.is_none() && choose_strongest {
+            environment.profile = Some(environment.strongest_usable_profile().await?);
+        }
+        Ok(environment)
+    }
+
+    /// The first profile in [`PROFILE_PREFERENCE`] (then any other offered) under which a
+    /// command runs and can write the executor's workspace. The hello lists profiles, but only a
+    /// command shows what this host enforces and whether the sandbox's identity may write the
+    /// workspace (an unprivileged uid cannot write a directory owned by someone else).
+    async fn strongest_usable_profile(&mut self) -> anyhow::Result<String> {
+        let offered: Vec<String> = self.hello.profiles.iter().map(|p| p.name.clone()).collect();
+        let mut candidates: Vec<String> = PROFILE_PREFERENCE
+            .iter()
+            .filter(|p| offered.iter().any(|o| o == *p))
+            .map(|p| p.to_string())
+            .collect();
+        let others: Vec<String> = offered
+            .iter()
+            .filter(|o| !candidates.contains(o))
+            .cloned()
+            .collect();
+        candidates.extend(others);
+        let place = self.hello.workspace.clone();
+        for name in candidates {
+            self.profile = Some(name.clone());
+            let probe = self
+                .run_raw("test -w . && test -x .".into(), None, Some(10.0))
+                .await;
+            match probe {
+                Ok(out) if out.returncode == 0 => return Ok(name),
+                Ok(_) => eprintln!(
+                    "executor: not using profile {name:?}: its commands cannot write {place}"
+                ),
+                Err(EnvError::Unusable { code, message }) => {
+                    eprintln!("executor: not using profile {name:?}: {code}: {message}")
+                }
+                Err(lost @ EnvError::Lost { .. }) => return Err(lost.into()),
+            }
+        }
+        anyhow::bail!(
+            "no profile of the executor can run commands that write {place}; make it writable \
+             for the sandbox or choose one with --profile"
+        )
     }
 
     /// The profile commands run under, as the executor will apply it.

@@ -76,6 +76,10 @@ impl LocalExecutor {
             .prefix("agent-executor-")
             .tempdir()
             .context("cannot create a state directory for the local executor")?;
+        // Only we may read the token the executor writes here.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o700))
+            .context("cannot restrict the local executor's state directory")?;
         let log_path = state.path().join("executor.log");
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;

@@ -3,7 +3,9 @@
 
 use std::process::Stdio;
 
-use executor_tests::{binary, eventually, Daemon, PATIENCE};
+use executor_tests::{
+    binary, eventually, marked_sleep, marker, processes_matching, Daemon, PATIENCE,
+};
 
 use crate::{assert_complete_trajectory, Scratch};
 
@@ -129,13 +131,13 @@ async fn a_wrong_token_is_refused_at_start() {
 async fn executor_killed_mid_run_gives_environment_error_and_a_complete_trajectory() {
     let mut daemon = Daemon::start();
     let s = Scratch::new();
-    let marker = s.path().join("started");
+    let marker = marker();
     let script = s
         .write(
             "s.yaml",
             &format!(
-                "- command: echo first\n- command: touch {} && sleep 60\n- command: echo never\n",
-                marker.display()
+                "- command: echo first\n- command: {}\n- command: echo never\n",
+                marked_sleep(&marker)
             ),
         )
         .display()
@@ -159,7 +161,7 @@ async fn executor_killed_mid_run_gives_environment_error_and_a_complete_trajecto
         .spawn()
         .unwrap();
     assert!(
-        eventually(PATIENCE, || marker.exists()).await,
+        eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await,
         "second command never started"
     );
     daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
@@ -278,4 +280,82 @@ async fn agent_exec_starts_and_stops_a_local_executor_without_a_url() {
     let (code, out, err) = agent_exec(&["--", "echo local"]).await;
     assert_eq!((code, out.as_str()), (0, "local\n"), "{err}");
     assert!(err.contains("started a local executor"), "{err}");
+}
+
+/// Kills the child when the test ends, however it ends.
+struct Reaper(std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_executor_is_reconnected_and_the_cut_command_is_reported_to_the_model() {
+    let mut daemon = Daemon::start();
+    let s = Scratch::new();
+    let marker = marker();
+    let script = s
+        .write(
+            "s.yaml",
+            &format!(
+                "- command: {}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo after\n",
+                marked_sleep(&marker)
+            ),
+        )
+        .display()
+        .to_string();
+    let token = daemon.state.path().join("token");
+    let child = s
+        .agent(&[
+            "--model",
+            "scripted",
+            "--script",
+            &script,
+            "--task",
+            "t",
+            "--executor",
+            &daemon.url,
+            "--token-file",
+            token.to_str().unwrap(),
+            "-c",
+            "environment.reconnect_attempts=10",
+        ])
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await,
+        "command never started"
+    );
+    daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+    // Same address, same state directory (so the same token).
+    let mut again = std::process::Command::new(binary("executor"));
+    again
+        .arg("serve")
+        .args(["--listen", &daemon.addr.to_string(), "--state-dir"])
+        .arg(daemon.state.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut restarted = Reaper(again.spawn().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(restarted.0.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("executor listening on"), "{line:?}");
+    let run = s.finish(child).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_complete_trajectory(&run, "Submitted");
+    assert_eq!(run.traj["info"]["submission"], "after\n");
+    let cut = run.with_role("tool")[0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(cut.contains("\"returncode\": -1"), "{cut}");
+    assert!(cut.contains("connection to the executor was lost"), "{cut}");
+    assert!(run.stderr.contains("reconnected"), "{}", run.stderr);
 }

@@ -1,7 +1,7 @@
 //! Every exit status of the loop, driven by the scripted model against a local executor that
 //! the agent starts itself.
 
-use executor_tests::{eventually, PATIENCE};
+use executor_tests::{eventually, marked_sleep, marker, processes_matching, PATIENCE};
 use serde_json::Value;
 
 use crate::{assert_complete_trajectory, Scratch};
@@ -237,15 +237,15 @@ async fn long_output_is_shown_as_head_elided_count_and_tail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_saves_the_trajectory_and_exits_interrupted() {
     let s = Scratch::new();
-    let script = scripted(&s, "- command: touch started && sleep 30\n");
+    let marker = marker();
+    let script = scripted(&s, &format!("- command: {}\n", marked_sleep(&marker)));
     let child = s
         .agent(&["--model", "scripted", "--script", &script, "--task", "t"])
         .spawn()
         .unwrap();
     let pid = child.id().unwrap() as i32;
-    let started = s.path().join("started");
     assert!(
-        eventually(PATIENCE, || started.exists()).await,
+        eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await,
         "the command never started"
     );
     nix::sys::signal::kill(

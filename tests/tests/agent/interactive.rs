@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::process::Stdio;
 
-use executor_tests::{eventually, processes_matching, PATIENCE};
+use executor_tests::{eventually, marked_sleep, marker, processes_matching, PATIENCE};
 
 use crate::{assert_complete_trajectory, Scratch};
 
@@ -109,15 +109,16 @@ async fn confirm_mode_without_a_terminal_is_refused() {
 async fn the_local_executor_never_inherits_the_api_key() {
     const SECRET: &str = "sk-agent-e2e-secret-4711";
     let s = Scratch::new();
+    let marker = marker();
     let script = s
-        .write("s.yaml", "- command: touch started && sleep 30\n")
+        .write("s.yaml", &format!("- command: {}\n", marked_sleep(&marker)))
         .display()
         .to_string();
     let mut cmd = s.agent(&["--model", "scripted", "--script", &script, "--task", "t"]);
     cmd.env("OPENAI_API_KEY", SECRET).env("SOME_TOKEN", SECRET);
     let child = cmd.spawn().unwrap();
     let agent_pid = child.id().unwrap() as i32;
-    assert!(eventually(PATIENCE, || s.path().join("started").exists()).await);
+    assert!(eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await);
     let daemons: Vec<i32> = processes_matching("agent-executor-")
         .into_iter()
         .filter(|pid| {
