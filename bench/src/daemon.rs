@@ -232,3 +232,22 @@ fn clock_ticks_per_second() -> f64 {
         _ => 100.0,
     }
 }
+
+/// Busy and total CPU time of the whole machine in milliseconds, from the `cpu` line of
+/// /proc/stat (proc(5)): busy is user + nice + system + irq + softirq + steal.
+pub fn machine_cpu_ms() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let &[user, nice, system, idle, iowait, irq, softirq, steal] = v.as_slice() else {
+        return None;
+    };
+    let busy = user + nice + system + irq + softirq + steal;
+    let tick_ms = 1e3 / clock_ticks_per_second();
+    Some((busy * tick_ms, (busy + idle + iowait) * tick_ms))
+}

@@ -31,7 +31,9 @@ use futures_util::StreamExt;
 use protocol::{ErrorCode, Hello};
 
 use crate::client::{request, Client};
-use crate::daemon::{find_executor, raise_nofile, reset_peak_rss, status_kib, CpuTimes, Daemon};
+use crate::daemon::{
+    find_executor, machine_cpu_ms, raise_nofile, reset_peak_rss, status_kib, CpuTimes, Daemon,
+};
 use crate::report::{
     BareReport, ConnectionsReport, CpuPerCommand, DaemonReport, KillReport, Machine, OutputRun,
     ProfileReport, Report, Settings, Throughput,
@@ -172,6 +174,7 @@ async fn bench(
     executor: &std::path::Path,
 ) -> anyhow::Result<Report> {
     let started = Instant::now();
+    let noise_start = (machine_cpu_ms(), CpuTimes::of(std::process::id()));
     eprintln!("bench: starting {} serve", executor.display());
     let daemon = Daemon::start(executor, &[])?;
     let (mut first, hello) = Client::connect(&daemon.url, &daemon.token).await?;
@@ -255,6 +258,24 @@ async fn bench(
     };
 
     eprintln!("bench: done in {:.1} s", started.elapsed().as_secs_f64());
+    let mut machine = machine;
+    // Everything this run did is by now in our own or our reaped children's CPU time (the
+    // daemons were stopped and waited for); whatever else the machine did is noise.
+    if let ((Some((busy0, total0)), Some(ours0)), Some((busy1, total1)), Some(ours1)) = (
+        noise_start,
+        machine_cpu_ms(),
+        CpuTimes::of(std::process::id()),
+    ) {
+        let ours = (ours1.own_ms + ours1.children_ms) - (ours0.own_ms + ours0.children_ms);
+        let foreign = ((busy1 - busy0) - ours).max(0.0);
+        machine.foreign_cpu_percent = Some(100.0 * foreign / (total1 - total0).max(1.0));
+    }
+    if let Some(p) = machine.foreign_cpu_percent.filter(|&p| p > 5.0) {
+        eprintln!(
+            "bench: WARNING: other processes used {p:.0}% of the machine's CPU during this run; \
+             its figures are noisy"
+        );
+    }
     Ok(Report {
         machine,
         settings,
@@ -280,6 +301,7 @@ fn machine(hello: &Hello, executor: &std::path::Path) -> Machine {
         server: hello.server.clone(),
         executor: executor.display().to_string(),
         release_build: !cfg!(debug_assertions),
+        foreign_cpu_percent: None,
         unix_time: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())

@@ -29,6 +29,9 @@ pub struct Machine {
     /// Whether the benchmark itself was built with optimizations.
     pub release_build: bool,
     pub unix_time: u64,
+    /// Share of the machine's CPU time (all cores) that other processes used during the run:
+    /// /proc/stat busy time minus this benchmark's own and its reaped children's.
+    pub foreign_cpu_percent: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -210,10 +213,13 @@ pub fn markdown(r: &Report) -> String {
     let mut out = String::new();
     let m = &r.machine;
     let s = &r.settings;
+    let noise = m.foreign_cpu_percent.map_or_else(String::new, |p| {
+        format!("; other processes used {p:.1}% of the CPU during the run")
+    });
     let _ = writeln!(
         out,
         "## executor benchmark ({} mode)\n\n{} cores, {} ({}), {}{}; {} sequential round trips, \
-         {:.1} s per concurrency level, {} repeats of output/kill/start-up\n",
+         {:.1} s per concurrency level, {} repeats of output/kill/start-up{noise}\n",
         s.mode,
         m.cores,
         m.kernel,
