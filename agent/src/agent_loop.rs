@@ -82,21 +82,22 @@ pub struct Settings {
     pub model_vars: Map<String, Value>,
 }
 
-/// Ctrl-C and SIGTERM both end the run as `Interrupted`, after saving.
-struct Interrupts {
+/// Ctrl-C and SIGTERM both end the run as `Interrupted`, after saving. Installed before
+/// anything is started, so a signal never kills the agent while it owns a local executor.
+pub struct Interrupts {
     int: Signal,
     term: Signal,
 }
 
 impl Interrupts {
-    fn install() -> std::io::Result<Self> {
+    pub fn install() -> std::io::Result<Self> {
         Ok(Self {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
         })
     }
 
-    async fn recv(&mut self) {
+    pub async fn recv(&mut self) {
         tokio::select! {
             _ = self.int.recv() => {}
             _ = self.term.recv() => {}
@@ -130,17 +131,18 @@ impl Agent {
         env: Environment,
         settings: Settings,
         console: Option<Console>,
-    ) -> anyhow::Result<Self> {
+        interrupts: Interrupts,
+    ) -> Self {
         let deadline = (settings.wall_time_limit > 0.0).then(|| {
             tokio::time::Instant::now()
                 + std::time::Duration::from_secs_f64(settings.wall_time_limit)
         });
-        Ok(Self {
+        Self {
             model,
             env,
             settings,
             console,
-            interrupts: Interrupts::install()?,
+            interrupts,
             messages: Vec::new(),
             n_calls: 0,
             cost: 0.0,
@@ -148,7 +150,7 @@ impl Agent {
             deadline,
             format_errors: 0,
             task_vars: Map::new(),
-        })
+        }
     }
 
     pub fn environment(&mut self) -> &mut Environment {

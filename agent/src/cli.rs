@@ -11,7 +11,7 @@ use protocol::{ClientMessage, Ending, ExecRequest, ServerMessage};
 use serde_json::{json, Map, Value};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::agent_loop::{Agent, Settings};
+use crate::agent_loop::{Agent, Interrupts, Settings};
 use crate::config::{self, Config, Mode};
 use crate::console::Console;
 use crate::environment::{self, Environment, PROFILE_PREFERENCE};
@@ -196,7 +196,11 @@ impl Target {
     }
 }
 
+/// Exit code when interrupted before the loop started.
+const INTERRUPTED: u8 = 130;
+
 async fn run(args: RunArgs) -> anyhow::Result<u8> {
+    let mut interrupts = Interrupts::install()?;
     let mut config = config::load(&args.config)?;
     apply_flags(&mut config, &args);
     let ignored = config.ignored_keys();
@@ -294,15 +298,20 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         // A local executor's workspace is the working directory itself.
         config.environment.cwd = Some(workspace.display().to_string());
     }
-    let target = Target::resolve(
-        config.environment.executor_url.clone(),
-        config.environment.token_file.as_deref(),
-        config.environment.executor_bin.as_deref(),
-        &workspace,
-    )
-    .await?;
+    let target = tokio::select! {
+        target = Target::resolve(
+            config.environment.executor_url.clone(),
+            config.environment.token_file.as_deref(),
+            config.environment.executor_bin.as_deref(),
+            &workspace,
+        ) => target?,
+        _ = interrupts.recv() => {
+            eprintln!("agent: interrupted while starting");
+            return Ok(INTERRUPTED);
+        }
+    };
     let result = run_with(
-        config, model, kind, templates, mode, console, &target, &task, &args, demo_dir,
+        interrupts, config, model, kind, templates, mode, console, &target, &task, &args, demo_dir,
     )
     .await;
     if let (Err(_), Some(local)) = (&result, &target.local) {
@@ -317,6 +326,7 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
 
 #[allow(clippy::too_many_arguments)]
 async fn run_with(
+    mut interrupts: Interrupts,
     config: Config,
     model: Model,
     kind: Kind,
@@ -328,35 +338,14 @@ async fn run_with(
     args: &RunArgs,
     demo_dir: Option<PathBuf>,
 ) -> anyhow::Result<u8> {
-    let local = target.local.is_some();
-    let mut env = Environment::open(
-        &target.url,
-        target.token.clone(),
-        config.environment.clone(),
-        local,
-    )
-    .await?;
-    let layers = env.profile_layers();
-    if local {
-        eprintln!(
-            "executor: profile {:?} (the strongest usable here, preferring {}); layers: {}",
-            env.effective_profile(),
-            PROFILE_PREFERENCE.join(" > "),
-            layers.join(", ")
-        );
-    } else {
-        eprintln!(
-            "executor: {} at {}, profile {:?}; layers: {}",
-            env.hello.server,
-            target.url,
-            env.effective_profile(),
-            layers.join(", ")
-        );
-    }
-    if let Some(dir) = &demo_dir {
-        demo::setup(&mut env, dir).await?;
-    }
-    env.prepare().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let setup = start_environment(&config, target, demo_dir.as_deref());
+    let env = tokio::select! {
+        env = setup => env?,
+        _ = interrupts.recv() => {
+            eprintln!("agent: interrupted while starting");
+            return Ok(INTERRUPTED);
+        }
+    };
 
     let output = args
         .output
@@ -388,7 +377,7 @@ async fn run_with(
         model_vars,
     };
     eprintln!("trajectory: {}", output.display());
-    let mut agent = Agent::new(model, env, settings, console)?;
+    let mut agent = Agent::new(model, env, settings, console, interrupts);
     let outcome = agent.run(task).await?;
     agent.environment().close().await;
     let (calls, cost) = agent.stats();
@@ -417,6 +406,44 @@ async fn run_with(
     }
     let _ = writeln!(out, "Trajectory: {}", output.display());
     Ok(outcome.exit_status.exit_code())
+}
+
+/// Connect, settle the profile, and prepare the working directory (and the demo repository).
+async fn start_environment(
+    config: &Config,
+    target: &Target,
+    demo_dir: Option<&Path>,
+) -> anyhow::Result<Environment> {
+    let local = target.local.is_some();
+    let mut env = Environment::open(
+        &target.url,
+        target.token.clone(),
+        config.environment.clone(),
+        local,
+    )
+    .await?;
+    let layers = env.profile_layers();
+    if local {
+        eprintln!(
+            "executor: profile {:?} (the strongest usable here, preferring {}); layers: {}",
+            env.effective_profile(),
+            PROFILE_PREFERENCE.join(" > "),
+            layers.join(", ")
+        );
+    } else {
+        eprintln!(
+            "executor: {} at {}, profile {:?}; layers: {}",
+            env.hello.server,
+            target.url,
+            env.effective_profile(),
+            layers.join(", ")
+        );
+    }
+    if let Some(dir) = demo_dir {
+        demo::setup(&mut env, dir).await?;
+    }
+    env.prepare().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(env)
 }
 
 fn apply_flags(config: &mut Config, args: &RunArgs) {
@@ -559,22 +586,25 @@ fn unix_seconds() -> u64 {
 }
 
 async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
+    let mut interrupts = Interrupts::install()?;
     let here = std::env::current_dir().context("cannot read the current directory")?;
-    let target = match Target::resolve(
+    let resolve = Target::resolve(
         args.executor.executor.clone(),
         args.executor.token_file.as_deref(),
         args.executor.executor_bin.as_deref(),
         &here,
-    )
-    .await
-    {
-        Ok(target) => target,
-        Err(e) => {
-            eprintln!("agent exec: {e:#}");
-            return Ok(EXEC_FAILED);
-        }
+    );
+    let target = tokio::select! {
+        target = resolve => match target {
+            Ok(target) => target,
+            Err(e) => {
+                eprintln!("agent exec: {e:#}");
+                return Ok(EXEC_FAILED);
+            }
+        },
+        _ = interrupts.recv() => return Ok(INTERRUPTED),
     };
-    let result = exec_with(&args, &target).await;
+    let result = exec_with(&args, &target, &mut interrupts).await;
     target.stop().await;
     match result {
         Ok(code) => Ok(code),
@@ -585,7 +615,11 @@ async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     }
 }
 
-async fn exec_with(args: &ExecArgs, target: &Target) -> anyhow::Result<u8> {
+async fn exec_with(
+    args: &ExecArgs,
+    target: &Target,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<u8> {
     let mut env = BTreeMap::new();
     for pair in &args.env {
         let Some((name, value)) = pair.split_once('=') else {
@@ -593,18 +627,25 @@ async fn exec_with(args: &ExecArgs, target: &Target) -> anyhow::Result<u8> {
         };
         env.insert(name.to_string(), value.to_string());
     }
-    let (mut ws, hello) = environment::connect(&target.url, target.token.as_deref())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to the executor at {}: {e}", target.url))?;
-    let offered: Vec<&str> = hello.profiles.iter().map(|p| p.name.as_str()).collect();
+    // A local executor: the strongest profile whose commands can write here, as `run` does.
     let profile = match &args.executor.profile {
         Some(p) => Some(p.clone()),
-        None if target.local.is_some() => PROFILE_PREFERENCE
-            .iter()
-            .find(|p| offered.contains(p))
-            .map(|p| p.to_string()),
+        None if target.local.is_some() => {
+            let mut probe = Environment::open(
+                &target.url,
+                target.token.clone(),
+                config::EnvironmentConfig::default(),
+                true,
+            )
+            .await?;
+            probe.close().await;
+            probe.profile.clone()
+        }
         None => None,
     };
+    let (mut ws, _hello) = environment::connect(&target.url, target.token.as_deref())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to the executor at {}: {e}", target.url))?;
     let request = ExecRequest {
         id: "exec".into(),
         command: args.command.join(" "),
@@ -621,10 +662,23 @@ async fn exec_with(args: &ExecArgs, target: &Target) -> anyhow::Result<u8> {
     let mut stdout = std::io::stdout();
     let deadline = tokio::time::Instant::now()
         + std::time::Duration::from_secs_f64(args.timeout.max(0.0) + 30.0);
+    let mut cancelled = false;
     loop {
-        let frame = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .map_err(|_| anyhow::anyhow!("the executor sent no result in time"))?;
+        let frame = tokio::select! {
+            frame = tokio::time::timeout_at(deadline, ws.next()) => {
+                frame.map_err(|_| anyhow::anyhow!("the executor sent no result in time"))?
+            }
+            _ = interrupts.recv() => {
+                if cancelled {
+                    return Ok(INTERRUPTED);
+                }
+                // Ctrl-C: ask the executor to kill the command; its result follows.
+                cancelled = true;
+                let cancel = ClientMessage::Cancel(protocol::CancelRequest { id: "exec".into() });
+                ws.send(Message::text(serde_json::to_string(&cancel)?)).await.context("cannot send the cancel")?;
+                continue;
+            }
+        };
         let text = match frame {
             Some(Ok(Message::Text(text))) => text,
             Some(Ok(Message::Close(_))) | None => bail!("the executor closed the connection"),

@@ -359,3 +359,64 @@ async fn a_restarted_executor_is_reconnected_and_the_cut_command_is_reported_to_
     assert!(cut.contains("connection to the executor was lost"), "{cut}");
     assert!(run.stderr.contains("reconnected"), "{}", run.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_exec_with_a_local_executor_can_write_the_current_directory() {
+    let s = Scratch::new();
+    let out = tokio::time::timeout(
+        PATIENCE,
+        tokio::process::Command::new(binary("agent"))
+            .args(["exec", "--", "echo written > f.txt && cat f.txt"])
+            .current_dir(s.path())
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\n");
+    assert_eq!(
+        std::fs::read_to_string(s.path().join("f.txt")).unwrap(),
+        "written\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_on_agent_exec_cancels_the_command_and_exits_130() {
+    let daemon = Daemon::start();
+    let token = daemon.state.path().join("token");
+    let marker = marker();
+    let child = tokio::process::Command::new(binary("agent"))
+        .args(["exec", "--executor", &daemon.url, "--token-file"])
+        .arg(&token)
+        .args(["--", &marked_sleep(&marker)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The agent's own command line holds the marker too: wait for the sleep itself.
+    let sleeping = || {
+        processes_matching(&marker).into_iter().any(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"))
+        })
+    };
+    assert!(eventually(PATIENCE, sleeping).await);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    assert!(
+        eventually(PATIENCE, || !sleeping()).await,
+        "the command survived"
+    );
+}
