@@ -345,3 +345,88 @@ async fn a_misspelt_template_variable_is_a_config_error() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("instance template"), "{}", run.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn environment_settings_reach_the_commands_and_preds_json_is_written() {
+    let s = Scratch::new();
+    let script = scripted(
+        &s,
+        "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo \"$FROM_CONFIG $FROM_HOST $OVERRIDDEN\" && echo $0\n",
+    );
+    let preds = s.path().join("preds.json");
+    let mut cmd = s.agent(&[
+        "--model",
+        "scripted",
+        "--script",
+        &script,
+        "--task",
+        "t",
+        "-c",
+        "environment.env.FROM_CONFIG=config",
+        "-c",
+        "environment.env.OVERRIDDEN=env-wins",
+        "-c",
+        "environment.forward_env=[FROM_HOST, OVERRIDDEN, NOT_SET_ANYWHERE]",
+        "-c",
+        "environment.interpreter=[sh, -c]",
+        "--instance-id",
+        "owner__repo-1",
+        "--preds",
+        preds.to_str().unwrap(),
+    ]);
+    cmd.env("FROM_HOST", "host").env("OVERRIDDEN", "host-loses");
+    let run = s.finish(cmd.spawn().unwrap()).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.traj["info"]["submission"], "config host env-wins\nsh\n");
+    let preds: Value = serde_json::from_str(&std::fs::read_to_string(&preds).unwrap()).unwrap();
+    assert_eq!(preds["owner__repo-1"]["instance_id"], "owner__repo-1");
+    assert_eq!(preds["owner__repo-1"]["model_name_or_path"], "scripted");
+    assert_eq!(
+        preds["owner__repo-1"]["model_patch"],
+        "config host env-wins\nsh\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agent_leaves_a_valid_trajectory_of_every_finished_step() {
+    let s = Scratch::new();
+    let marker = marker();
+    let script = scripted(
+        &s,
+        &format!(
+            "- command: echo first step\n- command: {}\n",
+            marked_sleep(&marker)
+        ),
+    );
+    // An executor the test owns: a local one would outlive the SIGKILLed agent.
+    let daemon = executor_tests::Daemon::start();
+    let token = daemon.state.path().join("token");
+    let child = s
+        .agent(&[
+            "--model",
+            "scripted",
+            "--script",
+            &script,
+            "--task",
+            "t",
+            "--executor",
+            &daemon.url,
+            "--token-file",
+            token.to_str().unwrap(),
+        ])
+        .spawn()
+        .unwrap();
+    assert!(eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let run = s.finish(child).await;
+    assert_eq!(run.code, -1, "killed by a signal");
+    assert_eq!(run.traj["trajectory_format"], "mini-swe-agent-1.1");
+    assert_eq!(run.exit_status(), "", "no exit was recorded");
+    let tools = run.with_role("tool");
+    assert_eq!(tools.len(), 1);
+    assert!(tools[0]["content"].as_str().unwrap().contains("first step"));
+}
