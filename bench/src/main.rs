@@ -221,22 +221,41 @@ async fn bench(
                 err.message
             );
         }
+        // A phase that fails is reported with the profile and the run goes on, on a fresh
+        // connection in case the failure broke this one.
+        let mut failures = Vec::new();
         if opts.runs("latency") {
-            latency(&daemon, &mut first, &summary.name, &settings, &mut report).await?;
-            if let (Some(bare), Some(own)) = (&bare, &report.sequential) {
-                report.overhead_p50_ms = Some(own.p50_ms - bare.sequential.p50_ms);
-                report.overhead_ratio_p50 = Some(own.p50_ms / bare.sequential.p50_ms);
+            match latency(&daemon, &mut first, &summary.name, &settings, &mut report).await {
+                Ok(()) => {
+                    if let (Some(bare), Some(own)) = (&bare, &report.sequential) {
+                        report.overhead_p50_ms = Some(own.p50_ms - bare.sequential.p50_ms);
+                        report.overhead_ratio_p50 = Some(own.p50_ms / bare.sequential.p50_ms);
+                    }
+                }
+                Err(err) => failures.push(format!("latency: {err:#}")),
             }
         }
         if opts.runs("output") {
             for &mb in &settings.output_mb {
-                report
-                    .output
-                    .push(output(&daemon, &mut first, &summary.name, mb, &settings).await?);
+                match output(&daemon, &mut first, &summary.name, mb, &settings).await {
+                    Ok(run) => report.output.push(run),
+                    Err(err) => failures.push(format!("output {mb} MB: {err:#}")),
+                }
             }
         }
         if opts.runs("kill") {
-            report.timeout_kill = Some(timeout_kill(&mut first, &summary.name, &settings).await?);
+            match timeout_kill(&mut first, &summary.name, &settings).await {
+                Ok(kill) => report.timeout_kill = Some(kill),
+                Err(err) => failures.push(format!("timeout kill: {err:#}")),
+            }
+        }
+        if !failures.is_empty() {
+            for failure in &failures {
+                eprintln!("bench: [{}] FAILED {failure}", summary.name);
+            }
+            report.failures = failures;
+            first.close().await;
+            first = Client::connect(&daemon.url, &daemon.token).await?.0;
         }
         profiles.push(report);
     }

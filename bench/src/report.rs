@@ -100,6 +100,8 @@ pub struct ProfileReport {
     pub layers: Vec<String>,
     /// Why this profile was not measured (the daemon refused its probe command).
     pub skipped: Option<String>,
+    /// Phases that failed for this profile, with the error.
+    pub failures: Vec<String>,
     /// Round trip of `echo hi`, one connection, one command at a time.
     pub sequential: Option<Summary>,
     pub seq_cmd_per_s: Option<f64>,
@@ -119,6 +121,7 @@ impl ProfileReport {
             name: name.to_string(),
             layers: layers.to_vec(),
             skipped: None,
+            failures: Vec::new(),
             sequential: None,
             seq_cmd_per_s: None,
             cpu: None,
@@ -365,6 +368,12 @@ pub fn markdown(r: &Report) -> String {
                 None => row.push_str(" - | - |"),
             }
             let _ = writeln!(out, "{row}");
+        }
+    }
+
+    for p in &r.profiles {
+        for failure in &p.failures {
+            let _ = writeln!(out, "\n**{} FAILED** {failure}", p.name);
         }
     }
 
