@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use executor_tests::{eventually, marker, processes_matching, sleepers, Daemon};
+use executor_tests::{eventually, marker, processes_matching, sleepers, PATIENCE};
 
 use crate::common::*;
 
@@ -62,7 +62,7 @@ time.sleep(3600)
 #[tokio::test]
 async fn fork_bomb_stops_at_the_process_limit() {
     let _heavy = HEAVY.lock().await;
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, limit) in [(STRICT, 512usize), (TASK, 2048)] {
         // Control: a modest fan-out works under the same profile.
@@ -80,7 +80,7 @@ async fn fork_bomb_stops_at_the_process_limit() {
             out.contains("spawned=50 errno=0"),
             "[{profile}] control: {out}"
         );
-        assert_eq!(sleepers(&m).len(), 50, "[{profile}] control on the host");
+        wait_sleepers(&m, 50).await;
         cancel(&mut client, &id).await;
 
         let m = marker();
@@ -104,6 +104,8 @@ async fn fork_bomb_stops_at_the_process_limit() {
             Some("11"),
             "[{profile}] fork failed with EAGAIN: {out}"
         );
+        // Forks are visible before their exec: wait for all of them to be sleeps.
+        eventually(PATIENCE, || sleepers(&m).len() >= spawned).await;
         let on_host = sleepers(&m).len();
         assert!(
             on_host <= limit && on_host == spawned,
@@ -124,7 +126,7 @@ async fn fork_bomb_stops_at_the_process_limit() {
 #[tokio::test]
 async fn thread_bomb_stops_at_the_process_limit() {
     let _heavy = HEAVY.lock().await;
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, limit) in [(STRICT, 512usize), (TASK, 2048)] {
         let m = marker();
@@ -197,7 +199,7 @@ except MemoryError:
 #[tokio::test]
 async fn memory_bomb_stops_at_the_memory_limit() {
     let _heavy = HEAVY.lock().await;
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let mut table = vec![(STRICT, 2048u64), (LANDLOCK, 2048)];
     // 9 GiB past task-container's 8 GiB limit only where a broken limit cannot hurt the host.

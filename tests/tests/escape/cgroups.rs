@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use executor_tests::{eventually, marked_sleep, marker, processes_matching, sleepers, Daemon};
+use executor_tests::{eventually, marked_sleep, marker, processes_matching};
 
 use crate::common::*;
 
@@ -19,7 +19,7 @@ fn v2_path(pid: i32) -> Option<String> {
 
 #[tokio::test]
 async fn writing_own_pid_into_another_cgroup_is_denied() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, expect) in [
         (STRICT, Denied),
@@ -41,8 +41,7 @@ async fn writing_own_pid_into_another_cgroup_is_denied() {
             s = marked_sleep(&m)
         );
         let (id, out) = start_until(&mut client, profile, "cgroup", &probe, "ready", 30.0).await;
-        let pids = sleepers(&m);
-        assert_eq!(pids.len(), 1, "{l} {out}");
+        let pids = wait_sleepers(&m, 1).await;
         let now = v2_path(pids[0]).unwrap();
         match expect {
             Denied => {

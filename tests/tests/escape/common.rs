@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use executor_tests::{process_state, req, Client, Daemon, PATIENCE};
+use executor_tests::{
+    eventually, process_state, req, sleepers, Client, Daemon, DaemonOptions, PATIENCE,
+};
 use protocol::{CancelRequest, ClientMessage, ExecRequest, ExecResult, ServerMessage};
 
 pub const STRICT: &str = "strict";
@@ -30,7 +32,7 @@ import ctypes, errno, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 def sc(nr, *args):
-    conv = [a if isinstance(a, (ctypes._SimpleCData, ctypes.Array, ctypes.Structure)) or a is None else ctypes.c_long(a) for a in args]
+    conv = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
     ctypes.set_errno(0)
     r = libc.syscall(ctypes.c_long(nr), *conv)
     return r, (ctypes.get_errno() if r == -1 else 0)
@@ -208,4 +210,60 @@ pub fn mem_available_mib() -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
         .unwrap_or(0)
         / 1024
+}
+
+/// A daemon whose workspace lies outside its state directory (in a directory of its own under
+/// /var/tmp, removed with it). task-container covers the state directory; with the default
+/// layout (workspace inside it) that cover also hides the workspace, which
+/// `isolation::task_container_runs_in_the_default_layout` pins separately. Every other case
+/// uses this layout so that it tests its own attack, not that one bug.
+pub struct TestDaemon {
+    pub daemon: Daemon,
+    _workspace_root: tempfile::TempDir,
+}
+
+impl std::ops::Deref for TestDaemon {
+    type Target = Daemon;
+    fn deref(&self) -> &Daemon {
+        &self.daemon
+    }
+}
+
+impl std::ops::DerefMut for TestDaemon {
+    fn deref_mut(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+}
+
+pub fn daemon() -> TestDaemon {
+    daemon_with(DaemonOptions::default())
+}
+
+pub fn daemon_with(mut opts: DaemonOptions) -> TestDaemon {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::Builder::new()
+        .prefix("escape-ws-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let workspace = root.path().join("workspace");
+    opts.extra
+        .extend(["--workspace".to_string(), workspace.display().to_string()]);
+    let mut daemon = Daemon::start_opts(opts);
+    daemon.workspace = workspace;
+    TestDaemon {
+        daemon,
+        _workspace_root: root,
+    }
+}
+
+/// Wait until exactly `n` marked sleeps of `m` run on the host (a fork is visible before its
+/// exec), and return their pids.
+pub async fn wait_sleepers(m: &str, n: usize) -> Vec<i32> {
+    assert!(
+        eventually(PATIENCE, || sleepers(m).len() == n).await,
+        "expected {n} sleeps marked {m} on the host, saw {:?}",
+        sleepers(m)
+    );
+    sleepers(m)
 }

@@ -2,13 +2,13 @@
 //! running process; another client's command looks for both. Control: the shared workspace is
 //! shared, as it must be for an agent.
 
-use executor_tests::{eventually, marked_sleep, marker, process_state, sleepers, Daemon};
+use executor_tests::{eventually, marked_sleep, marker, process_state, sleepers};
 
 use crate::common::*;
 
 #[tokio::test]
 async fn another_clients_tmp_and_processes_are_invisible_under_strict() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut alice = daemon.connect().await;
     let mut bob = daemon.connect().await;
     let m = marker();
@@ -25,8 +25,7 @@ async fn another_clients_tmp_and_processes_are_invisible_under_strict() {
         60.0,
     )
     .await;
-    let alice_sleep = sleepers(&m);
-    assert_eq!(alice_sleep.len(), 1);
+    let alice_sleep = wait_sleepers(&m, 1).await;
     let out = run_in(
         &mut bob,
         STRICT,
@@ -70,7 +69,7 @@ async fn another_clients_tmp_and_processes_are_invisible_under_strict() {
 async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
     // Landlock's threat model: /tmp is shared and processes are visible, but signals stay
     // inside each command.
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut alice = daemon.connect().await;
     let mut bob = daemon.connect().await;
     let m = marker();
@@ -86,8 +85,7 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
         60.0,
     )
     .await;
-    let alice_sleep = sleepers(&m);
-    assert_eq!(alice_sleep.len(), 1);
+    let alice_sleep = wait_sleepers(&m, 1).await;
     let out = run_in(
         &mut bob,
         LANDLOCK,
@@ -123,7 +121,7 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
 
 #[tokio::test]
 async fn strict_tmp_is_gone_with_its_command() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let m = marker();
     let first = run_in(

@@ -106,7 +106,7 @@ async fn a_symlink_planted_at_the_token_does_not_choose_the_token() {
 
 #[tokio::test]
 async fn a_cwd_symlinked_to_the_state_dir_does_not_expose_the_token() {
-    let daemon = Daemon::start_opts(DaemonOptions {
+    let daemon = daemon_with(DaemonOptions {
         state_parent: Some("/var/tmp".into()),
         ..Default::default()
     });
@@ -137,7 +137,7 @@ async fn a_cwd_symlinked_to_the_state_dir_does_not_expose_the_token() {
 
 #[tokio::test]
 async fn a_host_file_hardlinked_into_the_workspace_cannot_be_written_through() {
-    let daemon = Daemon::start_opts(DaemonOptions {
+    let daemon = daemon_with(DaemonOptions {
         state_parent: Some("/var/tmp".into()),
         ..Default::default()
     });

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use executor_tests::{is_root, marker, require, Daemon};
+use executor_tests::{is_root, marker, require};
 
 use crate::common::*;
 
@@ -26,7 +26,7 @@ async fn sysrq_trigger_cannot_be_written() {
     if !require("root (dmesg and a sysrq control)", is_root()) {
         return;
     }
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     // 'h' only prints the help text into the kernel log: harmless, and visible from the host.
     let probe = "echo h > /proc/sysrq-trigger; echo sysrq_rc=$?; echo ok > ws-ok; echo ws_rc=$?";
@@ -60,7 +60,7 @@ async fn kernel_sysctls_cannot_be_written() {
     }
     let path = "/proc/sys/kernel/core_pattern";
     let original = std::fs::read_to_string(path).unwrap();
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, expect) in [
         (STRICT, Denied),
@@ -114,7 +114,7 @@ async fn sysfs_cannot_be_written() {
     } else {
         "never"
     };
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, expect) in [(STRICT, Denied), (LANDLOCK, Denied), (TRUSTED, Allowed)] {
         let l = label(profile, expect);
@@ -144,7 +144,7 @@ async fn the_kernel_log_cannot_be_written() {
     if !require("root (dmesg)", is_root()) {
         return;
     }
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, expect) in [(STRICT, Denied), (LANDLOCK, Denied), (TRUSTED, Allowed)] {
         let l = label(profile, expect);
@@ -168,7 +168,7 @@ async fn the_kernel_log_cannot_be_written() {
 
 #[tokio::test]
 async fn device_nodes_cannot_be_created_but_fifos_can() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, expect) in [
         (STRICT, Denied),
@@ -235,7 +235,7 @@ async fn the_raw_disk_under_the_token_cannot_be_opened() {
         require("a block device mounted at /", false);
         return;
     };
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let probe = format!(
         "head -c 512 {dev} | od -An -tx1 | head -1 | sed 's/^/bytes=/;s/ //g'; echo read_rc=${{PIPESTATUS[0]}}\n\

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use executor_tests::{
-    eventually, marked_sleep, marker, process_state, processes_matching, sleepers, Daemon, PATIENCE,
+    eventually, marked_sleep, marker, process_state, processes_matching, sleepers, PATIENCE,
 };
 use futures_util::future::join_all;
 use nix::sys::signal::Signal;
@@ -55,7 +55,7 @@ async fn none_left(profile: &str, m: &str, after: &str) {
 
 #[tokio::test]
 async fn timeout_kills_setsid_double_forked_nohup_stopped_and_signal_ignoring_tasks() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     join_all(ALL.map(|profile| {
         let daemon = &daemon;
         async move {
@@ -89,7 +89,7 @@ async fn timeout_kills_setsid_double_forked_nohup_stopped_and_signal_ignoring_ta
 
 #[tokio::test]
 async fn cancel_kills_the_whole_escaping_tree() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     join_all(ALL.map(|profile| {
         let daemon = &daemon;
         async move {
@@ -116,7 +116,7 @@ async fn cancel_kills_the_whole_escaping_tree() {
 
 #[tokio::test]
 async fn disconnect_kills_the_whole_escaping_tree() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     join_all(ALL.map(|profile| {
         let daemon = &daemon;
         async move {
@@ -144,7 +144,7 @@ async fn disconnect_kills_the_whole_escaping_tree() {
 
 #[tokio::test]
 async fn shell_exit_kills_what_it_left_running() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for profile in ALL {
         let m = marker();
@@ -172,7 +172,7 @@ async fn shell_exit_kills_what_it_left_running() {
 
 #[tokio::test]
 async fn daemon_sigkill_takes_every_sandboxed_tree_with_it() {
-    let mut daemon = Daemon::start();
+    let mut daemon = daemon();
     let mut client = daemon.connect().await;
     let m = marker();
     for profile in [STRICT, LANDLOCK, TASK] {

@@ -9,7 +9,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
 use std::time::Duration;
 
-use executor_tests::{marker, Daemon};
+use executor_tests::marker;
 
 use crate::common::*;
 
@@ -58,7 +58,7 @@ fn accepted(listener: &TcpListener) -> Option<String> {
 
 #[tokio::test]
 async fn tcp_to_a_host_listener_on_loopback_is_denied_without_network() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -87,7 +87,7 @@ async fn tcp_to_a_host_listener_on_loopback_is_denied_without_network() {
 
 #[tokio::test]
 async fn the_daemons_own_port_is_unreachable_without_network() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let port = daemon.addr.port();
     let probe = python(&format!(
@@ -128,7 +128,7 @@ except OSError as e:
 
 #[tokio::test]
 async fn binding_a_tcp_port_is_denied_without_network() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, expect) in [
         (STRICT, Denied),
@@ -180,7 +180,7 @@ time.sleep(60)
 async fn udp_reaches_the_host_only_without_a_network_namespace() {
     // Landlock does not cover UDP (stated in its threat model); strict's empty network
     // namespace does.
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket
@@ -220,7 +220,7 @@ async fn udp_reaches_the_host_only_without_a_network_namespace() {
 
 #[tokio::test]
 async fn strict_sees_only_its_own_loopback_interface() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let probe = "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ,";
     let host = run_in(&mut client, TRUSTED, "ifaces", probe).await.output;
@@ -277,7 +277,7 @@ except OSError as e:
 
 #[tokio::test]
 async fn abstract_unix_sockets_of_the_host_are_unreachable() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let name = format!("executor-escape-{}", marker());
     let addr = UnixAddr::from_abstract_name(name.as_bytes()).unwrap();
@@ -314,7 +314,7 @@ async fn abstract_unix_sockets_of_the_host_are_unreachable() {
 async fn abstract_unix_sockets_work_within_one_command() {
     // Control for the case above: the scope confines abstract sockets to the command, it does
     // not remove them (programs use them internally).
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let probe = python(
         r#"
@@ -338,7 +338,7 @@ print(conn.recv(100).decode())
 async fn host_unix_sockets_outside_the_sandbox_view_are_unreachable_under_strict() {
     // Landlock does not cover connecting to filesystem sockets (its threat model says so), and
     // task-container shares the host's root; strict does not even see the path.
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let dir = tempfile::Builder::new()
         .prefix("escape-sock-")

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use executor_tests::{is_root, marked_sleep, marker, namespace_of, require, sleepers, Daemon};
+use executor_tests::{is_root, marked_sleep, marker, namespace_of, require, sleepers};
 
 use crate::common::*;
 
@@ -23,7 +23,7 @@ async fn setuid_root_binary_planted_in_the_workspace_is_inert() {
     if !require("root (to plant a setuid-root binary)", is_root()) {
         return;
     }
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let ws = &daemon.workspace;
     let m = marker();
     let touch = ws.join(format!("suid-touch-{m}"));
@@ -72,7 +72,7 @@ async fn file_capabilities_planted_in_the_workspace_are_inert() {
     if !require("root (to set file capabilities)", is_root()) {
         return;
     }
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let ws = &daemon.workspace;
     let m = marker();
     let capcp = ws.join(format!("capcp-{m}"));
@@ -131,9 +131,9 @@ async fn file_capabilities_planted_in_the_workspace_are_inert() {
 
 #[tokio::test]
 async fn nested_user_namespaces_are_denied() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
-    let host_userns = namespace_of(1, "user").unwrap();
+    let host_userns = namespace_of(std::process::id() as i32, "user").unwrap();
     for (profile, expect) in [
         (STRICT, Denied),
         (LANDLOCK, Denied),
@@ -189,7 +189,7 @@ fn mounted_in(m: &str, source: &str) -> bool {
 
 #[tokio::test]
 async fn mounting_inside_the_sandbox_is_denied() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, expect) in [
         (STRICT, Denied),
@@ -235,7 +235,7 @@ async fn mounting_inside_the_sandbox_is_denied() {
 
 #[tokio::test]
 async fn task_container_covers_cannot_be_read_removed_or_written_through() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let s = daemon.state.path().display().to_string();
     let exe = executor_tests::binary("executor");

@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use executor_tests::{marked_sleep, marker, proc_status, Daemon};
+use executor_tests::{marked_sleep, marker, proc_status};
 
 use crate::common::*;
 
@@ -86,7 +86,7 @@ print(f"fsopen={r} fsopen_errno={e}")
 
 #[tokio::test]
 async fn dangerous_syscalls_are_denied_with_eperm() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let body: String = probes().iter().map(|(_, b)| *b).collect();
     let probe = python(&body);
@@ -120,7 +120,7 @@ async fn dangerous_syscalls_are_denied_with_eperm() {
 
 #[tokio::test]
 async fn seccomp_is_in_filter_mode_as_seen_from_the_host() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     for (profile, expect) in [
         (STRICT, Denied),
@@ -139,8 +139,7 @@ async fn seccomp_is_in_filter_mode_as_seen_from_the_host() {
             30.0,
         )
         .await;
-        let pids = pids_with_prefix(&marked_sleep(&m));
-        assert_eq!(pids.len(), 1, "{l} the sleep on the host");
+        let pids = wait_sleepers(&m, 1).await;
         let mode = proc_status(pids[0], "Seccomp:");
         match expect {
             Denied => assert_eq!(mode.as_deref(), Some("2"), "{l} seccomp mode"),
@@ -191,7 +190,7 @@ fn int80_elf() -> Vec<u8> {
 
 #[tokio::test]
 async fn the_32_bit_syscall_abi_kills_the_process() {
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let name = format!("int80-{}", marker());
     let path = daemon.workspace.join(&name);
     std::fs::write(&path, int80_elf()).unwrap();
@@ -225,10 +224,10 @@ async fn the_32_bit_syscall_abi_kills_the_process() {
 async fn the_x32_syscall_abi_kills_the_process() {
     // getpid with the x32 bit set. This kernel may lack x32 (ENOSYS under trusted); the filter
     // must still see the number and kill, or x32 becomes a way around a per-number deny list.
-    let daemon = Daemon::start();
+    let daemon = daemon();
     let mut client = daemon.connect().await;
     let probe = format!(
-        "{}; echo rc=$?",
+        "{}\necho rc=$?",
         python("r, e = sc(0x40000000 | 39)\nprint(f'x32={r} x32_errno={e}')")
     );
     for (profile, expect) in [

@@ -7,7 +7,7 @@
 use std::io::Read;
 use std::os::fd::AsRawFd;
 
-use executor_tests::{is_root, marker, require, Daemon, DaemonOptions};
+use executor_tests::{is_root, marker, require, DaemonOptions};
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 use crate::common::*;
@@ -52,7 +52,7 @@ async fn tiocsti_cannot_inject_into_the_daemons_terminal() {
         .unwrap()
         .display()
         .to_string();
-    let daemon = Daemon::start_opts(DaemonOptions {
+    let daemon = daemon_with(DaemonOptions {
         terminal: Some(pty.slave.try_clone().unwrap()),
         ..Default::default()
     });
