@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::config::Mode;
-use crate::console::{Console, Decision};
+use crate::console::{Console, Decision, Resume};
 use crate::environment::{EnvError, Environment, Output};
 use crate::model::openai::action_json;
 use crate::model::{timestamp, Action, Model, ModelError};
@@ -97,12 +97,19 @@ impl Interrupts {
         })
     }
 
-    pub async fn recv(&mut self) {
+    pub async fn recv(&mut self) -> Caught {
         tokio::select! {
-            _ = self.int.recv() => {}
-            _ = self.term.recv() => {}
+            _ = self.int.recv() => Caught::Interrupt,
+            _ = self.term.recv() => Caught::Terminate,
         }
     }
+}
+
+/// Which signal arrived: Ctrl-C at a terminal opens the interrupt menu, SIGTERM always stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caught {
+    Interrupt,
+    Terminate,
 }
 
 enum Step {
@@ -123,6 +130,8 @@ pub struct Agent {
     deadline: Option<tokio::time::Instant>,
     format_errors: u64,
     task_vars: Map<String, Value>,
+    /// What the person typed at the interrupt menu, for the model after this step's results.
+    note: Option<String>,
 }
 
 impl Agent {
@@ -150,6 +159,7 @@ impl Agent {
             deadline,
             format_errors: 0,
             task_vars: Map::new(),
+            note: None,
         }
     }
 
@@ -255,7 +265,47 @@ impl Agent {
                 return exit;
             }
         }
+        self.push_note();
         Step::Continue
+    }
+
+    /// Ctrl-C at a terminal: ask whether to stop, switch mode, or tell the model something.
+    /// `Some(exit)` to stop; `None` to carry on (any note is kept in `self.note`).
+    async fn interrupt_menu(&mut self, caught: Caught, what: &str) -> Option<Step> {
+        let stop = || {
+            Some(Self::exit(
+                ExitStatus::Interrupted,
+                format!("interrupted {what}"),
+            ))
+        };
+        let console = match (caught, self.console.as_mut()) {
+            (Caught::Interrupt, Some(console)) => console,
+            _ => return stop(),
+        };
+        let mut mode = self.settings.mode;
+        let answer = tokio::select! {
+            a = console.after_interrupt(&mut mode) => a,
+            _ = self.interrupts.recv() => return stop(),
+        };
+        self.settings.mode = mode;
+        match answer {
+            Resume::Stop => stop(),
+            Resume::Continue(note) => {
+                self.note = note;
+                None
+            }
+        }
+    }
+
+    /// Append what the person typed at the interrupt menu as a user message.
+    fn push_note(&mut self) {
+        if let Some(note) = self.note.take() {
+            self.messages.push(json!({
+                "role": "user",
+                "content": note,
+                "extra": {"source": "human", "interrupt_type": "UserInterruption", "timestamp": timestamp()},
+            }));
+        }
     }
 
     fn time_exceeded(&self) -> Step {
@@ -275,7 +325,15 @@ impl Agent {
         let deadline = self.deadline;
         let result = tokio::select! {
             r = self.model.query(&self.messages) => r,
-            _ = self.interrupts.recv() => return Err(Self::exit(ExitStatus::Interrupted, "interrupted while waiting for the model")),
+            caught = self.interrupts.recv() => {
+                return match self.interrupt_menu(caught, "while waiting for the model").await {
+                    Some(exit) => Err(exit),
+                    None => {
+                        self.push_note();
+                        Ok(None)
+                    }
+                };
+            }
             _ = sleep_until(deadline) => return Err(self.time_exceeded()),
         };
         match result {
@@ -409,7 +467,15 @@ impl Agent {
         let deadline = self.deadline;
         let result = tokio::select! {
             r = self.env.execute(&command) => r,
-            _ = self.interrupts.recv() => return Some(Self::exit(ExitStatus::Interrupted, "interrupted while a command ran")),
+            caught = self.interrupts.recv() => {
+                // The command goes on in the executor until told otherwise.
+                self.env.cancel_running().await;
+                if let Some(exit) = self.interrupt_menu(caught, "while a command ran").await {
+                    return Some(exit);
+                }
+                let output = Output::not_run("The user interrupted this command; it was killed.");
+                return self.observe(&action, &command, output, json!({"interrupted": true}));
+            }
             _ = sleep_until(deadline) => return Some(self.time_exceeded()),
         };
         let output = match result {

@@ -282,10 +282,8 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
 
     let mode = resolve_mode(&args, &config)?;
     config.agent.mode = Some(mode);
-    let console = match mode {
-        Mode::Yolo => None,
-        _ => Console::open(),
-    };
+    // On a terminal the console is there in every mode: Ctrl-C opens its interrupt menu.
+    let console = Console::open();
 
     // The executor.
     let workspace = match (&demo_dir, &config.environment.cwd) {

@@ -11,6 +11,14 @@ pub struct Console {
     lines: mpsc::Receiver<String>,
 }
 
+/// What to do after Ctrl-C.
+#[derive(Debug, PartialEq)]
+pub enum Resume {
+    Stop,
+    /// Go on, in the (possibly switched) mode, with an optional note for the model.
+    Continue(Option<String>),
+}
+
 /// What the person decided about one command in `confirm` mode.
 #[derive(Debug, PartialEq)]
 pub enum Decision {
@@ -85,6 +93,29 @@ impl Console {
                 }
                 reason => Decision::Reject(reason.to_string()),
             });
+        }
+    }
+
+    /// After Ctrl-C: stop, switch mode, or add a note for the model. Stops if stdin closed.
+    pub async fn after_interrupt(&mut self, mode: &mut Mode) -> Resume {
+        eprintln!("\n--- interrupted ---");
+        let Some(answer) = self
+            .ask("[Enter] stop and save | /y yolo | /c confirm | /u human | other text: tell the model and go on\n> ")
+            .await
+        else {
+            return Resume::Stop;
+        };
+        let switch = |mode: &mut Mode, to: Mode| {
+            *mode = to;
+            eprintln!("mode: {}", format!("{to:?}").to_lowercase());
+            Resume::Continue(None)
+        };
+        match answer.trim() {
+            "" => Resume::Stop,
+            "/y" => switch(mode, Mode::Yolo),
+            "/c" => switch(mode, Mode::Confirm),
+            "/u" => switch(mode, Mode::Human),
+            text => Resume::Continue(Some(text.to_string())),
         }
     }
 

@@ -70,6 +70,8 @@ pub struct Environment {
     /// Set when the configured interpreter differs from the executor's.
     wrap: Option<Vec<String>>,
     next_id: u64,
+    /// Id of the last request sent, for [`Environment::cancel_running`].
+    last_id: Option<String>,
 }
 
 impl Environment {
@@ -128,6 +130,7 @@ impl Environment {
             env,
             wrap,
             next_id: 0,
+            last_id: None,
         };
         if environment.profile.is_none() && choose_strongest {
             environment.profile = Some(environment.strongest_usable_profile().await?);
@@ -264,6 +267,19 @@ impl Environment {
         }
     }
 
+    /// Ask the executor to kill the command whose result we stopped waiting for (Ctrl-C).
+    /// Best effort: if the connection is gone, the executor has killed it already.
+    pub async fn cancel_running(&mut self) {
+        let (Some(id), Some(ws)) = (self.last_id.take(), self.ws.as_mut()) else {
+            return;
+        };
+        let cancel = ClientMessage::Cancel(protocol::CancelRequest { id });
+        if let Ok(text) = serde_json::to_string(&cancel) {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(2), ws.send(Message::text(text))).await;
+        }
+    }
+
     async fn exec_once(&mut self, request: &ExecRequest) -> Result<Attempt, EnvError> {
         let text = serde_json::to_string(&ClientMessage::Exec(request.clone())).map_err(|e| {
             EnvError::Unusable {
@@ -284,6 +300,7 @@ impl Environment {
         if !sent {
             return Err(self.lost("the connection failed while sending a command"));
         }
+        self.last_id = Some(request.id.clone());
         let wait = Duration::from_secs_f64(
             request
                 .timeout

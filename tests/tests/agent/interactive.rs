@@ -154,3 +154,52 @@ async fn the_local_executor_never_inherits_the_api_key() {
     let run = s.finish(child).await;
     assert_eq!(run.code, 130);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_in_yolo_mode_kills_the_command_and_switches_to_confirm() {
+    let s = Scratch::new();
+    let marker = marker();
+    let script = s
+        .write(
+            "s.yaml",
+            &format!(
+                "- command: {}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo approved\n",
+                marked_sleep(&marker)
+            ),
+        )
+        .display()
+        .to_string();
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let mut cmd = s.agent(&[
+        "--model", "scripted", "--script", &script, "--task", "t", "--mode", "yolo",
+    ]);
+    cmd.stdin(Stdio::from(pty.slave));
+    let child = cmd.spawn().unwrap();
+    let mut keyboard = std::fs::File::from(pty.master);
+    assert!(eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    // Switch to confirm at the interrupt menu, then approve the next command with Enter.
+    keyboard.write_all(b"/c\n\n").unwrap();
+    let run = s.finish(child).await;
+    drop(keyboard);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.traj["info"]["submission"], "approved\n");
+    assert!(run.stderr.contains("--- interrupted ---"));
+    assert!(
+        run.stderr.contains("command proposed by the model"),
+        "confirm mode asked"
+    );
+    let cut = run.with_role("tool")[0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(cut.contains("interrupted this command"), "{cut}");
+    assert!(
+        eventually(PATIENCE, || processes_matching(&marker).is_empty()).await,
+        "the interrupted command was not killed"
+    );
+}
