@@ -576,8 +576,11 @@ async fn output(
 ) -> anyhow::Result<OutputRun> {
     let bytes = (mb * 1e6).round() as u64;
     // Printable ASCII, so streamed UTF-8 bytes equal output bytes and JSON escapes only '\n'.
+    // `yes` ends on SIGPIPE or, where the payload ignores SIGPIPE, on EPIPE with a message on
+    // stderr; that message is not part of the measured output.
     let command = format!(
-        "yes 0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ | head -c {bytes}"
+        "yes 0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ 2>/dev/null \
+         | head -c {bytes}"
     );
     eprintln!(
         "bench: [{profile}] {mb} MB of {} output x{} ...",
