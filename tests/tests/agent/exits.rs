@@ -430,3 +430,42 @@ async fn a_killed_agent_leaves_a_valid_trajectory_of_every_finished_step() {
     assert_eq!(tools.len(), 1);
     assert!(tools[0]["content"].as_str().unwrap().contains("first step"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_errors_exit_2_with_a_reason() {
+    let s = Scratch::new();
+    let script = scripted(&s, "- command: echo hi\n");
+    let no_task = s.run(&["--model", "scripted", "--script", &script]).await;
+    assert_eq!(no_task.code, 2);
+    assert!(no_task.stderr.contains("--task"), "{}", no_task.stderr);
+    let no_model = s.run(&["--task", "t"]).await;
+    assert_eq!(no_model.code, 2);
+    assert!(no_model.stderr.contains("no model"), "{}", no_model.stderr);
+    let bad_profile = s
+        .run(&[
+            "--model",
+            "scripted",
+            "--script",
+            &script,
+            "--task",
+            "t",
+            "--profile",
+            "no-such-profile",
+        ])
+        .await;
+    assert_eq!(bad_profile.code, 2);
+    assert!(
+        bad_profile
+            .stderr
+            .contains("offers no profile \"no-such-profile\""),
+        "{}",
+        bad_profile.stderr
+    );
+    let bad_config = s.run(&["-c", "agent.step_limit=-3", "--task", "t"]).await;
+    assert_eq!(bad_config.code, 2);
+    assert!(
+        bad_config.stderr.contains("invalid configuration"),
+        "{}",
+        bad_config.stderr
+    );
+}
