@@ -210,14 +210,13 @@ async fn memory_bomb_stops_at_the_memory_limit() {
     }
     for (profile, limit) in table {
         // Control: 512 MiB is fine.
-        let ok = run_with_timeout(&mut client, profile, "small", &memory_probe(512), 60.0).await;
+        let ok = run_streamed(&mut client, profile, "small", &memory_probe(512), 60.0).await;
         assert!(
             ok.output.contains("allocated=512") && ok.returncode == 0,
             "[{profile}] control: {ok:?}"
         );
         let target = limit + 1024;
-        let bomb =
-            run_with_timeout(&mut client, profile, "bomb", &memory_probe(target), 90.0).await;
+        let bomb = run_streamed(&mut client, profile, "bomb", &memory_probe(target), 90.0).await;
         let reached: u64 = bomb
             .output
             .lines()
@@ -225,6 +224,10 @@ async fn memory_bomb_stops_at_the_memory_limit() {
             .filter_map(|v| v.parse().ok())
             .max()
             .unwrap_or(0);
+        eprintln!(
+            "[{profile}] memory bomb reached {reached} MiB of {target}: {:?} rc {}",
+            bomb.extra.ended, bomb.returncode
+        );
         assert!(
             reached < limit,
             "[{profile}] touched {reached} MiB with a limit of {limit} MiB: {:?}",

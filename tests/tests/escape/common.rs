@@ -267,3 +267,35 @@ pub async fn wait_sleepers(m: &str, n: usize) -> Vec<i32> {
     );
     sleepers(m)
 }
+
+/// Like [`run_with_timeout`] but with streaming on, so a long command that keeps printing never
+/// trips the harness's per-message patience; the whole wait is bounded by `timeout` + 15 s.
+pub async fn run_streamed(
+    client: &mut Client,
+    profile: &str,
+    id: &str,
+    command: &str,
+    timeout: f64,
+) -> ExecResult {
+    let id = format!("{profile}-{id}");
+    let mut r = preq(profile, &id, command, timeout);
+    r.stream = true;
+    client.send(&ClientMessage::Exec(r)).await;
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_secs_f64(timeout) + Duration::from_secs(15);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match client.recv_within(left).await {
+            Ok(Some(ServerMessage::Result(result))) if result.id == id => return result,
+            Ok(Some(ServerMessage::Error(err))) if err.id.as_deref() == Some(id.as_str()) => {
+                panic!(
+                    "[{profile}] {id}: the daemon refused the command: {} {}",
+                    err.code, err.message
+                )
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("[{profile}] {id}: connection closed"),
+            Err(()) => panic!("[{profile}] {id}: no result within {timeout} s + 15 s"),
+        }
+    }
+}

@@ -38,7 +38,7 @@ async fn private_tmp_and_dev_shm_fill_up_at_their_size_without_touching_the_host
             !std::path::Path::new(&path).exists(),
             "[strict] {path} appeared on the host: {dir} is not private"
         );
-        let big = run_with_timeout(
+        let big = run_streamed(
             &mut client,
             STRICT,
             "big",
@@ -81,7 +81,7 @@ async fn file_size_limit_stops_a_big_workspace_write() {
             "[{profile}] control: {}",
             ok.output
         );
-        let big = run_with_timeout(&mut client, profile, "big", &fill(&name, 1100), 90.0).await;
+        let big = run_streamed(&mut client, profile, "big", &fill(&name, 1100), 90.0).await;
         let on_host = std::fs::metadata(&host_path).map_or(0, |m| m.len());
         assert!(
             on_host <= 1024 * MIB,
