@@ -39,7 +39,7 @@ impl AnthropicModel {
             ),
             key: api_key(config, "ANTHROPIC_API_KEY")?,
             prices: Prices::from_config(config, model_name)?,
-            kwargs: request_kwargs(config),
+            kwargs: anthropic_kwargs(request_kwargs(config), model_name),
             model,
         })
     }
@@ -138,6 +138,36 @@ impl AnthropicModel {
             cost,
         })
     }
+}
+
+/// Request fields of the Messages API that `model_kwargs` may set.
+const MESSAGES_API_FIELDS: &[&str] = &[
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "metadata",
+    "thinking",
+    "tool_choice",
+    "service_tier",
+];
+
+/// Keep the kwargs the Messages API accepts. mini's configs are written for litellm, which
+/// drops the rest (`drop_params`), e.g. OpenAI's `parallel_tool_calls` in its SWE-bench config;
+/// sending them would get a 400. What is dropped is said once.
+fn anthropic_kwargs(kwargs: Map<String, Value>, model_name: &str) -> Map<String, Value> {
+    let (kept, dropped): (Vec<_>, Vec<_>) = kwargs
+        .into_iter()
+        .partition(|(k, _)| MESSAGES_API_FIELDS.contains(&k.as_str()));
+    if !dropped.is_empty() {
+        let names: Vec<&str> = dropped.iter().map(|(k, _)| k.as_str()).collect();
+        eprintln!(
+            "model: not sending model_kwargs the Anthropic Messages API does not take for {model_name}: {}",
+            names.join(", ")
+        );
+    }
+    kept.into_iter().collect()
 }
 
 /// OpenAI-format history to Anthropic's `system` and alternating `messages`.

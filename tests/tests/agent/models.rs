@@ -93,7 +93,13 @@ async fn anthropic_tool_use_round_trips_and_overload_is_retried() {
     )
     .await;
     let s = Scratch::new();
-    let run = s.run(&model_args(&mock, "anthropic/mock-claude")).await;
+    let mut args = model_args(&mock, "anthropic/mock-claude");
+    // As in mini's SWE-bench config: litellm keys and an OpenAI-only one.
+    args.extend([
+        "-c",
+        "model.model_kwargs={drop_params: true, parallel_tool_calls: true, temperature: 0.0}",
+    ]);
+    let run = s.run(&args).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(mock.violations().is_empty(), "{:?}", mock.violations());
     assert_complete_trajectory(&run, "Submitted");
@@ -106,6 +112,10 @@ async fn anthropic_tool_use_round_trips_and_overload_is_retried() {
         .unwrap()
         .contains("helpful assistant"));
     assert_eq!(requests[1]["tools"][0]["name"], "bash");
+    assert_eq!(requests[1]["temperature"], 0.0);
+    assert!(requests[1].get("parallel_tool_calls").is_none());
+    assert!(requests[1].get("drop_params").is_none());
+    assert_eq!(requests[1]["max_tokens"], 4096);
     // Trajectory keeps mini's OpenAI-style messages whatever the provider.
     assert_eq!(run.with_role("tool").len(), 2);
     let cost = run.traj["info"]["model_stats"]["instance_cost"]
