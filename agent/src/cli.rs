@@ -398,6 +398,12 @@ async fn run_with(
     } else if !outcome.message.is_empty() {
         let _ = writeln!(out, "Reason: {}", outcome.message);
     }
+    let scripted = if kind == Kind::Scripted {
+        " (SCRIPTED: canned responses replayed, no language model)"
+    } else {
+        ""
+    };
+    let _ = writeln!(out, "Model: {model_name}{scripted}");
     let _ = writeln!(out, "Model calls: {calls}, cost: ${cost:.4}");
     if let Some(dir) = &demo_dir {
         let _ = writeln!(out, "Demo repository: {}", dir.join("repo").display());

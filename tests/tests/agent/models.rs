@@ -267,3 +267,45 @@ fn the_mock_rejects_unanswered_and_stray_tool_results() {
         {"role": "user", "content": [{"type": "text", "text": "no result"}]}]});
     assert!(!check_anthropic(&missing).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_model_server_is_retried_then_ends_with_model_error() {
+    // A port nothing listens on: bind, note the port, close.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let s = Scratch::new();
+    let run = s
+        .run(&[
+            "--model",
+            "mock-model",
+            "--base-url",
+            &base,
+            "--task",
+            "t",
+            "-c",
+            "model.retry_initial_delay=0",
+            "-c",
+            "model.retry_attempts=3",
+        ])
+        .await;
+    assert_eq!(run.code, 7);
+    assert_complete_trajectory(&run, "ModelError");
+    assert_eq!(
+        run.stderr.matches("retrying in").count(),
+        2,
+        "{}",
+        run.stderr
+    );
+    let reason = run.messages().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.contains("cannot reach") && reason.contains("3 attempts"),
+        "{reason}"
+    );
+}
