@@ -292,8 +292,9 @@ async fn run(args: RunArgs) -> anyhow::Result<u8> {
         (None, None) => std::env::current_dir().context("cannot read the current directory")?,
     };
     let local = config.environment.executor_url.is_none();
-    if local && config.environment.cwd.is_none() {
-        // A local executor's workspace is the working directory itself.
+    if local && demo_dir.is_none() {
+        // A local executor's workspace is the working directory itself (made absolute here,
+        // since the executor does not share our current directory).
         config.environment.cwd = Some(workspace.display().to_string());
     }
     let target = tokio::select! {

@@ -116,6 +116,17 @@ impl Environment {
             }
         }
         env.extend(config.env.clone());
+        // Requests over the executor's bounds would be refused on every command: refuse now.
+        let env_bytes: usize = env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+        if env.len() > hello.limits.max_env_entries || env_bytes > hello.limits.max_env_bytes {
+            anyhow::bail!(
+                "environment.env and forward_env give {} variables ({env_bytes} bytes); the executor \
+                 accepts at most {} ({} bytes)",
+                env.len(),
+                hello.limits.max_env_entries,
+                hello.limits.max_env_bytes
+            );
+        }
         let wrap = config
             .interpreter
             .clone()
