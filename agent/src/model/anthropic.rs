@@ -182,6 +182,21 @@ pub fn to_anthropic(messages: &[Value]) -> (String, Vec<Value>) {
         let content = message["content"].as_str().unwrap_or_default();
         match message["role"].as_str() {
             Some("system") => system.push(content.to_string()),
+            // Our own replies go back exactly as the API sent them: thinking blocks (and their
+            // signatures) must precede tool use when extended thinking is on.
+            Some("assistant") if message["extra"]["response"]["type"] == "message" => {
+                for block in message["extra"]["response"]["content"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    let empty_text =
+                        block["type"] == "text" && block["text"].as_str().is_none_or(str::is_empty);
+                    if !empty_text {
+                        push("assistant", block.clone());
+                    }
+                }
+            }
             Some("assistant") => {
                 if !content.is_empty() {
                     push("assistant", json!({"type": "text", "text": content}));
@@ -213,6 +228,25 @@ pub fn to_anthropic(messages: &[Value]) -> (String, Vec<Value>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn our_own_replies_are_sent_back_verbatim_with_thinking() {
+        let raw = json!({"type": "message", "content": [
+            {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+            {"type": "text", "text": ""},
+            {"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "ls"}}
+        ]});
+        let history = vec![
+            json!({"role": "user", "content": "task"}),
+            json!({"role": "assistant", "content": "", "tool_calls": [], "extra": {"response": raw}}),
+            json!({"role": "tool", "tool_call_id": "t1", "content": "a"}),
+        ];
+        let (_, turns) = to_anthropic(&history);
+        let blocks = turns[1]["content"].as_array().unwrap();
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(blocks[0]["signature"], "sig");
+        assert_eq!(blocks[1]["id"], "t1");
+    }
 
     #[test]
     fn tool_results_join_the_next_user_turn() {

@@ -229,17 +229,25 @@ impl Model {
     }
 }
 
-/// Messages as the provider sees them: without mini's `extra` bookkeeping.
+/// Fields of a chat message an OpenAI-compatible server takes back. Replies carry more
+/// (`reasoning_content`, `refusal`, `annotations`, ...), kept in the trajectory but not sent:
+/// some servers reject them in requests.
+const CHAT_MESSAGE_FIELDS: &[&str] = &["role", "content", "tool_calls", "tool_call_id", "name"];
+
+/// Messages as the provider sees them: chat fields only, without mini's `extra` bookkeeping.
 pub fn strip_extra(messages: &[Value]) -> Vec<Value> {
     messages
         .iter()
         .filter(|m| m["role"] != "exit")
-        .map(|m| {
-            let mut m = m.clone();
-            if let Some(obj) = m.as_object_mut() {
-                obj.remove("extra");
-            }
-            m
+        .map(|m| match m {
+            Value::Object(fields) => Value::Object(
+                fields
+                    .iter()
+                    .filter(|(k, v)| CHAT_MESSAGE_FIELDS.contains(&k.as_str()) && !v.is_null())
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
+            other => other.clone(),
         })
         .collect()
 }
@@ -347,6 +355,19 @@ mod tests {
             Kind::Text
         );
         assert!(Kind::resolve(Some("nope"), "x").is_err());
+    }
+
+    #[test]
+    fn requests_carry_chat_fields_only() {
+        let sent = strip_extra(&[
+            json!({"role": "assistant", "content": "x", "reasoning_content": "r", "refusal": null,
+                   "tool_calls": [], "extra": {"cost": 1}}),
+            json!({"role": "exit", "content": "done"}),
+        ]);
+        assert_eq!(
+            sent,
+            vec![json!({"role": "assistant", "content": "x", "tool_calls": []})]
+        );
     }
 
     #[test]
