@@ -49,6 +49,15 @@ async fn demo_fixes_the_toy_repository_and_submits_a_git_diff() {
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "local executor still listening"
     );
+    // The demo keeps its directory for people to look at; tests clean up.
+    let repo = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Demo repository: "))
+        .expect("the demo says where its repository is");
+    let dir = std::path::Path::new(repo).parent().unwrap();
+    assert!(dir.join("repo/.git").is_dir());
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
