@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use futures_util::StreamExt;
-use protocol::{ErrorCode, Hello};
+use protocol::Hello;
 
 use crate::client::{request, Client};
 use crate::daemon::{
@@ -66,10 +66,10 @@ struct Opts {
     /// Benchmark only these profiles (repeatable; default: every profile in the hello).
     #[arg(long = "profile", value_name = "NAME")]
     profiles: Vec<String>,
-    /// Sequential round trips per profile and for the bare spawn [default: 2000; quick: 100].
+    /// Sequential round trips per profile and for the bare spawn [default: 2000; quick: 50].
     #[arg(long, value_name = "N")]
     iterations: Option<usize>,
-    /// Seconds per concurrency level [default: 4; quick: 0.5].
+    /// Seconds per concurrency level [default: 4; quick: 0.25].
     #[arg(long, value_name = "SECS")]
     duration: Option<f64>,
     /// Concurrent connections (and bare-spawn threads) to measure throughput with.
@@ -102,8 +102,11 @@ impl Opts {
         let q = self.quick;
         Settings {
             mode: if q { "quick" } else { "default" }.to_string(),
-            iterations: self.iterations.unwrap_or(if q { 100 } else { 2000 }).max(1),
-            duration_s: self.duration.unwrap_or(if q { 0.5 } else { 4.0 }).max(0.01),
+            iterations: self.iterations.unwrap_or(if q { 50 } else { 2000 }).max(1),
+            duration_s: self
+                .duration
+                .unwrap_or(if q { 0.25 } else { 4.0 })
+                .max(0.01),
             concurrency: self
                 .concurrency
                 .iter()
@@ -159,11 +162,15 @@ fn run(opts: Opts) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     let report = rt.block_on(bench(&opts, settings, &executor))?;
     println!("{}", report::markdown(&report));
+    let failed = report.profiles.iter().any(|p| !p.failures.is_empty());
     if let Some(path) = &opts.json {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("bench: wrote {}", path.display());
+    }
+    if failed {
+        bail!("some phases failed (see FAILED above); their figures are missing");
     }
     Ok(())
 }
@@ -197,29 +204,31 @@ async fn bench(
             continue;
         }
         let mut report = ProfileReport::new(&summary.name, &summary.layers);
-        // Probe: a profile the host cannot run answers with an error; report it and go on.
+        // A profile the daemon found it cannot run here is reported as such, not measured.
+        if !summary.available {
+            let why = summary
+                .unavailable_reason
+                .clone()
+                .unwrap_or_else(|| "no reason given".to_string());
+            eprintln!("bench: [{}] unavailable on this host: {why}", summary.name);
+            report.skipped = Some(why);
+            profiles.push(report);
+            continue;
+        }
+        // Probe: one command at the daemon's defaults. A profile advertised as available that
+        // refuses it is a failure of the daemon, reported with the profile.
         let probe = first
             .exec(request("probe".into(), "true", &summary.name))
             .await?;
         if let Err(err) = probe.result {
-            if matches!(
-                err.code,
-                ErrorCode::EnvironmentError | ErrorCode::ProfileDenied
-            ) {
-                eprintln!(
-                    "bench: [{}] cannot run here: {}: {}",
-                    summary.name, err.code, err.message
-                );
-                report.skipped = Some(format!("{}: {}", err.code, err.message));
-                profiles.push(report);
-                continue;
-            }
-            bail!(
-                "probe of profile {}: {}: {}",
-                summary.name,
-                err.code,
-                err.message
+            let failure = format!(
+                "advertised as available, but its first command failed: {}: {}",
+                err.code, err.message
             );
+            eprintln!("bench: [{}] FAILED {failure}", summary.name);
+            report.failures.push(failure);
+            profiles.push(report);
+            continue;
         }
         // A phase that fails is reported with the profile and the run goes on, on a fresh
         // connection in case the failure broke this one.

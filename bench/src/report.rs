@@ -98,7 +98,7 @@ pub struct ProfileReport {
     pub name: String,
     /// Layers the hello says this profile applies on this host.
     pub layers: Vec<String>,
-    /// Why this profile was not measured (the daemon refused its probe command).
+    /// Why this profile was not measured: the daemon's hello says this host cannot run it.
     pub skipped: Option<String>,
     /// Phases that failed for this profile, with the error.
     pub failures: Vec<String>,
@@ -262,10 +262,15 @@ pub fn markdown(r: &Report) -> String {
     for p in &r.profiles {
         let name = format!("{} ({})", p.name, p.layers.join(", "));
         if let Some(why) = &p.skipped {
-            let _ = writeln!(out, "| {name} | not runnable here: {why} |");
+            let _ = writeln!(out, "| {name} | unavailable on this host: {why} |");
             continue;
         }
-        let Some(q) = &p.sequential else { continue };
+        let Some(q) = &p.sequential else {
+            if !p.failures.is_empty() {
+                let _ = writeln!(out, "| {name} | FAILED (below) |");
+            }
+            continue;
+        };
         let mut row = format!(
             "| {name} | {:.2} | {:.2} | {:.2} | {} |",
             q.p50_ms,
