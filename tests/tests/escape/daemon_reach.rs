@@ -52,6 +52,8 @@ print(f"memread={{total}}")
          head -c 200 {s}/audit.jsonl; echo auditrc=$?\n\
          echo listing=$(ls -A {s} 2>/dev/null | tr '\\n' ,)\n\
          tr '\\0' '\\n' < /proc/{d}/environ | grep {SECRET_VAR}; echo envrc=$?\n\
+         for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done 2>/dev/null | grep {SECRET_VAR}\n\
+         for p in /proc/[0-9]*; do cat $p/root{s}/token; done 2>/dev/null\n\
          {scan}"
     )
 }
@@ -335,6 +337,112 @@ print(f"{name}_vmread_errno={{e}}")
         assert!(alive(c), "{l}");
         let _ = canary.kill();
         let _ = canary.wait();
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn pidfd_and_sigio_cannot_signal_a_host_process() {
+    // Two signal paths besides kill(2): pidfd_send_signal, and SIGIO/F_SETSIG delivered to the
+    // owner of a file set with F_SETOWN (landlock scopes both, see landlock(7) "Scope flags").
+    // One canary per path, so the trusted control proves each path on its own.
+    let daemon = daemon();
+    let mut client = daemon.connect().await;
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let (m1, m2) = (marker(), marker());
+        let (mut c1, mut c2) = (canary(&m1), canary(&m2));
+        let (p1, p2) = (c1.id() as i32, c2.id() as i32);
+        assert!(eventually(Duration::from_secs(5), || alive(p1) && alive(p2)).await);
+        let probe = python(&format!(
+            r#"
+import fcntl
+fd, e = sc(434, {p1}, 0)   # pidfd_open
+r, e2 = sc(424, fd, 9, None, 0) if fd >= 0 else (-1, e)   # pidfd_send_signal(SIGKILL)
+print(f"pidfd_open={{fd}} pidfd_kill={{r}} pidfd_errno={{e2}}")
+try:
+    rd, wr = os.pipe()
+    fcntl.fcntl(rd, fcntl.F_SETOWN, {p2})
+    fcntl.fcntl(rd, 10, 9)   # F_SETSIG: SIGKILL instead of SIGIO
+    fcntl.fcntl(rd, fcntl.F_SETFL, fcntl.fcntl(rd, fcntl.F_GETFL) | os.O_ASYNC)
+    os.write(wr, b"x")
+    print("sigio_armed=1")
+except OSError as e:
+    print(f"sigio_errno={{e.errno}}")
+"#
+        ));
+        let out = run_in(&mut client, profile, "pidfd", &probe).await.output;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        match expect {
+            Denied => {
+                assert!(
+                    alive(p1),
+                    "{l} pidfd_send_signal killed a host process: {out}"
+                );
+                assert!(alive(p2), "{l} SIGIO killed a host process: {out}");
+            }
+            Allowed => {
+                assert!(
+                    eventually(Duration::from_secs(3), || !alive(p1) && !alive(p2)).await,
+                    "{l} control: both canaries die: {out}"
+                );
+            }
+        }
+        for c in [&mut c1, &mut c2] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn a_host_process_environment_is_unreadable() {
+    // Not only the daemon: any same-uid host process (an agent holding API keys, a shell).
+    // Landlock's ptrace restriction closes /proc/<pid>/environ of processes outside the
+    // sandbox even to the same uid; namespaced profiles do not see them at all.
+    let daemon = daemon();
+    let mut client = daemon.connect().await;
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let m = marker();
+        let secret = format!("hostsecret{m}");
+        let mut c = Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec {}", marked_sleep(&m)))
+            .env("ESCAPE_HOST_SECRET", &secret)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let p = c.id() as i32;
+        assert!(eventually(Duration::from_secs(5), || alive(p)).await);
+        let out = run_in(
+            &mut client,
+            profile,
+            "hostenv",
+            &format!("tr '\\0' '\\n' < /proc/{p}/environ | grep ESCAPE_HOST_SECRET; echo rc=$?"),
+        )
+        .await
+        .output;
+        match expect {
+            Denied => assert!(
+                !out.contains(&secret),
+                "{l} read a host process's environment: {out}"
+            ),
+            Allowed => assert!(out.contains(&secret), "{l} control: {out}"),
+        }
+        let _ = c.kill();
+        let _ = c.wait();
     }
     assert_daemon_intact(&daemon).await;
 }

@@ -129,6 +129,27 @@ async fn file_capabilities_planted_in_the_workspace_are_inert() {
     assert_daemon_intact(&daemon).await;
 }
 
+/// clone(2), clone3(2) and unshare(2) asking for a new user namespace; each child exits at
+/// once through the raw exit syscall.
+const CLONE_PROBE: &str = r#"
+r, e = sc(56, 0x10000000 | 17, 0, 0, 0, 0)   # clone(CLONE_NEWUSER | SIGCHLD)
+if r == 0:
+    libc.syscall(ctypes.c_long(60), ctypes.c_long(0))
+print(f"sys_clone={r} clone_errno={e}")
+if r > 0:
+    os.waitpid(r, 0)
+args = (ctypes.c_uint64 * 11)(0x10000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0)   # flags, ..., exit_signal
+r, e = sc(435, args, 88)   # clone3
+if r == 0:
+    libc.syscall(ctypes.c_long(60), ctypes.c_long(0))
+print(f"sys_clone3={r} clone3_errno={e}")
+if r > 0:
+    os.waitpid(r, 0)
+# Last: after a successful unshare this process is an unmapped user and could clone no more.
+r, e = sc(272, 0x10000000)   # unshare(CLONE_NEWUSER)
+print(f"sys_unshare={r} errno={e}")
+"#;
+
 #[tokio::test]
 async fn nested_user_namespaces_are_denied() {
     let daemon = daemon();
@@ -148,9 +169,7 @@ async fn nested_user_namespaces_are_denied() {
              {py}\n\
              echo ready; wait",
             s = marked_sleep(&m),
-            py = python(
-                "r, e = sc(272, 0x10000000)   # unshare(CLONE_NEWUSER)\nprint(f'sys_unshare={r} errno={e}')"
-            )
+            py = python(CLONE_PROBE)
         );
         let (id, out) = start_until(&mut client, profile, "userns", &probe, "ready", 30.0).await;
         let nested: Vec<i32> = sleepers(&m)
@@ -161,6 +180,8 @@ async fn nested_user_namespaces_are_denied() {
             Denied => {
                 assert_ne!(field(&out, "unshare_rc"), Some("0"), "{l} {out}");
                 assert_ne!(field(&out, "sys_unshare"), Some("0"), "{l} {out}");
+                assert_eq!(field(&out, "sys_clone"), Some("-1"), "{l} {out}");
+                assert_eq!(field(&out, "sys_clone3"), Some("-1"), "{l} {out}");
                 assert!(
                     nested.is_empty(),
                     "{l} host sees processes in a nested user namespace: {nested:?}"
@@ -168,6 +189,10 @@ async fn nested_user_namespaces_are_denied() {
             }
             Allowed => {
                 assert_eq!(field(&out, "unshare_rc"), Some("0"), "{l} control: {out}");
+                assert_eq!(field(&out, "sys_unshare"), Some("0"), "{l} control: {out}");
+                let clone: i64 = field(&out, "sys_clone").unwrap().parse().unwrap();
+                let clone3: i64 = field(&out, "sys_clone3").unwrap().parse().unwrap();
+                assert!(clone > 0 && clone3 > 0, "{l} control: {out}");
                 assert_eq!(
                     nested.len(),
                     1,
