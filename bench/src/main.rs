@@ -218,7 +218,11 @@ async fn bench(
         // Probe: one command at the daemon's defaults. A profile advertised as available that
         // refuses it is a failure of the daemon, reported with the profile.
         let probe = first
-            .exec(request("probe".into(), "true", &summary.name))
+            .exec(request(
+                format!("probe-{}", summary.name),
+                "true",
+                &summary.name,
+            ))
             .await?;
         if let Err(err) = probe.result {
             let failure = format!(
