@@ -13,6 +13,7 @@ mod bombs;
 mod cgroups;
 mod cross_client;
 mod daemon_reach;
+mod env_injection;
 mod floods;
 mod fs_tricks;
 mod isolation;
