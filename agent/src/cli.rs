@@ -1,21 +1,17 @@
 //! Command line: `agent run` (the loop) and `agent exec` (one command through an executor).
 
-use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use futures_util::{SinkExt, StreamExt};
-use protocol::{ClientMessage, Ending, ExecRequest, ServerMessage};
 use serde_json::{json, Map, Value};
-use tokio_tungstenite::tungstenite::Message;
 
 use crate::agent_loop::{Agent, Interrupts, Settings};
 use crate::config::{self, Config, Mode};
 use crate::console::Console;
-use crate::environment::{self, Environment, PROFILE_PREFERENCE};
-use crate::local::{find_executor, LocalExecutor};
+use crate::environment::{Environment, PROFILE_PREFERENCE};
+use crate::local::Target;
 use crate::model::{self, Kind, Model};
 use crate::templates::Templates;
 use crate::{demo, trajectory};
@@ -40,19 +36,19 @@ enum Command {
 }
 
 #[derive(Args, Clone, Default)]
-struct ExecutorArgs {
+pub struct ExecutorArgs {
     /// Executor URL (ws:// or wss://). Without it a local `executor serve` is started.
     #[arg(long = "executor", value_name = "URL")]
-    executor: Option<String>,
+    pub executor: Option<String>,
     /// File holding the executor's bearer token (or set EXECUTOR_TOKEN).
     #[arg(long, value_name = "PATH")]
-    token_file: Option<PathBuf>,
+    pub token_file: Option<PathBuf>,
     /// The `executor` binary to start locally (default: next to `agent`, then PATH).
     #[arg(long, value_name = "PATH")]
-    executor_bin: Option<PathBuf>,
+    pub executor_bin: Option<PathBuf>,
     /// Sandbox profile (default: the strongest a local executor offers, else the executor's).
     #[arg(long)]
-    profile: Option<String>,
+    pub profile: Option<String>,
 }
 
 #[derive(Args)]
@@ -113,91 +109,32 @@ struct RunArgs {
 }
 
 #[derive(Args)]
-struct ExecArgs {
+pub struct ExecArgs {
     #[command(flatten)]
-    executor: ExecutorArgs,
+    pub executor: ExecutorArgs,
     /// Seconds before the command's whole process tree is killed.
     #[arg(long, default_value_t = 30.0)]
-    timeout: f64,
+    pub timeout: f64,
     /// Working directory (default: the executor's workspace; for a local executor, here).
     #[arg(long, value_name = "DIR")]
-    cwd: Option<String>,
+    pub cwd: Option<String>,
     /// Extra environment variable NAME=VALUE; repeatable.
     #[arg(long = "env", value_name = "NAME=VALUE")]
-    env: Vec<String>,
+    pub env: Vec<String>,
     /// The command; several words are joined with spaces, as ssh does.
     #[arg(last = true, required = true)]
-    command: Vec<String>,
+    pub command: Vec<String>,
 }
-
-/// Exit code of `agent exec` for its own failures (as ssh uses 255).
-const EXEC_FAILED: u8 = 255;
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Run(args) => run(*args).await,
-        Command::Exec(args) => exec(args).await,
-    }
-}
-
-/// Where commands go: a URL and token, and the local executor if we started one.
-struct Target {
-    url: String,
-    token: Option<String>,
-    local: Option<LocalExecutor>,
-}
-
-impl Target {
-    async fn resolve(
-        url: Option<String>,
-        token_file: Option<&Path>,
-        binary: Option<&Path>,
-        workspace: &Path,
-    ) -> anyhow::Result<Self> {
-        if let Some(url) = url {
-            let token = match token_file {
-                Some(path) => Some(
-                    std::fs::read_to_string(path)
-                        .with_context(|| format!("cannot read the token file {}", path.display()))?
-                        .trim()
-                        .to_string(),
-                ),
-                None => std::env::var("EXECUTOR_TOKEN")
-                    .ok()
-                    .filter(|t| !t.is_empty()),
-            };
-            return Ok(Self {
-                url,
-                token,
-                local: None,
-            });
-        }
-        let binary = find_executor(binary)?;
-        std::fs::create_dir_all(workspace)
-            .with_context(|| format!("cannot create the workspace {}", workspace.display()))?;
-        let local = LocalExecutor::start(&binary, workspace).await?;
-        eprintln!(
-            "executor: started a local executor ({}) at {} with workspace {}",
-            local.binary.display(),
-            local.url,
-            workspace.display()
-        );
-        Ok(Self {
-            url: local.url.clone(),
-            token: Some(local.token.clone()),
-            local: Some(local),
-        })
-    }
-
-    async fn stop(self) {
-        if let Some(local) = self.local {
-            local.stop().await;
-        }
+        Command::Exec(args) => crate::exec::exec(args).await,
     }
 }
 
 /// Exit code when interrupted before the loop started.
-const INTERRUPTED: u8 = 130;
+pub const INTERRUPTED: u8 = 130;
 
 async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
@@ -588,131 +525,4 @@ fn unix_seconds() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
-    let mut interrupts = Interrupts::install()?;
-    let here = std::env::current_dir().context("cannot read the current directory")?;
-    let resolve = Target::resolve(
-        args.executor.executor.clone(),
-        args.executor.token_file.as_deref(),
-        args.executor.executor_bin.as_deref(),
-        &here,
-    );
-    let target = tokio::select! {
-        target = resolve => match target {
-            Ok(target) => target,
-            Err(e) => {
-                eprintln!("agent exec: {e:#}");
-                return Ok(EXEC_FAILED);
-            }
-        },
-        _ = interrupts.recv() => return Ok(INTERRUPTED),
-    };
-    let result = exec_with(&args, &target, &mut interrupts).await;
-    target.stop().await;
-    match result {
-        Ok(code) => Ok(code),
-        Err(e) => {
-            eprintln!("agent exec: {e:#}");
-            Ok(EXEC_FAILED)
-        }
-    }
-}
-
-async fn exec_with(
-    args: &ExecArgs,
-    target: &Target,
-    interrupts: &mut Interrupts,
-) -> anyhow::Result<u8> {
-    let mut env = BTreeMap::new();
-    for pair in &args.env {
-        let Some((name, value)) = pair.split_once('=') else {
-            bail!("--env expects NAME=VALUE, got {pair:?}");
-        };
-        env.insert(name.to_string(), value.to_string());
-    }
-    // A local executor: the strongest profile whose commands can write here, as `run` does.
-    let profile = match &args.executor.profile {
-        Some(p) => Some(p.clone()),
-        None if target.local.is_some() => {
-            let mut probe = Environment::open(
-                &target.url,
-                target.token.clone(),
-                config::EnvironmentConfig::default(),
-                true,
-            )
-            .await?;
-            probe.close().await;
-            probe.profile.clone()
-        }
-        None => None,
-    };
-    let (mut ws, _hello) = environment::connect(&target.url, target.token.as_deref())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to the executor at {}: {e}", target.url))?;
-    let request = ExecRequest {
-        id: "exec".into(),
-        command: args.command.join(" "),
-        cwd: args.cwd.clone(),
-        env,
-        timeout: Some(args.timeout),
-        profile,
-        stream: true,
-    };
-    let text = serde_json::to_string(&ClientMessage::Exec(request))?;
-    ws.send(Message::text(text))
-        .await
-        .context("cannot send the command")?;
-    let mut stdout = std::io::stdout();
-    let deadline = tokio::time::Instant::now()
-        + std::time::Duration::from_secs_f64(args.timeout.max(0.0) + 30.0);
-    let mut cancelled = false;
-    loop {
-        let frame = tokio::select! {
-            frame = tokio::time::timeout_at(deadline, ws.next()) => {
-                frame.map_err(|_| anyhow::anyhow!("the executor sent no result in time"))?
-            }
-            _ = interrupts.recv() => {
-                if cancelled {
-                    return Ok(INTERRUPTED);
-                }
-                // Ctrl-C: ask the executor to kill the command; its result follows.
-                cancelled = true;
-                let cancel = ClientMessage::Cancel(protocol::CancelRequest { id: "exec".into() });
-                ws.send(Message::text(serde_json::to_string(&cancel)?)).await.context("cannot send the cancel")?;
-                continue;
-            }
-        };
-        let text = match frame {
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Close(_))) | None => bail!("the executor closed the connection"),
-            Some(Err(e)) => bail!("connection to the executor failed: {e}"),
-            Some(Ok(_)) => continue,
-        };
-        match serde_json::from_str::<ServerMessage>(text.as_str())? {
-            ServerMessage::Output(chunk) => {
-                let _ = stdout.write_all(chunk.data.as_bytes());
-                let _ = stdout.flush();
-            }
-            ServerMessage::Result(result) => {
-                if !result.exception_info.is_empty() {
-                    eprintln!("agent exec: {}", result.exception_info);
-                }
-                let _ = ws.close(None).await;
-                return Ok(match result.extra.ended {
-                    Ending::TimedOut => 124,
-                    Ending::Cancelled | Ending::Disconnected | Ending::Shutdown => 130,
-                    Ending::Signaled => 128 + result.returncode.unsigned_abs().min(127) as u8,
-                    Ending::Exited => (result.returncode & 0xff) as u8,
-                });
-            }
-            ServerMessage::Error(err) => bail!(
-                "the executor refused the command ({}): {}",
-                err.code,
-                err.message
-            ),
-            ServerMessage::Hello(_) => continue,
-        }
-    }
 }

@@ -1,5 +1,6 @@
-//! A local `executor serve` owned by this agent: started on a free loopback port with a fresh
-//! state directory (so a fresh token), stopped when the agent exits.
+//! Where commands go: a remote executor (URL and token), or a local `executor serve` owned by
+//! this agent, started on a free loopback port with a fresh state directory (so a fresh token)
+//! and stopped when the agent exits.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -172,4 +173,60 @@ fn tail(text: &str, max: usize) -> &str {
         start += 1;
     }
     &text[start..]
+}
+
+/// Where commands go: a URL and token, and the local executor if we started one.
+pub struct Target {
+    pub url: String,
+    pub token: Option<String>,
+    pub local: Option<LocalExecutor>,
+}
+
+impl Target {
+    pub async fn resolve(
+        url: Option<String>,
+        token_file: Option<&Path>,
+        binary: Option<&Path>,
+        workspace: &Path,
+    ) -> anyhow::Result<Self> {
+        if let Some(url) = url {
+            let token = match token_file {
+                Some(path) => Some(
+                    std::fs::read_to_string(path)
+                        .with_context(|| format!("cannot read the token file {}", path.display()))?
+                        .trim()
+                        .to_string(),
+                ),
+                None => std::env::var("EXECUTOR_TOKEN")
+                    .ok()
+                    .filter(|t| !t.is_empty()),
+            };
+            return Ok(Self {
+                url,
+                token,
+                local: None,
+            });
+        }
+        let binary = find_executor(binary)?;
+        std::fs::create_dir_all(workspace)
+            .with_context(|| format!("cannot create the workspace {}", workspace.display()))?;
+        let local = LocalExecutor::start(&binary, workspace).await?;
+        eprintln!(
+            "executor: started a local executor ({}) at {} with workspace {}",
+            local.binary.display(),
+            local.url,
+            workspace.display()
+        );
+        Ok(Self {
+            url: local.url.clone(),
+            token: Some(local.token.clone()),
+            local: Some(local),
+        })
+    }
+
+    pub async fn stop(self) {
+        if let Some(local) = self.local {
+            local.stop().await;
+        }
+    }
 }

@@ -8,6 +8,7 @@ mod config;
 mod console;
 mod demo;
 mod environment;
+mod exec;
 mod local;
 mod model;
 mod templates;

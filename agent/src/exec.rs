@@ -1,0 +1,145 @@
+//! `agent exec`: one command through an executor, like `ssh host CMD` but sandboxed.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use anyhow::{bail, Context};
+use futures_util::{SinkExt, StreamExt};
+use protocol::{ClientMessage, Ending, ExecRequest, ServerMessage};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::agent_loop::Interrupts;
+use crate::cli::{ExecArgs, INTERRUPTED};
+use crate::config;
+use crate::environment::{self, Environment};
+use crate::local::Target;
+
+/// Exit code of `agent exec` for its own failures (as ssh uses 255).
+const EXEC_FAILED: u8 = 255;
+
+pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
+    let mut interrupts = Interrupts::install()?;
+    let here = std::env::current_dir().context("cannot read the current directory")?;
+    let resolve = Target::resolve(
+        args.executor.executor.clone(),
+        args.executor.token_file.as_deref(),
+        args.executor.executor_bin.as_deref(),
+        &here,
+    );
+    let target = tokio::select! {
+        target = resolve => match target {
+            Ok(target) => target,
+            Err(e) => {
+                eprintln!("agent exec: {e:#}");
+                return Ok(EXEC_FAILED);
+            }
+        },
+        _ = interrupts.recv() => return Ok(INTERRUPTED),
+    };
+    let result = exec_with(&args, &target, &mut interrupts).await;
+    target.stop().await;
+    match result {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("agent exec: {e:#}");
+            Ok(EXEC_FAILED)
+        }
+    }
+}
+
+async fn exec_with(
+    args: &ExecArgs,
+    target: &Target,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<u8> {
+    let mut env = BTreeMap::new();
+    for pair in &args.env {
+        let Some((name, value)) = pair.split_once('=') else {
+            bail!("--env expects NAME=VALUE, got {pair:?}");
+        };
+        env.insert(name.to_string(), value.to_string());
+    }
+    // A local executor: the strongest profile whose commands can write here, as `run` does.
+    let profile = match &args.executor.profile {
+        Some(p) => Some(p.clone()),
+        None if target.local.is_some() => {
+            let mut probe = Environment::open(
+                &target.url,
+                target.token.clone(),
+                config::EnvironmentConfig::default(),
+                true,
+            )
+            .await?;
+            probe.close().await;
+            probe.profile.clone()
+        }
+        None => None,
+    };
+    let (mut ws, _hello) = environment::connect(&target.url, target.token.as_deref())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to the executor at {}: {e}", target.url))?;
+    let request = ExecRequest {
+        id: "exec".into(),
+        command: args.command.join(" "),
+        cwd: args.cwd.clone(),
+        env,
+        timeout: Some(args.timeout),
+        profile,
+        stream: true,
+    };
+    let text = serde_json::to_string(&ClientMessage::Exec(request))?;
+    ws.send(Message::text(text))
+        .await
+        .context("cannot send the command")?;
+    let mut stdout = std::io::stdout();
+    let deadline = tokio::time::Instant::now()
+        + std::time::Duration::from_secs_f64(args.timeout.max(0.0) + 30.0);
+    let mut cancelled = false;
+    loop {
+        let frame = tokio::select! {
+            frame = tokio::time::timeout_at(deadline, ws.next()) => {
+                frame.map_err(|_| anyhow::anyhow!("the executor sent no result in time"))?
+            }
+            _ = interrupts.recv() => {
+                if cancelled {
+                    return Ok(INTERRUPTED);
+                }
+                // Ctrl-C: ask the executor to kill the command; its result follows.
+                cancelled = true;
+                let cancel = ClientMessage::Cancel(protocol::CancelRequest { id: "exec".into() });
+                ws.send(Message::text(serde_json::to_string(&cancel)?)).await.context("cannot send the cancel")?;
+                continue;
+            }
+        };
+        let text = match frame {
+            Some(Ok(Message::Text(text))) => text,
+            Some(Ok(Message::Close(_))) | None => bail!("the executor closed the connection"),
+            Some(Err(e)) => bail!("connection to the executor failed: {e}"),
+            Some(Ok(_)) => continue,
+        };
+        match serde_json::from_str::<ServerMessage>(text.as_str())? {
+            ServerMessage::Output(chunk) => {
+                let _ = stdout.write_all(chunk.data.as_bytes());
+                let _ = stdout.flush();
+            }
+            ServerMessage::Result(result) => {
+                if !result.exception_info.is_empty() {
+                    eprintln!("agent exec: {}", result.exception_info);
+                }
+                let _ = ws.close(None).await;
+                return Ok(match result.extra.ended {
+                    Ending::TimedOut => 124,
+                    Ending::Cancelled | Ending::Disconnected | Ending::Shutdown => 130,
+                    Ending::Signaled => 128 + result.returncode.unsigned_abs().min(127) as u8,
+                    Ending::Exited => (result.returncode & 0xff) as u8,
+                });
+            }
+            ServerMessage::Error(err) => bail!(
+                "the executor refused the command ({}): {}",
+                err.code,
+                err.message
+            ),
+            ServerMessage::Hello(_) => continue,
+        }
+    }
+}
