@@ -95,11 +95,17 @@ impl Environment {
         }
         let offered: Vec<&str> = hello.profiles.iter().map(|p| p.name.as_str()).collect();
         let profile = match &config.profile {
-            Some(name) if offered.contains(&name.as_str()) => Some(name.clone()),
-            Some(name) => anyhow::bail!(
-                "the executor offers no profile {name:?} (it has: {})",
-                offered.join(", ")
-            ),
+            Some(name) => match hello.profiles.iter().find(|p| &p.name == name) {
+                Some(p) if p.available => Some(name.clone()),
+                Some(p) => anyhow::bail!(
+                    "profile {name:?} cannot run on the executor's host: {}",
+                    p.unavailable_reason.as_deref().unwrap_or("no reason given")
+                ),
+                None => anyhow::bail!(
+                    "the executor offers no profile {name:?} (it has: {})",
+                    offered.join(", ")
+                ),
+            },
             None => None,
         };
         if config.timeout <= 0.0 || config.timeout > hello.limits.max_timeout {
@@ -149,10 +155,10 @@ impl Environment {
         Ok(environment)
     }
 
-    /// The first profile in [`PROFILE_PREFERENCE`] (then any other offered) under which a
-    /// command runs and can write the executor's workspace. The hello lists profiles, but only a
-    /// command shows what this host enforces and whether the sandbox's identity may write the
-    /// workspace (an unprivileged uid cannot write a directory owned by someone else).
+    /// The first profile in [`PROFILE_PREFERENCE`] (then any other offered) that the executor
+    /// reports available and under which a probe command can write the executor's workspace.
+    /// Only a command shows whether the sandbox's identity may write it (an unprivileged uid
+    /// cannot write a directory owned by someone else).
     async fn strongest_usable_profile(&mut self) -> anyhow::Result<String> {
         let offered: Vec<String> = self.hello.profiles.iter().map(|p| p.name.clone()).collect();
         let mut candidates: Vec<String> = PROFILE_PREFERENCE
@@ -168,6 +174,14 @@ impl Environment {
         candidates.extend(others);
         let place = self.hello.workspace.clone();
         for name in candidates {
+            let summary = self.hello.profiles.iter().find(|p| p.name == name);
+            if let Some(p) = summary.filter(|p| !p.available) {
+                eprintln!(
+                    "executor: not using profile {name:?}: unavailable on this host ({})",
+                    p.unavailable_reason.as_deref().unwrap_or("no reason given")
+                );
+                continue;
+            }
             self.profile = Some(name.clone());
             let probe = self
                 .run_raw("test -w . && test -x .".into(), None, Some(10.0))
