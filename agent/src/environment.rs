@@ -149,7 +149,10 @@ impl Environment {
             next_id: 0,
             last_id: None,
         };
-        if environment.profile.is_none() && choose_strongest {
+        // An executor may have no default profile (none of its defaults runs on its host):
+        // then requests must name one, and we choose as for a local executor.
+        let no_default = environment.hello.default_profile.is_empty();
+        if environment.profile.is_none() && (choose_strongest || no_default) {
             environment.profile = Some(environment.strongest_usable_profile().await?);
         }
         Ok(environment)
