@@ -299,3 +299,9 @@ pub async fn run_streamed(
         }
     }
 }
+
+/// A case whose attack surface does not exist on this host (as opposed to a missing test
+/// precondition, which is [`executor_tests::require`]'s business): say so and pass.
+pub fn not_applicable(why: &str) {
+    eprintln!("NOT APPLICABLE on this host: {why}");
+}
