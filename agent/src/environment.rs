@@ -72,6 +72,8 @@ pub struct Environment {
     next_id: u64,
     /// Id of the last request sent, for [`Environment::cancel_running`].
     last_id: Option<String>,
+    /// `uname -v` of the target, for mini's `{{version}}` (the hello does not carry it).
+    kernel_version: String,
 }
 
 impl Environment {
@@ -148,6 +150,7 @@ impl Environment {
             wrap,
             next_id: 0,
             last_id: None,
+            kernel_version: String::new(),
         };
         // An executor may have no default profile (none of its defaults runs on its host):
         // then requests must name one, and we choose as for a local executor.
@@ -223,8 +226,13 @@ impl Environment {
             .unwrap_or_default()
     }
 
-    /// Create the configured working directory (through the executor, so under its identity).
+    /// Learn `uname -v` and create the configured working directory (through the executor, so
+    /// under its identity).
     pub async fn prepare(&mut self) -> Result<(), EnvError> {
+        let uname = self.run_raw("uname -v".into(), None, Some(10.0)).await?;
+        if uname.returncode == 0 {
+            self.kernel_version = uname.output.trim().to_string();
+        }
         let Some(cwd) = self.config.cwd.clone() else {
             return Ok(());
         };
@@ -465,8 +473,7 @@ impl Environment {
         vars.insert("system".into(), json!(system));
         vars.insert("node".into(), json!(host.hostname));
         vars.insert("release".into(), json!(release));
-        // The hello carries no `uname -v`; keep the variable so mini's templates render.
-        vars.insert("version".into(), json!(""));
+        vars.insert("version".into(), json!(self.kernel_version));
         vars.insert("machine".into(), json!(host.arch));
         vars.insert("processor".into(), json!(host.arch));
         vars.insert("cores".into(), json!(host.cores));

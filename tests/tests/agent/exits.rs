@@ -273,7 +273,7 @@ async fn a_mini_swe_agent_config_file_loads_and_its_templates_apply() {
   system_template: |
     You are a helpful assistant. Step limit {{step_limit}}.
   instance_template: |
-    Please solve this issue: {{task}} on {{system}} {{machine}}
+    Please solve this issue: {{task}} on {{system}} {{machine}} [{{version}}]
   step_limit: 0.
   cost_limit: 3.
   mode: confirm
@@ -316,10 +316,18 @@ model:
         messages[0]["content"],
         "You are a helpful assistant. Step limit 0."
     );
-    assert!(messages[1]["content"]
-        .as_str()
+    let instance = messages[1]["content"].as_str().unwrap();
+    assert!(
+        instance.starts_with("Please solve this issue: fix it on Linux"),
+        "{instance}"
+    );
+    let uname_v = std::process::Command::new("uname")
+        .arg("-v")
+        .output()
         .unwrap()
-        .starts_with("Please solve this issue: fix it on Linux"));
+        .stdout;
+    let uname_v = String::from_utf8_lossy(&uname_v).trim().to_string();
+    assert!(instance.contains(&format!("[{uname_v}]")), "{instance}");
     assert_eq!(
         run.with_role("tool")[0]["content"],
         "<returncode>0</returncode>\n<output>hi\n</output>"
