@@ -446,3 +446,114 @@ async fn a_host_process_environment_is_unreadable() {
     }
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn a_token_file_and_audit_log_outside_the_state_dir_are_out_of_reach_too() {
+    // `--token-file` and `--audit-log` may point anywhere; task-container's covers must follow
+    // them, not only the state directory.
+    let files = tempfile::Builder::new()
+        .prefix("escape-daemon-files-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let token_file = files.path().join("token");
+    let audit_log = files.path().join("audit.jsonl");
+    let daemon = daemon_with(DaemonOptions {
+        extra: vec![
+            "--token-file".into(),
+            token_file.display().to_string(),
+            "--audit-log".into(),
+            audit_log.display().to_string(),
+        ],
+        ..Default::default()
+    });
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut client = executor_tests::Client::connect(&daemon.url, Some(&token))
+        .await
+        .unwrap();
+    let probe = format!(
+        "cat {t}; echo token_rc=$?; echo '{{\"forged\":1}}' >> {a}; echo audit_rc=$?; \
+         head -c 300 {a}; echo",
+        t = token_file.display(),
+        a = audit_log.display()
+    );
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let out = run_in(&mut client, profile, "files", &probe).await.output;
+        // A line of its own: the daemon's record of this command quotes the text too.
+        let forged = std::fs::read_to_string(&audit_log)
+            .unwrap_or_default()
+            .lines()
+            .any(|line| line.trim() == r#"{"forged":1}"#);
+        match expect {
+            Denied => {
+                assert!(!out.contains(&token), "{l} read the token file: {out}");
+                assert!(!forged, "{l} forged an audit record: {out}");
+                assert!(
+                    !out.contains("\"command\""),
+                    "{l} read the audit log: {out}"
+                );
+            }
+            Allowed => {
+                assert!(out.contains(&token) && forged, "{l} control: {out}");
+                // Undo the forged line for the next profiles' check.
+                let text = std::fs::read_to_string(&audit_log).unwrap();
+                let kept: String = text
+                    .lines()
+                    .filter(|line| line.trim() != r#"{"forged":1}"#)
+                    .map(|line| format!("{line}\n"))
+                    .collect();
+                std::fs::write(&audit_log, kept).unwrap();
+            }
+        }
+    }
+    assert!(daemon.healthy().await);
+}
+
+#[tokio::test]
+async fn signals_to_the_sandbox_init_end_only_that_command() {
+    // Inside a pid namespace the command can signal its pid 1 (the helper's reaper). Whatever
+    // it does to it, the result must come back promptly and nothing may be left behind.
+    let daemon = daemon();
+    let mut client = daemon.connect().await;
+    for profile in [STRICT, TASK] {
+        let m = marker();
+        let started = std::time::Instant::now();
+        let got = client
+            .exec(preq(
+                profile,
+                &format!("{profile}-init"),
+                &format!(
+                    "{} & for s in TERM HUP INT USR1 USR2 PIPE ALRM CHLD STOP KILL; do kill -$s 1; done; \
+                     sleep 1; echo survived",
+                    marked_sleep(&m)
+                ),
+                20.0,
+            ))
+            .await
+            .result;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "[{profile}] the result took {:?}: {got:?}",
+            started.elapsed()
+        );
+        assert!(
+            eventually(Duration::from_secs(3), || {
+                executor_tests::processes_matching(&m).is_empty()
+            })
+            .await,
+            "[{profile}] leftovers after signalling init"
+        );
+        // Control: the daemon is unaffected and the next command of this profile runs.
+        let next = run_in(&mut client, profile, "after-init", "echo next").await;
+        assert_eq!(next.output, "next\n", "[{profile}]");
+    }
+    assert_daemon_intact(&daemon).await;
+}
