@@ -322,3 +322,51 @@ async fn task_container_covers_cannot_be_read_removed_or_written_through() {
     assert!(Path::new(&format!("{s}/token")).exists());
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn task_container_cannot_plant_code_into_the_next_unsandboxed_helper() {
+    // Every command starts by exec'ing the executor binary as a helper that runs as root with
+    // every capability until it has built the sandbox. That exec goes through the dynamic
+    // loader: /etc/ld.so.preload, /etc/ld.so.cache and the helper's shared libraries. If
+    // task-container (whose root is the host's, writable) can change any of them, its next
+    // command's helper runs the command's code unsandboxed, and the token, the binary and the
+    // daemon's processes are all reachable. Checked without changing anything: access(W_OK)
+    // (root's DAC override included) and the read-only state of the mount.
+    let daemon = daemon();
+    let exe = executor_tests::binary("executor");
+    let ldd = Command::new("ldd").arg(&exe).output().unwrap();
+    let libs: Vec<String> = String::from_utf8_lossy(&ldd.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with('/'))
+                .map(str::to_string)
+        })
+        .collect();
+    let mut targets = vec![
+        "/etc/ld.so.preload".to_string(),
+        "/etc/ld.so.cache".to_string(),
+    ];
+    targets.extend(libs.iter().cloned());
+    let probe = python(&format!(
+        r#"
+targets = {targets:?}
+for t in targets:
+    path = t if os.path.exists(t) else os.path.dirname(t)   # a missing file: can it be created?
+    print(f"writable[{{t}}]={{int(os.access(path, os.W_OK))}}")
+"#
+    ));
+    let mut client = daemon.connect().await;
+    // Control: trusted (the host's root) can write them, so the probe can see a yes.
+    let ctl = run_in(&mut client, TRUSTED, "loader", &probe).await.output;
+    assert!(
+        ctl.contains("writable[/etc/ld.so.preload]=1"),
+        "[trusted] control: {ctl}"
+    );
+    let out = run_in(&mut client, TASK, "loader", &probe).await.output;
+    let open: Vec<&str> = out.lines().filter(|l| l.ends_with("=1")).collect();
+    assert!(
+        open.is_empty(),
+        "[task-container] can change what the next helper loads before it is sandboxed: {open:?}"
+    );
+}
