@@ -99,6 +99,11 @@ async fn fork_bomb_stops_at_the_process_limit() {
             spawned < limit,
             "[{profile}] forked {spawned} children with a limit of {limit}: {out}"
         );
+        // And it is the declared limit that stopped it, not something far smaller.
+        assert!(
+            spawned >= limit / 2,
+            "[{profile}] only {spawned} children under a limit of {limit}: {out}"
+        );
         assert_eq!(
             field(&out, "errno"),
             Some("11"),
@@ -160,6 +165,10 @@ async fn thread_bomb_stops_at_the_process_limit() {
         assert!(
             threads < limit,
             "[{profile}] started {threads} threads with a limit of {limit}: {out}"
+        );
+        assert!(
+            threads >= limit / 2,
+            "[{profile}] only {threads} threads under a limit of {limit}: {out}"
         );
         let pids = pids_with_prefix(&py_argv(&m));
         assert_eq!(pids.len(), 1, "[{profile}] the probe on the host: {pids:?}");

@@ -48,6 +48,11 @@ async fn private_tmp_and_dev_shm_fill_up_at_their_size_without_touching_the_host
         .await;
         let size: u64 = field(&big.output, "size").unwrap().parse().unwrap();
         assert!(
+            size + 16 * MIB >= size_mib * MIB,
+            "[strict] {dir} filled at {size} bytes, well before its {size_mib} MiB: {}",
+            big.output
+        );
+        assert!(
             size <= size_mib * MIB,
             "[strict] wrote {size} bytes into a {size_mib} MiB {dir}: {}",
             big.output
@@ -83,6 +88,11 @@ async fn file_size_limit_stops_a_big_workspace_write() {
         );
         let big = run_streamed(&mut client, profile, "big", &fill(&name, 1100), 90.0).await;
         let on_host = std::fs::metadata(&host_path).map_or(0, |m| m.len());
+        assert!(
+            on_host >= 1000 * MIB,
+            "[{profile}] stopped at {on_host} bytes, well before the 1024 MiB limit: {}",
+            big.output
+        );
         assert!(
             on_host <= 1024 * MIB,
             "[{profile}] a {on_host}-byte file passed the 1024 MiB file size limit: {}",
