@@ -392,10 +392,30 @@ async fn an_unprivileged_daemon_fails_closed_instead_of_downgrading() {
             }
         }
     }
-    // Control: the default profile does run commands on this daemon.
-    let r = client.run("default", "echo ok").await;
-    assert_eq!(r.output, "ok\n");
-    assert_ne!(r.extra.isolation.profile, TRUSTED);
+    // A request naming no profile gets the default, which is never a silent trusted: it runs
+    // sandboxed, or is refused with a reason (this daemon's state directory lies under /tmp,
+    // which landlock's profile opens, so landlock refuses it).
+    let m = marker();
+    match client
+        .exec(executor_tests::req("default", &format!("touch ran-{m}")))
+        .await
+        .result
+    {
+        Ok(r) => assert_ne!(r.extra.isolation.profile, TRUSTED, "{r:?}"),
+        Err(err) => {
+            assert!(
+                matches!(
+                    err.code,
+                    protocol::ErrorCode::EnvironmentError | protocol::ErrorCode::ProfileDenied
+                ),
+                "{err:?}"
+            );
+            assert!(!daemon.workspace.join(format!("ran-{m}")).exists());
+        }
+    }
+    // Control: the daemon does run commands, when trusted is named explicitly.
+    let r = run_in(&mut client, TRUSTED, "named", "id -u").await;
+    assert_eq!(r.output, "65534\n");
 }
 
 #[tokio::test]

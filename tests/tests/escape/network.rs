@@ -389,6 +389,11 @@ async fn host_unix_sockets_outside_the_sandbox_view_are_unreachable_under_strict
         .unwrap();
     let path = dir.path().join("host.sock");
     let listener = UnixListener::bind(&path).unwrap();
+    // Open to every uid, so that only the sandbox's view (not file modes) can keep strict's
+    // uid 65534 away, while landlock's (also 65534) may connect as its profile allows.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
     for (profile, expect) in [
         (STRICT, Denied),
         (LANDLOCK, Allowed),
