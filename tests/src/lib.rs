@@ -368,6 +368,7 @@ fn placeholder_hello() -> Hello {
         host: protocol::HostFacts {
             hostname: String::new(),
             kernel: String::new(),
+            version: String::new(),
             arch: String::new(),
             cores: 0,
         },
@@ -508,6 +509,9 @@ pub struct DaemonOptions {
     /// A terminal (a pty slave) made the daemon's stdin and controlling terminal, through
     /// `setsid --ctty` (the daemon is then a session leader with that terminal).
     pub terminal: Option<std::os::fd::OwnedFd>,
+    /// Run the daemon as this uid and gid (through setpriv(1)); the state directory is handed
+    /// to it first.
+    pub user: Option<u32>,
 }
 
 impl Daemon {
@@ -527,13 +531,25 @@ impl Daemon {
         }
         let workspace = state.path().join("workspace");
         let stderr_log = state.path().join("daemon.log");
-        let mut command = match &opts.terminal {
-            None => Command::new(binary("executor")),
-            Some(_) => {
+        let mut command = match (&opts.terminal, opts.user) {
+            (None, None) => Command::new(binary("executor")),
+            (Some(_), None) => {
                 let mut c = Command::new("setsid");
                 c.arg("--ctty").arg(binary("executor"));
                 c
             }
+            (None, Some(id)) => {
+                let uid = Some(nix::unistd::Uid::from_raw(id));
+                let gid = Some(nix::unistd::Gid::from_raw(id));
+                nix::unistd::chown(state.path(), uid, gid).unwrap();
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={id}"))
+                    .arg(format!("--regid={id}"))
+                    .arg("--clear-groups")
+                    .arg(binary("executor"));
+                c
+            }
+            (Some(_), Some(_)) => panic!("DaemonOptions: terminal and user together"),
         };
         command
             .arg("serve")

@@ -23,3 +23,4 @@ mod network;
 mod privilege;
 mod syscalls;
 mod terminal;
+mod unprivileged;

@@ -1,0 +1,222 @@
+//! The landlock profile where it matters most: a daemon that is not root (an unprivileged
+//! container), so commands run as the daemon's own uid and file modes, uids and capabilities
+//! stop nothing. Only landlock, no_new_privs, seccomp and the daemon's non-dumpability stand
+//! between the command and the daemon's token, memory and process. The control in each case
+//! is the same probe under `trusted` on the same daemon: same uid, no such layers.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use executor_tests::{
+    eventually, is_root, marked_sleep, marker, process_state, require, Daemon, DaemonOptions,
+};
+
+use crate::common::*;
+
+/// Uid of the unprivileged daemon. 65534 ("nobody"), because a daemon of any other ordinary
+/// uid does not start today (`an_ordinary_user_daemon_starts_and_runs_landlock` pins that).
+const UID: u32 = 65_534;
+
+/// A daemon running as `uid` with its state directory outside every path landlock opens.
+fn daemon_as(uid: u32) -> Result<Daemon, String> {
+    Daemon::try_start_opts(DaemonOptions {
+        user: Some(uid),
+        state_parent: Some("/var/tmp".into()),
+        env: vec![(
+            "ESCAPE_DAEMON_SECRET".into(),
+            format!("dsecret{}", marker()),
+        )],
+        ..Default::default()
+    })
+}
+
+fn unprivileged_daemon() -> Daemon {
+    daemon_as(UID).unwrap_or_else(|log| panic!("daemon as uid {UID} did not start:\n{log}"))
+}
+
+#[tokio::test]
+async fn an_ordinary_user_daemon_starts_and_runs_landlock() {
+    // The landlock profile exists for hosts where the daemon cannot be root. A daemon of an
+    // ordinary uid must start and run landlock commands as that uid.
+    if !require("root (to start the daemon as another uid)", is_root()) {
+        return;
+    }
+    let daemon = daemon_as(40_000)
+        .unwrap_or_else(|log| panic!("a daemon as uid 40000 did not start:\n{log}"));
+    let mut client = daemon.connect().await;
+    let out = run_in(&mut client, LANDLOCK, "id", "id -u; echo x > f; echo ws=$?")
+        .await
+        .output;
+    assert!(out.starts_with("40000\n"), "{out}");
+    assert_eq!(field(&out, "ws"), Some("0"), "{out}");
+}
+
+/// A process of the daemon's uid on the host.
+fn same_uid_canary(m: &str) -> Child {
+    Command::new("setpriv")
+        .arg(format!("--reuid={UID}"))
+        .arg(format!("--regid={UID}"))
+        .arg("--clear-groups")
+        .arg("sleep")
+        .arg(format!("3600.{m}"))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn alive(pid: i32) -> bool {
+    matches!(process_state(pid), Some(s) if s != 'Z')
+}
+
+#[tokio::test]
+async fn same_uid_landlock_commands_cannot_read_the_token_or_the_daemons_memory() {
+    if !require("root (to start the daemon as another uid)", is_root()) {
+        return;
+    }
+    let daemon = unprivileged_daemon();
+    let mut client = daemon.connect().await;
+    let d = daemon.pid();
+    let s = daemon.state.path().display().to_string();
+    let probe = format!(
+        "id -u; cat {s}/token; echo token_rc=$?; head -c 100 {s}/audit.jsonl; echo audit_rc=$?\n\
+         tr '\\0' '\\n' < /proc/{d}/environ | grep ESCAPE_DAEMON_SECRET; echo env_rc=$?\n\
+         head -c 16 /proc/{d}/maps; echo maps_rc=$?"
+    );
+    for (profile, expect) in [(LANDLOCK, Denied), (TRUSTED, Allowed)] {
+        let l = label(profile, expect);
+        let out = run_in(&mut client, profile, "secrets", &probe).await.output;
+        assert!(
+            out.starts_with(&format!("{UID}\n")),
+            "{l} runs as the daemon's uid: {out}"
+        );
+        match expect {
+            Denied => {
+                assert!(!out.contains(&daemon.token), "{l} read the token: {out}");
+                assert!(
+                    !out.contains("dsecret"),
+                    "{l} read the daemon's environment: {out}"
+                );
+                assert_ne!(field(&out, "audit_rc"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "maps_rc"), Some("0"), "{l} {out}");
+            }
+            Allowed => assert!(out.contains(&daemon.token), "{l} control: {out}"),
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn same_uid_landlock_commands_cannot_signal_or_trace_the_daemon_or_a_host_process() {
+    if !require("root (to start the daemon as another uid)", is_root()) {
+        return;
+    }
+    let daemon = unprivileged_daemon();
+    let mut client = daemon.connect().await;
+    let d = daemon.pid();
+    for (profile, expect) in [(LANDLOCK, Denied), (TRUSTED, Allowed)] {
+        let l = label(profile, expect);
+        let m = marker();
+        let mut canary = same_uid_canary(&m);
+        let c = canary.id() as i32;
+        assert!(eventually(Duration::from_secs(5), || alive(c)).await);
+        // Under trusted the daemon is spared: the canary shows the paths work.
+        let daemon_attack = if expect == Denied {
+            format!("kill -STOP {d}; echo stop=$?; kill -KILL {d}; echo daemon=$?\n")
+        } else {
+            String::new()
+        };
+        let probe = format!(
+            "{daemon_attack}{py}\nkill -KILL {c}; echo canary=$?; sleep 30 & kill -KILL $!; echo own=$?",
+            py = python(&format!(
+                "r, e = sc(101, 0x4206, {c}, 0, 0)   # PTRACE_SEIZE\nprint(f'seize={{r}} seize_errno={{e}}')"
+            ))
+        );
+        let out = run_in(&mut client, profile, "signal", &probe).await.output;
+        assert_eq!(field(&out, "own"), Some("0"), "{l} control: {out}");
+        match expect {
+            Denied => {
+                assert_ne!(field(&out, "stop"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "daemon"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "seize"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "canary"), Some("0"), "{l} {out}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert!(alive(c), "{l} killed a same-uid host process: {out}");
+                assert_ne!(process_state(d as i32), Some('T'), "{l} stopped the daemon");
+            }
+            Allowed => {
+                assert_eq!(field(&out, "seize"), Some("0"), "{l} control: {out}");
+                assert!(
+                    eventually(Duration::from_secs(3), || !alive(c)).await,
+                    "{l} control: the same-uid canary died: {out}"
+                );
+            }
+        }
+        let _ = canary.kill();
+        let _ = canary.wait();
+        assert!(daemon.healthy().await, "{l}");
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn same_uid_landlock_commands_cannot_reach_the_daemons_port() {
+    if !require("root (to start the daemon as another uid)", is_root()) {
+        return;
+    }
+    let daemon = unprivileged_daemon();
+    let mut client = daemon.connect().await;
+    let port = daemon.addr.port();
+    let probe = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET /healthz HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n' >&3 \
+         && head -1 <&3 | tr ' ' _ | sed 's/^/status=/'; echo done"
+    );
+    for (profile, expect) in [(LANDLOCK, Denied), (TRUSTED, Allowed)] {
+        let l = label(profile, expect);
+        let out = run_in(&mut client, profile, "port", &probe).await.output;
+        match expect {
+            Denied => assert!(
+                !out.contains("status=HTTP"),
+                "{l} reached the daemon: {out}"
+            ),
+            Allowed => assert!(out.contains("status=HTTP/1.1_200"), "{l} control: {out}"),
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
+
+#[tokio::test]
+async fn an_unprivileged_daemon_keeps_the_kill_guarantees() {
+    if !require("root (to start the daemon as another uid)", is_root()) {
+        return;
+    }
+    let daemon = unprivileged_daemon();
+    let mut client = daemon.connect().await;
+    for profile in [LANDLOCK, TRUSTED] {
+        let m = marker();
+        let s = marked_sleep(&m);
+        let (id, _) = start_until(
+            &mut client,
+            profile,
+            "tree",
+            &format!(
+                "setsid {s} & ( ( {s} & ) & ) ; ( trap '' TERM HUP; {s} ) & \
+                 ( {s} & sleep 0.1; kill -STOP $! ) & sleep 0.3; echo started; {s}"
+            ),
+            "started",
+            60.0,
+        )
+        .await;
+        // Control: all five run.
+        wait_sleepers(&m, 5).await;
+        cancel(&mut client, &id).await;
+        assert!(
+            eventually(Duration::from_secs(3), || {
+                executor_tests::processes_matching(&m).is_empty()
+            })
+            .await,
+            "[{profile}] survivors: {:?}",
+            executor_tests::processes_matching(&m)
+        );
+    }
+    assert_daemon_intact(&daemon).await;
+}
