@@ -120,7 +120,8 @@ impl Engine {
     ) -> Result<ExecResult, ExecError> {
         let profile = self.profile(req.profile.as_deref())?;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let plan = plan_command(&req.spec, profile, &self.plan_settings, serial);
+        let plan = plan_command(&req.spec, profile, &self.plan_settings, serial)
+            .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
         let outcome = self.runner.run(&plan, req.timeout, sink, stop).await?;
         let captured = outcome.captured;
         Ok(ExecResult {

@@ -107,6 +107,9 @@ struct ServeArgs {
     /// Directory of extra profiles (*.json); a name there replaces the built-in profile.
     #[arg(long)]
     profiles_dir: Option<PathBuf>,
+    /// Profiles clients may use (repeatable); default: every loaded profile.
+    #[arg(long = "allow-profile", value_name = "NAME")]
+    allow_profiles: Vec<String>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -206,27 +209,48 @@ struct Setup {
     cgroups: cgroup::CgroupRoot,
 }
 
+/// Which profiles the engine offers and which one it uses by default.
+#[derive(Default)]
+struct ProfileChoice<'a> {
+    /// Directory of extra profiles.
+    dir: Option<&'a std::path::Path>,
+    /// Only these may be used (empty: all).
+    allow: &'a [String],
+    /// Default profile instead of the strongest available.
+    default: Option<String>,
+}
+
 async fn setup(
     limits: Limits,
     interpreter: Vec<String>,
     workspace: PathBuf,
     state_dir: PathBuf,
-    profiles_dir: Option<&std::path::Path>,
-    default_profile: Option<String>,
+    daemon_files: Vec<PathBuf>,
+    choice: ProfileChoice<'_>,
 ) -> anyhow::Result<Setup> {
     let cgroups = cgroup::prepare(std::process::id());
     let mut profiles = builtin_profiles()?;
-    if let Some(dir) = profiles_dir {
+    if let Some(dir) = choice.dir {
         for profile in Profile::load_dir(dir)? {
             profiles.insert(profile.name.clone(), profile);
         }
     }
+    if !choice.allow.is_empty() {
+        if let Some(unknown) = choice.allow.iter().find(|n| !profiles.contains_key(*n)) {
+            bail!("--allow-profile {unknown}: no such profile");
+        }
+        profiles.retain(|name, _| choice.allow.contains(name));
+    }
+    let default_profile = choice.default;
     let plan_settings = PlanSettings {
         interpreter,
         workspace,
         home: home_dir(),
         state_dir,
         executor_bin: helper_exe()?,
+        daemon_files,
+        daemon_uid: nix::unistd::geteuid().as_raw(),
+        loader_files: loader_files(),
         cgroups: cgroups.clone(),
     };
     let mut engine = Engine::new(
@@ -311,8 +335,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             interpreter.clone(),
             workspace.clone(),
             state_dir.clone(),
-            args.profiles_dir.as_deref(),
-            args.default_profile.clone(),
+            vec![token_path.clone(), audit_path.clone()],
+            ProfileChoice {
+                dir: args.profiles_dir.as_deref(),
+                allow: &args.allow_profiles,
+                default: args.default_profile.clone(),
+            },
         )
         .await?;
         if workspace_created {
@@ -381,6 +409,31 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("executor stopped");
         Ok(())
     })
+}
+
+/// Files the dynamic loader reads when this binary starts: the shared libraries mapped into
+/// this process, the loader cache, and the preload list. The preload list is created empty
+/// (when we may) so that it exists to be made read-only: otherwise a command of a profile with
+/// a writable host root could create it and run code in the next helper.
+fn loader_files() -> Vec<PathBuf> {
+    let preload = PathBuf::from("/etc/ld.so.preload");
+    if !preload.exists() && nix::unistd::geteuid().is_root() {
+        if let Err(err) = std::fs::File::create(&preload) {
+            tracing::warn!(%err, "cannot create an empty /etc/ld.so.preload to protect it");
+        }
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut files: Vec<PathBuf> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.starts_with('/') && path.contains(".so"))
+        .map(PathBuf::from)
+        .collect();
+    files.extend(["/etc/ld.so.cache".into(), preload]);
+    files.sort();
+    files.dedup();
+    files.retain(|f| f.exists());
+    files
 }
 
 /// The state directory holds the token and the audit log: only the daemon's user may enter.
@@ -472,6 +525,7 @@ fn host_facts() -> HostFacts {
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default(),
         kernel: format!("{} {}", field(|u| u.sysname()), field(|u| u.release())),
+        version: field(|u| u.version()),
         arch: std::env::consts::ARCH.to_string(),
         cores: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
@@ -528,8 +582,8 @@ fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         interpreter,
         cwd.clone(),
         default_state_dir(),
-        None,
-        None,
+        Vec::new(),
+        ProfileChoice::default(),
     ))?;
     let kept = engine.limits.max_output_bytes;
     let code = rt.block_on(async move {
@@ -584,8 +638,8 @@ fn check() -> anyhow::Result<ExitCode> {
         vec!["bash".into(), "-c".into()],
         workspace,
         default_state_dir(),
-        None,
-        None,
+        Vec::new(),
+        ProfileChoice::default(),
     ))?;
     let facts = host_facts();
     println!(

@@ -61,6 +61,8 @@ pub struct SandboxPlan {
     pub no_new_privs: bool,
     pub landlock: Option<LandlockPlan>,
     pub seccomp: bool,
+    /// seccomp also refuses IP sockets (no network and no network namespace to contain it).
+    pub deny_inet: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,6 +141,15 @@ pub struct PlanSettings {
     pub state_dir: PathBuf,
     /// Substituted for `{executor_bin}` in profiles.
     pub executor_bin: PathBuf,
+    /// The daemon's token file and audit log, wherever they are: covered in every profile
+    /// that shows the host's root, and never opened by landlock rules.
+    pub daemon_files: Vec<PathBuf>,
+    /// Effective uid of the daemon.
+    pub daemon_uid: u32,
+    /// What the dynamic loader reads when the daemon starts a helper (its shared libraries,
+    /// /etc/ld.so.cache, /etc/ld.so.preload): read-only in every profile that shows the host's
+    /// root writable, or a command could run code in the next helper before it is sandboxed.
+    pub loader_files: Vec<PathBuf>,
     pub cgroups: CgroupRoot,
 }
 
@@ -155,13 +166,26 @@ const MIB: u64 = 1024 * 1024;
 /// Device nodes a sandbox with a minimal /dev may write.
 const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "profile {profile} would let commands running as the daemon's own user reach {file} \
+         (beneath {rule}); move the daemon's state outside the paths the profile opens"
+    )]
+    DaemonFilesExposed {
+        profile: String,
+        file: PathBuf,
+        rule: PathBuf,
+    },
+}
+
 /// Build the plan for one command. `serial` makes the cgroup names unique within the daemon.
 pub fn plan_command(
     spec: &CommandSpec,
     profile: &Profile,
     settings: &PlanSettings,
     serial: u64,
-) -> Plan {
+) -> Result<Plan, PlanError> {
     let mut argv = settings.interpreter.clone();
     argv.push(spec.command.clone());
 
@@ -172,8 +196,9 @@ pub fn plan_command(
 
     let cgroups = plan_cgroups(profile, &settings.cgroups, serial);
     let sandbox = plan_sandbox(profile, settings, &cgroups);
+    check_daemon_files(profile, settings, &sandbox)?;
     let layers = layers(&cgroups, &sandbox);
-    Plan {
+    Ok(Plan {
         argv,
         cwd: spec
             .cwd
@@ -183,7 +208,42 @@ pub fn plan_command(
         cgroups,
         sandbox,
         layers,
+    })
+}
+
+/// Landlock rules are an allow-list: a path beneath an allowed one cannot be carved out. When
+/// commands would run as the daemon's own user (so file modes do not protect its files either)
+/// and without a mount namespace (so nothing is covered), refuse rather than expose them.
+fn check_daemon_files(
+    profile: &Profile,
+    settings: &PlanSettings,
+    sandbox: &SandboxPlan,
+) -> Result<(), PlanError> {
+    let (Some(rules), None) = (&sandbox.landlock, &sandbox.mounts) else {
+        return Ok(());
+    };
+    let same_user = sandbox
+        .user
+        .is_none_or(|(uid, _)| uid == settings.daemon_uid);
+    if !same_user {
+        return Ok(());
     }
+    let files = std::iter::once(&settings.state_dir).chain(&settings.daemon_files);
+    for file in files {
+        if let Some(rule) = rules
+            .read
+            .iter()
+            .chain(&rules.write)
+            .find(|r| file.starts_with(r))
+        {
+            return Err(PlanError::DaemonFilesExposed {
+                profile: profile.name.clone(),
+                file: file.clone(),
+                rule: rule.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<CgroupDir> {
@@ -237,9 +297,32 @@ fn plan_sandbox(profile: &Profile, settings: &PlanSettings, cgroups: &[CgroupDir
         .filter(|_| has(Namespace::Mount))
         .map(|fs| MountPlan {
             root: fs.root,
-            read_only: fs.read_only.iter().map(|g| expand(&g.path)).collect(),
+            read_only: fs
+                .read_only
+                .iter()
+                .map(|g| expand(&g.path))
+                .chain(
+                    settings
+                        .loader_files
+                        .iter()
+                        .filter(|_| fs.root == RootMode::Host)
+                        .cloned(),
+                )
+                .collect(),
             writable: fs.writable.iter().map(|g| expand(&g.path)).collect(),
-            hidden: fs.hidden.iter().map(|g| expand(&g.path)).collect(),
+            hidden: fs
+                .hidden
+                .iter()
+                .map(|g| expand(&g.path))
+                .chain(
+                    // The host's root shows the daemon's files wherever they are: cover them.
+                    settings
+                        .daemon_files
+                        .iter()
+                        .filter(|_| fs.root == RootMode::Host)
+                        .cloned(),
+                )
+                .collect(),
             // A writable path wins over a tmpfs at the same place (`executor run` in /tmp).
             tmpfs: fs
                 .tmpfs
@@ -308,7 +391,11 @@ fn plan_sandbox(profile: &Profile, settings: &PlanSettings, cgroups: &[CgroupDir
     SandboxPlan {
         hostname: has(Namespace::Uts).then(|| "sandbox".to_string()),
         mounts,
-        user: profile.user.as_ref().map(|u| (u.uid, u.gid)),
+        user: profile
+            .user
+            .as_ref()
+            .filter(|u| !u.only_when_root || settings.daemon_uid == 0)
+            .map(|u| (u.uid, u.gid)),
         capabilities: profile
             .capabilities
             .as_ref()
@@ -317,6 +404,7 @@ fn plan_sandbox(profile: &Profile, settings: &PlanSettings, cgroups: &[CgroupDir
         no_new_privs: sandboxed,
         landlock,
         seccomp: profile.seccomp,
+        deny_inet: profile.seccomp && profile.network == Network::None && !has(Namespace::Net),
         namespaces,
     }
 }
@@ -367,6 +455,9 @@ mod tests {
             home: "/root".into(),
             state_dir: "/srv/state".into(),
             executor_bin: "/usr/local/bin/executor".into(),
+            daemon_files: vec!["/srv/state/token".into(), "/var/log/executor.jsonl".into()],
+            daemon_uid: 0,
+            loader_files: vec!["/usr/lib/x86_64-linux-gnu/libc.so.6".into()],
             cgroups: CgroupRoot {
                 unified: Some(hierarchy("/cg2")),
                 pids: Some(hierarchy("/cg1/pids")),
@@ -388,7 +479,7 @@ mod tests {
         let profile = builtin("trusted");
         let mut request = spec("echo hi");
         request.env.insert("PAGER".into(), "less".into());
-        let plan = plan_command(&request, &profile, &settings(), 3);
+        let plan = plan_command(&request, &profile, &settings(), 3).unwrap();
         let mut env = profile.env.clone();
         env.insert("HOME".into(), "/root".into());
         env.insert("PAGER".into(), "less".into());
@@ -412,7 +503,7 @@ mod tests {
 
     #[test]
     fn strict_plan_stacks_every_layer() {
-        let plan = plan_command(&spec("ls"), &builtin("strict"), &settings(), 9);
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &settings(), 9).unwrap();
         let sandbox = &plan.sandbox;
         assert_eq!(sandbox.namespaces.len(), 6);
         assert_eq!(sandbox.user, Some((65534, 65534)));
@@ -480,11 +571,13 @@ mod tests {
 
     #[test]
     fn landlock_plan_needs_no_namespace_and_keeps_the_daemons_uid() {
-        let plan = plan_command(&spec("ls"), &builtin("landlock"), &settings(), 1);
+        let plan = plan_command(&spec("ls"), &builtin("landlock"), &settings(), 1).unwrap();
         let sandbox = &plan.sandbox;
         assert!(sandbox.namespaces.is_empty());
         assert!(sandbox.mounts.is_none());
-        assert_eq!(sandbox.user, None);
+        // A root daemon runs landlock commands as nobody; no network means no IP sockets.
+        assert_eq!(sandbox.user, Some((65534, 65534)));
+        assert!(sandbox.deny_inet);
         assert_eq!(sandbox.capabilities, Some(vec![]));
         let landlock = sandbox.landlock.as_ref().unwrap();
         assert!(landlock.read.contains(&PathBuf::from("/proc")));
@@ -500,7 +593,7 @@ mod tests {
 
     #[test]
     fn task_container_hides_the_daemon_and_keeps_root() {
-        let plan = plan_command(&spec("ls"), &builtin("task-container"), &settings(), 1);
+        let plan = plan_command(&spec("ls"), &builtin("task-container"), &settings(), 1).unwrap();
         let sandbox = &plan.sandbox;
         assert_eq!(sandbox.user, Some((0, 0)));
         assert!(!sandbox.namespaces.contains(&Namespace::Net));
@@ -511,8 +604,14 @@ mod tests {
             [
                 PathBuf::from("/srv/state"),
                 "/usr/local/bin/executor".into(),
-                "/sys/fs/cgroup".into()
+                "/sys/fs/cgroup".into(),
+                "/srv/state/token".into(),
+                "/var/log/executor.jsonl".into(),
             ]
+        );
+        assert_eq!(
+            mounts.read_only,
+            [PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6")]
         );
         let caps = sandbox.capabilities.as_ref().unwrap();
         assert!(caps.contains(&"CAP_CHOWN".to_string()));
@@ -521,10 +620,26 @@ mod tests {
     }
 
     #[test]
+    fn landlock_under_an_ordinary_user_refuses_to_open_the_daemons_files() {
+        let mut s = settings();
+        s.daemon_uid = 1000;
+        s.state_dir = "/tmp/executor-state".into();
+        s.daemon_files = vec!["/tmp/executor-state/token".into()];
+        let err = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap_err();
+        assert!(matches!(err, PlanError::DaemonFilesExposed { .. }), "{err}");
+        // Control: the same daemon with its state outside /tmp and the workspace is fine,
+        // and keeps its own uid.
+        s.state_dir = "/var/lib/executor".into();
+        s.daemon_files = vec!["/var/lib/executor/token".into()];
+        let plan = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap();
+        assert_eq!(plan.sandbox.user, None);
+    }
+
+    #[test]
     fn request_cwd_is_used() {
         let mut request = spec("pwd");
         request.cwd = Some("/tmp".into());
-        let plan = plan_command(&request, &builtin("trusted"), &settings(), 1);
+        let plan = plan_command(&request, &builtin("trusted"), &settings(), 1).unwrap();
         assert_eq!(plan.cwd, PathBuf::from("/tmp"));
     }
 }

@@ -88,6 +88,10 @@ pub struct UserGrant {
     pub uid: u32,
     pub gid: u32,
     pub reason: String,
+    /// Switch only when the daemon runs as root; a daemon running as an ordinary user runs
+    /// commands as itself (it cannot switch, and gives them nothing it does not have).
+    #[serde(default)]
+    pub only_when_root: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -98,6 +98,9 @@ pub struct HostFacts {
     pub hostname: String,
     /// `uname -sr`, e.g. `Linux 6.18.44`.
     pub kernel: String,
+    /// `uname -v`, the kernel build (mini-swe-agent templates show it as `version`).
+    #[serde(default)]
+    pub version: String,
     pub arch: String,
     pub cores: u32,
 }

@@ -178,7 +178,7 @@ pub fn confine_process(plan: &SandboxPlan) -> Result<(), SandboxError> {
 
     // 6. seccomp, last: from here on even our own setup syscalls would be filtered.
     if plan.seccomp {
-        seccomp::install()?;
+        seccomp::install(plan.deny_inet)?;
     }
     Ok(())
 }

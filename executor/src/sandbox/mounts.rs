@@ -200,6 +200,11 @@ impl Builder {
     }
 
     fn apply(&mut self, path: &Path, entry: &Entry) -> Result<()> {
+        if path == Path::new("/") {
+            // The root itself was set up in step 3 (the host's tree, writable, with its
+            // submounts); a plain bind here would drop those submounts.
+            return Ok(());
+        }
         let source = from_host(path);
         let target = inside(path);
         match entry {

@@ -115,9 +115,25 @@ const NAMESPACE_FLAGS: &[u64] = &[
 /// Syscall numbers at or above this belong to the x32 ABI.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
-fn deny_list() -> Result<BpfProgram, SeccompError> {
+fn deny_list(deny_inet: bool) -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         DENIED.iter().map(|(nr, _)| (*nr, Vec::new())).collect();
+    if deny_inet {
+        // No network and no network namespace: no IPv4 or IPv6 socket at all, which also
+        // closes what landlock's TCP rules miss (MPTCP, TCP Fast Open via sendto).
+        let domain_is = |domain: i32| {
+            SeccompRule::new(vec![SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                domain as u64,
+            )?])
+        };
+        rules.insert(
+            libc::SYS_socket,
+            vec![domain_is(libc::AF_INET)?, domain_is(libc::AF_INET6)?],
+        );
+    }
     // clone: deny when any namespace flag is set (one rule per flag; rules are ORed).
     let clone_rules = NAMESPACE_FLAGS
         .iter()
@@ -170,8 +186,8 @@ fn kill_x32() -> BpfProgram {
 }
 
 /// Install the filters on the calling thread (no_new_privs must already be set).
-pub fn install() -> Result<(), SeccompError> {
-    let programs = [kill_x32(), clone3_fallback()?, deny_list()?];
+pub fn install(deny_inet: bool) -> Result<(), SeccompError> {
+    let programs = [kill_x32(), clone3_fallback()?, deny_list(deny_inet)?];
     for program in &programs {
         seccompiler::apply_filter(program)?;
     }
@@ -184,7 +200,8 @@ mod tests {
 
     #[test]
     fn filters_compile_and_every_denial_has_a_reason() {
-        assert!(deny_list().unwrap().len() > DENIED.len());
+        assert!(deny_list(false).unwrap().len() > DENIED.len());
+        assert!(deny_list(true).unwrap().len() > deny_list(false).unwrap().len());
         assert!(!clone3_fallback().unwrap().is_empty());
         assert_eq!(kill_x32().len(), 4);
         for (nr, reason) in DENIED {
