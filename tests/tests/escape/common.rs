@@ -305,3 +305,25 @@ pub async fn run_streamed(
 pub fn not_applicable(why: &str) {
     eprintln!("NOT APPLICABLE on this host: {why}");
 }
+
+/// Kills every host process whose command line holds the marker when dropped, so that a case
+/// whose escapee really escaped does not leave it running on the shared machine.
+pub struct Reaper(pub String);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let pids = executor_tests::processes_matching(&self.0);
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

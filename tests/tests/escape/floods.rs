@@ -250,3 +250,69 @@ async fn commands_waiting_on_stdin_or_a_terminal_return_at_once() {
     .await;
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn sixteen_concurrent_floods_on_one_connection_leave_other_clients_responsive() {
+    // A connection's full allowance of commands, all flooding output at once: the daemon's
+    // per-connection buffers stay bounded and another client is still served promptly.
+    let _heavy = HEAVY.lock().await;
+    let daemon = daemon();
+    let pid = daemon.pid();
+    let mut flooder = daemon.connect().await;
+    let mut bystander = daemon.connect().await;
+    let n = flooder.hello.limits.max_commands_per_connection.min(16);
+    let before = rss_kib(pid);
+    for profile in [STRICT, LANDLOCK] {
+        for i in 0..n {
+            let r = preq(
+                profile,
+                &format!("{profile}-flood-{i}"),
+                "yes flood-line",
+                3.0,
+            );
+            flooder.send(&protocol::ClientMessage::Exec(r)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t = Instant::now();
+        let ping = run_in(&mut bystander, profile, "bystander", "echo ping").await;
+        let took = t.elapsed();
+        assert_eq!(ping.output, "ping\n", "[{profile}]");
+        assert!(
+            took < Duration::from_secs(3),
+            "[{profile}] bystander took {took:?}"
+        );
+        // Results arrive in any order: gather them all by id.
+        let mut results = std::collections::BTreeMap::new();
+        while results.len() < n {
+            match flooder.recv_within(Duration::from_secs(30)).await {
+                Ok(Some(protocol::ServerMessage::Result(r))) => {
+                    results.insert(r.id.clone(), r);
+                }
+                Ok(Some(protocol::ServerMessage::Error(e))) => panic!("[{profile}] {e:?}"),
+                Ok(Some(_)) => {}
+                other => panic!(
+                    "[{profile}] {} of {n} results, then {other:?}",
+                    results.len()
+                ),
+            }
+        }
+        for (id, result) in &results {
+            assert!(
+                result.extra.timed_out,
+                "[{profile}] {id}: {:?}",
+                result.extra
+            );
+            assert!(
+                result.extra.output_bytes > MIB,
+                "[{profile}] control: {id} flowed ({} bytes)",
+                result.extra.output_bytes
+            );
+        }
+    }
+    let growth = peak_rss_kib(pid).saturating_sub(before);
+    assert!(
+        growth < 64 * 1024,
+        "daemon grew by {growth} KiB for {n} concurrent floods"
+    );
+    assert_daemon_intact(&daemon).await;
+}

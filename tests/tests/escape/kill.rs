@@ -189,3 +189,46 @@ async fn daemon_sigkill_takes_every_sandboxed_tree_with_it() {
     daemon.signal_and_wait(Signal::SIGKILL);
     none_left("all", &m, "daemon SIGKILL").await;
 }
+
+/// A shell that keeps forking new orphans (throttled, so an escape stays survivable) while the
+/// kill is in progress: a single sweep over the process list always misses the newest ones.
+pub(crate) fn racing_forker(m: &str) -> String {
+    let s = marked_sleep(m);
+    format!(
+        "( while :; do ( {s} & ) ; sleep 0.01; done ) &\n\
+         sleep 0.5; echo started; {s}"
+    )
+}
+
+#[tokio::test]
+async fn cancel_kills_a_tree_that_keeps_forking_orphans() {
+    let daemon = daemon();
+    join_all(ALL.map(|profile| {
+        let daemon = &daemon;
+        async move {
+            let mut client = daemon.connect().await;
+            let m = marker();
+            let _reaper = Reaper(m.clone());
+            let (id, _) = start_until(
+                &mut client,
+                profile,
+                "racer",
+                &racing_forker(&m),
+                "started",
+                120.0,
+            )
+            .await;
+            // Control: orphans keep appearing while it runs.
+            assert!(
+                eventually(PATIENCE, || sleepers(&m).len() > 20).await,
+                "[{profile}] control: the forker runs"
+            );
+            cancel(&mut client, &id).await;
+            // Give a surviving forker time to show itself, then look.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            none_left(profile, &m, "cancelling a racing forker").await;
+        }
+    }))
+    .await;
+    assert_daemon_intact(&daemon).await;
+}

@@ -220,3 +220,45 @@ async fn an_unprivileged_daemon_keeps_the_kill_guarantees() {
     }
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn without_cgroups_the_sweep_still_kills_a_tree_that_keeps_forking_orphans() {
+    // An unprivileged daemon has no cgroup (see its log) and no pid namespace: the subreaper
+    // sweep alone must win the race against a shell that keeps forking orphans.
+    if !require("root (to start the daemon as another uid)", is_root()) {
+        return;
+    }
+    let daemon = unprivileged_daemon();
+    let mut client = daemon.connect().await;
+    for profile in [LANDLOCK, TRUSTED] {
+        let m = marker();
+        let _reaper = Reaper(m.clone());
+        let (id, _) = start_until(
+            &mut client,
+            profile,
+            "racer",
+            &crate::kill::racing_forker(&m),
+            "started",
+            120.0,
+        )
+        .await;
+        assert!(
+            eventually(executor_tests::PATIENCE, || executor_tests::sleepers(&m)
+                .len()
+                > 20)
+            .await,
+            "[{profile}] control: the forker runs"
+        );
+        cancel(&mut client, &id).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            eventually(Duration::from_secs(3), || {
+                executor_tests::processes_matching(&m).is_empty()
+            })
+            .await,
+            "[{profile}] the racing forker survived: {} processes",
+            executor_tests::processes_matching(&m).len()
+        );
+    }
+    assert_daemon_intact(&daemon).await;
+}
