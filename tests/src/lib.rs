@@ -512,6 +512,8 @@ pub struct DaemonOptions {
     /// Run the daemon as this uid and gid (through setpriv(1)); the state directory is handed
     /// to it first.
     pub user: Option<u32>,
+    /// Run this copy of the executor binary instead of the built one.
+    pub binary: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -531,11 +533,12 @@ impl Daemon {
         }
         let workspace = state.path().join("workspace");
         let stderr_log = state.path().join("daemon.log");
+        let exe = opts.binary.clone().unwrap_or_else(|| binary("executor"));
         let mut command = match (&opts.terminal, opts.user) {
-            (None, None) => Command::new(binary("executor")),
+            (None, None) => Command::new(&exe),
             (Some(_), None) => {
                 let mut c = Command::new("setsid");
-                c.arg("--ctty").arg(binary("executor"));
+                c.arg("--ctty").arg(&exe);
                 c
             }
             (None, Some(id)) => {
@@ -546,7 +549,7 @@ impl Daemon {
                 c.arg(format!("--reuid={id}"))
                     .arg(format!("--regid={id}"))
                     .arg("--clear-groups")
-                    .arg(binary("executor"));
+                    .arg(&exe);
                 c
             }
             (Some(_), Some(_)) => panic!("DaemonOptions: terminal and user together"),

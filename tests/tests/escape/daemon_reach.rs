@@ -557,3 +557,64 @@ async fn signals_to_the_sandbox_init_end_only_that_command() {
     }
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn helpers_are_the_daemons_own_image_not_whatever_lies_at_its_path_later() {
+    // Root cause behind `task_container_cannot_replace_the_helper_by_renaming_a_parent_directory`
+    // (and the plan-version errors seen when the binary is rebuilt under a running daemon):
+    // each helper is started by path. Here the host replaces the file at that path with a
+    // program that records itself and hangs. The next command must still run under the
+    // daemon's own code, and in no case may it outlive its timeout.
+    if !executor_tests::require(
+        "root (private copy of the binary)",
+        executor_tests::is_root(),
+    ) {
+        return;
+    }
+    let root = tempfile::Builder::new()
+        .prefix("escape-swap-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let exe = root.path().join("executor");
+    std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
+    let daemon = daemon_with(DaemonOptions {
+        binary: Some(exe.clone()),
+        ..Default::default()
+    });
+    let mut client = daemon.connect().await;
+    // Control: commands run through the copy.
+    assert_eq!(
+        run_in(&mut client, STRICT, "before", "echo ok")
+            .await
+            .output,
+        "ok\n"
+    );
+    let marker_file = root.path().join("impostor-ran");
+    std::fs::remove_file(&exe).unwrap();
+    std::fs::write(
+        &exe,
+        format!(
+            "#!/bin/sh\ntouch {}\nexec sleep 60\n",
+            marker_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let started = std::time::Instant::now();
+    client
+        .send(&protocol::ClientMessage::Exec(preq(
+            STRICT, "after", "echo ok", 3.0,
+        )))
+        .await;
+    let answer = client.recv_within(Duration::from_secs(15)).await;
+    let took = started.elapsed();
+    let _reaper = Reaper(root.path().display().to_string());
+    assert!(
+        !marker_file.exists(),
+        "the daemon started whatever now lies at its binary's path as its helper (answer after {took:?}: {answer:?})"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "a 3 s command answered after {took:?}: {answer:?}"
+    );
+}

@@ -370,3 +370,75 @@ for t in targets:
         "[task-container] can change what the next helper loads before it is sandboxed: {open:?}"
     );
 }
+
+#[tokio::test]
+async fn task_container_cannot_replace_the_helper_by_renaming_a_parent_directory() {
+    // task-container covers the executor binary with a mount inside its own mount namespace.
+    // The daemon lives in the host's namespace and starts every helper by path, as root. A
+    // command can rename the directory *above* the covered file (only the covered path itself
+    // is a mount point) and put its own `executor` at the old path; the next helper would then
+    // be the command's program, unsandboxed. The same move against /etc or /lib (the loader
+    // files) would break the shared test host, so only a private copy of the binary is used.
+    if !require("root (to run the daemon from a private copy)", is_root()) {
+        return;
+    }
+    let root = tempfile::Builder::new()
+        .prefix("escape-bin-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let bin_dir = root.path().join("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let exe = bin_dir.join("executor");
+    std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
+    let daemon = daemon_with(executor_tests::DaemonOptions {
+        binary: Some(exe.clone()),
+        ..Default::default()
+    });
+    let pwned = root.path().join("pwned");
+    let _reaper = Reaper(root.path().display().to_string());
+    let mut client = daemon.connect().await;
+    // Control: helpers run from that copy, and task-container does see it covered.
+    let ok = run_in(&mut client, STRICT, "control", "echo fine").await;
+    assert_eq!(ok.output, "fine\n");
+    let covered = run_in(
+        &mut client,
+        TASK,
+        "covered",
+        &format!("head -c 4 {} | od -c | head -1", exe.display()),
+    )
+    .await
+    .output;
+    assert!(
+        !covered.contains("E   L   F"),
+        "[task-container] reads the binary: {covered}"
+    );
+    let attack = format!(
+        "mv {b} {b}.old; echo mv_rc=$?; mkdir -p {b} && printf '#!/bin/sh\\nid -u > {p}\\n' > {b}/executor \
+         && chmod 755 {b}/executor; echo plant_rc=$?",
+        b = bin_dir.display(),
+        p = pwned.display()
+    );
+    let out = run_in(&mut client, TASK, "rename", &attack).await.output;
+    // The next command of any profile starts a new helper. Its answer is bounded by hand: a
+    // hijacked helper never reports back.
+    client
+        .send(&protocol::ClientMessage::Exec(preq(
+            STRICT,
+            "after-rename",
+            "echo next",
+            5.0,
+        )))
+        .await;
+    let next = client.recv_within(Duration::from_secs(15)).await;
+    let hijacked = pwned.exists();
+    // Put the real binary back where the daemon expects it, whatever happened.
+    if bin_dir.with_extension("old").exists() {
+        let _ = std::fs::remove_dir_all(&bin_dir);
+        let _ = std::fs::rename(bin_dir.with_extension("old"), &bin_dir);
+    }
+    assert!(
+        !hijacked,
+        "[task-container] the next helper ran the command's program as uid {}: {out} / next: {next:?}",
+        std::fs::read_to_string(&pwned).unwrap_or_default().trim()
+    );
+}
