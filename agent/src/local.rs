@@ -68,6 +68,8 @@ pub struct LocalExecutor {
     pub token: String,
     pub binary: PathBuf,
     state: tempfile::TempDir,
+    /// Write end of the executor's stdin; dropping it (or our death) stops the executor.
+    _lifeline: tokio::process::ChildStdin,
 }
 
 impl LocalExecutor {
@@ -97,7 +99,10 @@ impl LocalExecutor {
             .arg(state.path())
             .arg("--workspace")
             .arg(workspace)
-            .stdin(Stdio::null())
+            // Our end of this pipe is the executor's lifeline: when we die, even by SIGKILL,
+            // it drains and exits.
+            .arg("--exit-on-stdin-eof")
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)
             .kill_on_drop(true);
@@ -107,6 +112,7 @@ impl LocalExecutor {
         let mut child = command
             .spawn()
             .with_context(|| format!("cannot start {}", binary.display()))?;
+        let lifeline = child.stdin.take().context("executor stdin missing")?;
         let stdout = child.stdout.take().context("executor stdout missing")?;
         let mut line = String::new();
         let read =
@@ -134,6 +140,7 @@ impl LocalExecutor {
             .to_string();
         Ok(Self {
             child,
+            _lifeline: lifeline,
             url,
             token,
             binary: binary.to_path_buf(),

@@ -110,6 +110,10 @@ struct ServeArgs {
     /// Profiles clients may use (repeatable); default: every loaded profile.
     #[arg(long = "allow-profile", value_name = "NAME")]
     allow_profiles: Vec<String>,
+    /// Drain and exit when stdin reaches end-of-file: a parent that starts the daemon with a
+    /// pipe on stdin takes it down with it, even when the parent is killed with SIGKILL.
+    #[arg(long)]
+    exit_on_stdin_eof: bool,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -402,6 +406,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let _ = stdout.flush();
 
         tokio::spawn(shutdown_on_signal(daemon.clone()));
+        if args.exit_on_stdin_eof {
+            let shutdown = daemon.shutdown.clone();
+            std::thread::Builder::new()
+                .name("stdin-lifeline".into())
+                .spawn(move || {
+                    use std::io::Read;
+                    let mut byte = [0u8; 64];
+                    while matches!(std::io::stdin().read(&mut byte), Ok(n) if n > 0) {}
+                    tracing::info!("stdin closed: shutting down");
+                    shutdown.cancel();
+                })
+                .context("cannot start the stdin watcher")?;
+        }
         server::serve(listener, daemon).await;
         for hierarchy in cgroups.all() {
             cgroup::remove(&hierarchy.parent);
@@ -454,6 +471,10 @@ fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
 /// A workspace the daemon just created belongs to the identity its default profile runs
 /// commands as, so that they can write it.
 fn hand_workspace_to(engine: &Engine, workspace: &std::path::Path) -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        // An ordinary user's daemon runs every command as itself: it already owns it.
+        return Ok(());
+    }
     let Some(user) = engine
         .profiles
         .get(&engine.default_profile)

@@ -146,3 +146,34 @@ async fn audit_log_has_one_line_per_command_without_the_token() {
     let text = std::fs::read_to_string(daemon.state.path().join("audit.jsonl")).unwrap();
     assert!(!text.contains(daemon.token.as_str()));
 }
+
+#[tokio::test]
+async fn a_local_executor_dies_with_the_agent_that_started_it_even_by_sigkill() {
+    let m = marker();
+    let mut agent = std::process::Command::new(executor_tests::binary("agent"))
+        .args(["exec", "--timeout", "600", "--"])
+        .arg(marked_sleep(&m))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Control: while the agent lives, its executor and the command run.
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    let executors: Vec<i32> = processes_matching("--exit-on-stdin-eof")
+        .into_iter()
+        .filter(|pid| parent_of(*pid) == Some(agent.id() as i32))
+        .collect();
+    assert_eq!(executors.len(), 1, "the agent's local executor");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || processes_matching(&m)
+            .is_empty()
+            && executor_tests::process_state(executors[0])
+                .is_none_or(|s| s == 'Z'))
+        .await,
+        "executor or command survived the agent: {:?}",
+        processes_matching(&m)
+    );
+}
