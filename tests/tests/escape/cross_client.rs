@@ -148,3 +148,80 @@ async fn strict_tmp_is_gone_with_its_command() {
     assert!(!std::path::Path::new(&format!("/tmp/left-{m}")).exists());
     assert_daemon_intact(&daemon).await;
 }
+
+/// Create a SysV shared memory segment on the host, mode 0666, holding `content`; returns its id.
+fn host_shm(key: i64, content: &str) -> i64 {
+    let script = format!(
+        r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+i = libc.shmget({key}, 4096, 0o1666)
+a = libc.shmat(i, None, 0)
+ctypes.memmove(a, b"{content}", {len})
+libc.shmdt(ctypes.c_void_p(a))
+print(i)
+"#,
+        len = content.len()
+    );
+    let out = std::process::Command::new(PY)
+        .arg("-c")
+        .arg(script)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+#[tokio::test]
+async fn host_sysv_shared_memory_is_out_of_reach() {
+    // An IPC endpoint of the host (design section 5: no host IPC endpoints). strict and
+    // task-container have IPC namespaces; landlock has none and landlock cannot restrict
+    // SysV IPC, so only seccomp could close it there.
+    let daemon = daemon();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let key: i64 = 0x5e_0000 + m[m.len() - 5..].parse::<i64>().unwrap();
+    let content = format!("hostshm-{m}");
+    let id = host_shm(key, &content);
+    struct Rm(i64);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ipcrm")
+                .args(["-m", &self.0.to_string()])
+                .status();
+        }
+    }
+    let _rm = Rm(id);
+    let probe = python(&format!(
+        r#"
+libc.shmat.restype = ctypes.c_void_p
+i = libc.shmget({key}, 0, 0)
+if i < 0:
+    print(f"shmget_errno={{ctypes.get_errno()}}")
+else:
+    a = libc.shmat(i, None, 0o10000)   # SHM_RDONLY
+    if a in (None, ctypes.c_void_p(-1).value):
+        print(f"shmat_errno={{ctypes.get_errno()}}")
+    else:
+        print("read=" + ctypes.string_at(a, {len}).decode(errors="replace"))
+"#,
+        len = content.len()
+    ));
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let out = run_in(&mut client, profile, "shm", &probe).await.output;
+        match expect {
+            Denied => assert!(
+                !out.contains(&content),
+                "{l} read the host's shared memory: {out}"
+            ),
+            Allowed => assert!(out.contains(&content), "{l} control: {out}"),
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
