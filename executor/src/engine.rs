@@ -153,8 +153,31 @@ impl Engine {
     /// Run `true` under every profile, to learn which this host can run and with which
     /// layers. A profile that cannot run says why, naming the layer that failed.
     pub async fn probe(&self) -> BTreeMap<String, Result<Vec<String>, String>> {
+        let names: Vec<String> = self.profiles.keys().cloned().collect();
+        self.probe_these(&names).await
+    }
+
+    /// Probe only the default candidates, strongest first, stopping at the first that runs:
+    /// enough to choose a default without paying for every profile (`executor run`).
+    pub async fn probe_for_default(&self) -> BTreeMap<String, Result<Vec<String>, String>> {
         let mut found = BTreeMap::new();
-        for name in self.profiles.keys() {
+        for name in crate::profile::DEFAULT_PREFERENCE {
+            if !self.profiles.contains_key(*name) {
+                continue;
+            }
+            let outcome = self.probe_these(&[name.to_string()]).await;
+            let ok = outcome.values().all(Result::is_ok);
+            found.extend(outcome);
+            if ok {
+                break;
+            }
+        }
+        found
+    }
+
+    async fn probe_these(&self, names: &[String]) -> BTreeMap<String, Result<Vec<String>, String>> {
+        let mut found = BTreeMap::new();
+        for name in names {
             let req = ValidRequest {
                 id: format!("probe-{name}"),
                 spec: crate::plan::CommandSpec {

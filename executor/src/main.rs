@@ -222,6 +222,8 @@ struct ProfileChoice<'a> {
     allow: &'a [String],
     /// Default profile instead of the strongest available.
     default: Option<String>,
+    /// Probe every profile (for the hello and `check`), or only what choosing a default needs.
+    probe_all: bool,
 }
 
 async fn setup(
@@ -264,7 +266,11 @@ async fn setup(
         profiles,
         String::new(),
     );
-    let probe = engine.probe().await;
+    let probe = match (&default_profile, choice.probe_all) {
+        (_, true) => engine.probe().await,
+        (None, false) => engine.probe_for_default().await,
+        (Some(_), false) => BTreeMap::new(),
+    };
     engine.default_profile = match default_profile {
         Some(name) if !engine.profiles.contains_key(&name) => bail!("no profile named {name:?}"),
         Some(name) => name,
@@ -344,6 +350,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 dir: args.profiles_dir.as_deref(),
                 allow: &args.allow_profiles,
                 default: args.default_profile.clone(),
+                probe_all: true,
             },
         )
         .await?;
@@ -604,7 +611,10 @@ fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         cwd.clone(),
         default_state_dir(),
         Vec::new(),
-        ProfileChoice::default(),
+        ProfileChoice {
+            default: valid.profile.clone(),
+            ..ProfileChoice::default()
+        },
     ))?;
     let kept = engine.limits.max_output_bytes;
     let code = rt.block_on(async move {
@@ -660,7 +670,10 @@ fn check() -> anyhow::Result<ExitCode> {
         workspace,
         default_state_dir(),
         Vec::new(),
-        ProfileChoice::default(),
+        ProfileChoice {
+            probe_all: true,
+            ..ProfileChoice::default()
+        },
     ))?;
     let facts = host_facts();
     println!(
