@@ -19,7 +19,9 @@ fn v2_path(pid: i32) -> Option<String> {
 
 #[tokio::test]
 async fn writing_own_pid_into_another_cgroup_is_denied() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     let mut client = daemon.connect().await;
     for (profile, expect) in [
         (STRICT, Denied),

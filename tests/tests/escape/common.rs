@@ -235,12 +235,21 @@ impl std::ops::DerefMut for TestDaemon {
     }
 }
 
-pub fn daemon() -> TestDaemon {
+/// Start a daemon for a case, or skip it (locally) / fail it (CI, through
+/// [`executor_tests::require`]) when this host cannot run what the suite tests: root for the
+/// namespaced profiles, and every profile available (its layers work on this kernel).
+pub fn daemon() -> Option<TestDaemon> {
     daemon_with(DaemonOptions::default())
 }
 
-pub fn daemon_with(mut opts: DaemonOptions) -> TestDaemon {
+pub fn daemon_with(mut opts: DaemonOptions) -> Option<TestDaemon> {
     use std::os::unix::fs::PermissionsExt;
+    if !executor_tests::require(
+        "root (strict and task-container need it)",
+        executor_tests::is_root(),
+    ) {
+        return None;
+    }
     let root = tempfile::Builder::new()
         .prefix("escape-ws-")
         .tempdir_in("/var/tmp")
@@ -251,10 +260,45 @@ pub fn daemon_with(mut opts: DaemonOptions) -> TestDaemon {
         .extend(["--workspace".to_string(), workspace.display().to_string()]);
     let mut daemon = Daemon::start_opts(opts);
     daemon.workspace = workspace;
-    TestDaemon {
+    for (name, reason) in unavailable_profiles(&daemon) {
+        if !executor_tests::require(&format!("profile {name} on this host: {reason}"), false) {
+            return None;
+        }
+    }
+    Some(TestDaemon {
         daemon,
         _workspace_root: root,
-    }
+    })
+}
+
+/// Profiles of the suite that `daemon`'s hello says this host cannot run, with the reason.
+/// Read on a thread of its own: callers are inside a test's runtime and cannot block on it.
+pub fn unavailable_profiles(daemon: &Daemon) -> Vec<(String, String)> {
+    let (url, token) = (daemon.url.clone(), daemon.token.clone());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let client = Client::connect(&url, Some(&token)).await.unwrap();
+            client
+                .hello
+                .profiles
+                .iter()
+                .filter(|p| [STRICT, LANDLOCK, TASK, TRUSTED].contains(&p.name.as_str()))
+                .filter(|p| !p.available)
+                .map(|p| {
+                    (
+                        p.name.clone(),
+                        p.unavailable_reason.clone().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+    })
+    .join()
+    .unwrap()
 }
 
 /// Wait until exactly `n` marked sleeps of `m` run on the host (a fork is visible before its

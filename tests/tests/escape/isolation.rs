@@ -54,7 +54,9 @@ const NS: [&str; 7] = ["mnt", "pid", "net", "ipc", "uts", "cgroup", "user"];
 
 #[tokio::test]
 async fn each_profile_applies_its_layers_as_seen_from_the_host() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     let d = daemon.pid() as i32;
     let mut client = daemon.connect().await;
     let zero = "0000000000000000".to_string();
@@ -139,7 +141,9 @@ async fn each_profile_applies_its_layers_as_seen_from_the_host() {
 
 #[tokio::test]
 async fn strict_sees_a_fresh_root_proc_dev_and_hostname() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     let mut client = daemon.connect().await;
     let probe = "echo host=$(hostname); echo procs=$(ls /proc | grep -c '^[0-9]*$'); \
                  echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline | cut -c1-40 | tr ' ' _); \
@@ -219,7 +223,9 @@ async fn strict_sees_a_fresh_root_proc_dev_and_hostname() {
 async fn tools_exist_in_every_profile() {
     // The probes of this suite run bash, coreutils, python3 and perl inside the sandbox. If
     // these fail, the other cases' denials could be a missing tool, not a working sandbox.
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     let mut client = daemon.connect().await;
     let probe = format!(
         "for t in bash python3 perl cat dd stat od head setsid nohup unshare mount mknod mkfifo ps; do \
@@ -238,7 +244,9 @@ async fn tools_exist_in_every_profile() {
 
 #[tokio::test]
 async fn writes_land_only_where_the_profile_allows() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     let mut client = daemon.connect().await;
     // Targets that do not exist yet, so nothing is overwritten; cleaned up after.
     let targets = ["/etc", "/usr", "/var/tmp", "/root", "/opt"];
@@ -279,7 +287,9 @@ async fn writes_land_only_where_the_profile_allows() {
 
 #[tokio::test]
 async fn only_stdio_descriptors_reach_a_sandboxed_command() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     let mut client = daemon.connect().await;
     for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
         let m = marker();
@@ -319,7 +329,9 @@ const PATIENCE_SHORT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[tokio::test]
 async fn strict_is_the_default_and_trusted_is_only_used_when_named() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     let mut client = daemon.connect().await;
     assert_eq!(client.hello.default_profile, STRICT, "{:?}", client.hello);
     let names: Vec<&str> = client
@@ -441,6 +453,9 @@ async fn executor_check_reports_layers_and_profiles() {
 async fn task_container_runs_in_the_default_layout_without_exposing_the_token() {
     // The daemon's default layout puts the workspace inside the state directory, which
     // task-container covers. The command must still get its workspace, and still not the token.
+    if !executor_tests::require("root (task-container needs it)", executor_tests::is_root()) {
+        return;
+    }
     let daemon = Daemon::start();
     assert!(daemon.workspace.starts_with(daemon.state.path()));
     let mut client = daemon.connect().await;
@@ -482,7 +497,9 @@ async fn task_container_runs_in_the_default_layout_without_exposing_the_token() 
 async fn landlock_can_write_the_workspace_a_strict_command_also_writes() {
     // The workspace is shared by every profile of a daemon: strict runs as 65534, landlock as
     // the daemon's uid without CAP_DAC_OVERRIDE. Both must be able to write it.
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     let mut client = daemon.connect().await;
     for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
         let out = run_in(

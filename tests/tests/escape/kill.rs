@@ -55,7 +55,9 @@ async fn none_left(profile: &str, m: &str, after: &str) {
 
 #[tokio::test]
 async fn timeout_kills_setsid_double_forked_nohup_stopped_and_signal_ignoring_tasks() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     join_all(ALL.map(|profile| {
         let daemon = &daemon;
         async move {
@@ -89,7 +91,9 @@ async fn timeout_kills_setsid_double_forked_nohup_stopped_and_signal_ignoring_ta
 
 #[tokio::test]
 async fn cancel_kills_the_whole_escaping_tree() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     join_all(ALL.map(|profile| {
         let daemon = &daemon;
         async move {
@@ -116,7 +120,9 @@ async fn cancel_kills_the_whole_escaping_tree() {
 
 #[tokio::test]
 async fn disconnect_kills_the_whole_escaping_tree() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     join_all(ALL.map(|profile| {
         let daemon = &daemon;
         async move {
@@ -144,7 +150,9 @@ async fn disconnect_kills_the_whole_escaping_tree() {
 
 #[tokio::test]
 async fn shell_exit_kills_what_it_left_running() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     let mut client = daemon.connect().await;
     for profile in ALL {
         let m = marker();
@@ -172,7 +180,9 @@ async fn shell_exit_kills_what_it_left_running() {
 
 #[tokio::test]
 async fn daemon_sigkill_takes_every_sandboxed_tree_with_it() {
-    let mut daemon = daemon();
+    let Some(mut daemon) = daemon() else {
+        return;
+    };
     let mut client = daemon.connect().await;
     let m = marker();
     for profile in [STRICT, LANDLOCK, TASK] {
@@ -202,7 +212,9 @@ pub(crate) fn racing_forker(m: &str) -> String {
 
 #[tokio::test]
 async fn cancel_kills_a_tree_that_keeps_forking_orphans() {
-    let daemon = daemon();
+    let Some(daemon) = daemon() else {
+        return;
+    };
     join_all(ALL.map(|profile| {
         let daemon = &daemon;
         async move {

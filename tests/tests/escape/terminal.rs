@@ -52,10 +52,12 @@ async fn tiocsti_cannot_inject_into_the_daemons_terminal() {
         .unwrap()
         .display()
         .to_string();
-    let daemon = daemon_with(DaemonOptions {
+    let Some(daemon) = daemon_with(DaemonOptions {
         terminal: Some(pty.slave.try_clone().unwrap()),
         ..Default::default()
-    });
+    }) else {
+        return;
+    };
     // Control: the daemon really has the terminal as its controlling terminal.
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", daemon.pid())).unwrap();
     let tty_nr: i64 = stat[stat.rfind(')').unwrap() + 2..]
