@@ -258,8 +258,18 @@ pub fn daemon_with(mut opts: DaemonOptions) -> Option<TestDaemon> {
     let workspace = root.path().join("workspace");
     opts.extra
         .extend(["--workspace".to_string(), workspace.display().to_string()]);
+    // A token file named by the case replaces the one in the state directory.
+    let token_file = opts
+        .extra
+        .iter()
+        .position(|a| a == "--token-file")
+        .and_then(|i| opts.extra.get(i + 1))
+        .cloned();
     let mut daemon = Daemon::start_opts(opts);
     daemon.workspace = workspace;
+    if let Some(file) = token_file {
+        daemon.token = std::fs::read_to_string(file).unwrap().trim().to_string();
+    }
     for (name, reason) in unavailable_profiles(&daemon) {
         if !executor_tests::require(&format!("profile {name} on this host: {reason}"), false) {
             return None;
