@@ -172,8 +172,17 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn helper_exe() -> anyhow::Result<PathBuf> {
-    std::env::current_exe().context("cannot locate the executor binary to re-run as helper")
+/// Where the executor binary lies, for profiles that hide it.
+fn executor_bin() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("cannot locate the executor binary")
+}
+
+/// What the daemon executes as the sandbox helper: its own image, through /proc/self/exe in
+/// the freshly forked child. Never the path the binary was started from: a command of a profile
+/// with a writable host root could replace what lies there (or rename a parent directory), and
+/// a rebuild would mix versions.
+fn helper_exe() -> PathBuf {
+    PathBuf::from("/proc/self/exe")
 }
 
 fn interpreter(text: &str) -> anyhow::Result<Vec<String>> {
@@ -253,19 +262,13 @@ async fn setup(
         workspace,
         home: home_dir(),
         state_dir,
-        executor_bin: helper_exe()?,
+        executor_bin: executor_bin()?,
         daemon_files,
         daemon_uid: nix::unistd::geteuid().as_raw(),
         loader_files: loader_files(),
         cgroups: cgroups.clone(),
     };
-    let mut engine = Engine::new(
-        limits,
-        plan_settings,
-        helper_exe()?,
-        profiles,
-        String::new(),
-    );
+    let mut engine = Engine::new(limits, plan_settings, helper_exe(), profiles, String::new());
     let probe = match (&default_profile, choice.probe_all) {
         (_, true) => engine.probe().await,
         (None, false) => engine.probe_for_default().await,
