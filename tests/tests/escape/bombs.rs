@@ -10,13 +10,23 @@ use executor_tests::{eventually, marker, processes_matching, sleepers, PATIENCE}
 
 use crate::common::*;
 
+/// First thing every bomb does: try to lift its own limits.
+const RAISE: &str = r#"
+import resource
+for lim in ("RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_NOFILE"):
+    try:   # a limit the command can raise is no limit
+        resource.setrlimit(getattr(resource, lim), (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (OSError, ValueError):
+        pass
+"#;
+
 /// Fork up to `n` children that exec a marked sleep; print how many and the errno that ended
 /// the loop, then hold them until cancelled.
 fn fork_probe(m: &str, n: u32) -> String {
     python(&format!(
         r#"
 import time
-n = 0; err = 0
+{RAISE}n = 0; err = 0
 for i in range({n}):
     try:
         pid = os.fork()
@@ -41,7 +51,7 @@ fn thread_probe(m: &str, n: u32) -> String {
         m,
         &format!(
             r#"
-import threading, time
+{RAISE}import threading, time
 threading.stack_size(64 * 1024)
 n = 0; err = ""
 for i in range({n}):
@@ -197,7 +207,7 @@ async fn thread_bomb_stops_at_the_process_limit() {
 fn memory_probe(target_mib: u64) -> String {
     python(&format!(
         r#"
-held = []; got = 0
+{RAISE}held = []; got = 0
 try:
     while got < {target_mib}:
         held.append(b"\x01" * (256 << 20))

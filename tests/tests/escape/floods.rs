@@ -90,7 +90,15 @@ async fn file_size_limit_stops_a_big_workspace_write() {
             "[{profile}] control: {}",
             ok.output
         );
-        let big = run_streamed(&mut client, profile, "big", &fill(&name, 1100), 90.0).await;
+        // First try to lift the limit: a soft-only limit is no limit.
+        let big = run_streamed(
+            &mut client,
+            profile,
+            "big",
+            &format!("ulimit -f unlimited; ulimit -Hf; {}", fill(&name, 1100)),
+            90.0,
+        )
+        .await;
         let on_host = std::fs::metadata(&host_path).map_or(0, |m| m.len());
         assert!(
             on_host >= 1000 * MIB,
