@@ -6,4 +6,5 @@ mod basics;
 mod daemon_life;
 mod kill;
 mod output;
+mod profiles;
 mod protocol_errors;

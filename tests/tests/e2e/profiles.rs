@@ -1,0 +1,88 @@
+//! Profiles the daemon's configuration chooses: extra profiles from a directory, an allow-list,
+//! an explicit default.
+
+use executor_tests::{req, Daemon};
+use protocol::ErrorCode;
+
+#[tokio::test]
+async fn a_profile_from_a_directory_is_offered_and_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let trusted = include_str!("../../../sandbox-profiles/trusted.json");
+    let mut custom: serde_json::Value = serde_json::from_str(trusted).unwrap();
+    custom["name"] = "custom".into();
+    custom["env"]["CUSTOM_MARK"] = "from-the-profile-dir".into();
+    std::fs::write(dir.path().join("custom.json"), custom.to_string()).unwrap();
+    let daemon = Daemon::start_with(&["--profiles-dir", dir.path().to_str().unwrap()]);
+    let mut client = daemon.connect().await;
+    let offered = client.hello.profiles.iter().find(|p| p.name == "custom");
+    assert!(
+        offered.is_some_and(|p| p.available),
+        "{:?}",
+        client.hello.profiles
+    );
+    let mut r = req("c", "echo $CUSTOM_MARK");
+    r.profile = Some("custom".into());
+    let result = client.exec(r).await.result.unwrap();
+    assert_eq!(result.output, "from-the-profile-dir\n");
+    assert_eq!(result.extra.isolation.profile, "custom");
+    // Control: a built-in profile does not have the variable.
+    let mut r = req("t", "echo ${CUSTOM_MARK:-unset}");
+    r.profile = Some("trusted".into());
+    assert_eq!(client.exec(r).await.result.unwrap().output, "unset\n");
+}
+
+#[tokio::test]
+async fn an_invalid_profile_file_stops_the_daemon_from_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("broken.json"),
+        r#"{"name":"broken","netwrok":1}"#,
+    )
+    .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(executor_tests::binary("executor"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--profiles-dir"])
+        .arg(dir.path())
+        .arg("--state-dir")
+        .arg(state.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("broken"), "{stderr}");
+}
+
+#[tokio::test]
+async fn only_allowed_profiles_can_be_used() {
+    let daemon = Daemon::start_with(&["--allow-profile", "strict", "--allow-profile", "landlock"]);
+    let mut client = daemon.connect().await;
+    let names: Vec<&str> = client
+        .hello
+        .profiles
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(names, ["landlock", "strict"]);
+    let mut r = req("t", "id -u");
+    r.profile = Some("trusted".into());
+    let err = client.exec(r).await.result.unwrap_err();
+    assert_eq!(err.code, ErrorCode::ProfileDenied);
+    // Allowed twin.
+    let mut r = req("l", "id -u");
+    r.profile = Some("landlock".into());
+    assert_eq!(client.exec(r).await.result.unwrap().output, "65534\n");
+}
+
+#[tokio::test]
+async fn an_explicit_default_profile_is_used_for_requests_that_name_none() {
+    let daemon = Daemon::start_with(&["--default-profile", "landlock"]);
+    let mut client = daemon.connect().await;
+    assert_eq!(client.hello.default_profile, "landlock");
+    let result = client.run("d", "true").await;
+    assert_eq!(result.extra.isolation.profile, "landlock");
+    assert!(!result
+        .extra
+        .isolation
+        .layers
+        .contains(&"pid_ns".to_string()));
+}
