@@ -244,3 +244,45 @@ async fn cancel_kills_a_tree_that_keeps_forking_orphans() {
     .await;
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn a_shell_that_stops_itself_is_still_killed_at_its_timeout() {
+    // SIGSTOP on the shell itself (and a stopped child): nothing reads the pipe, nothing exits,
+    // and only the daemon's clock can end the command.
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    join_all(ALL.map(|profile| {
+        let daemon = &daemon;
+        async move {
+            let mut client = daemon.connect().await;
+            let m = marker();
+            let started = Instant::now();
+            let result = run_with_timeout(
+                &mut client,
+                profile,
+                "stopped",
+                &format!(
+                    "{} & echo before; kill -STOP $$; echo after",
+                    marked_sleep(&m)
+                ),
+                2.0,
+            )
+            .await;
+            assert_eq!(
+                result.extra.ended,
+                Ending::TimedOut,
+                "[{profile}] {result:?}"
+            );
+            assert_eq!(result.output, "before\n", "[{profile}]");
+            assert!(
+                started.elapsed() < Duration::from_secs(6),
+                "[{profile}] {:?}",
+                started.elapsed()
+            );
+            none_left(profile, &m, "a self-stopped shell's timeout").await;
+        }
+    }))
+    .await;
+    assert_daemon_intact(&daemon).await;
+}
