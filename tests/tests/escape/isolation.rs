@@ -522,3 +522,53 @@ async fn landlock_can_write_the_workspace_a_strict_command_also_writes() {
         assert_eq!(field(&out, "sub"), Some("0"), "[{profile}] {out}");
     }
 }
+
+#[tokio::test]
+async fn strict_system_mounts_are_read_only_by_mount_flags_not_only_by_file_modes() {
+    // uid 65534 cannot write /etc or /usr anyway, so the write attempts above do not prove the
+    // binds are read-only. The mount table does: any world-writable file below a read-write
+    // bind would otherwise be open.
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let mut client = daemon.connect().await;
+    let out = run_in(
+        &mut client,
+        STRICT,
+        "mounts",
+        "awk '{print $5, $6}' /proc/self/mountinfo",
+    )
+    .await
+    .output;
+    let options = |at: &str| {
+        out.lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(point, _)| *point == at)
+            .map(|(_, opts)| opts.to_string())
+            .next_back()
+    };
+    for dir in ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/opt"] {
+        // Directories that are symlinks on this host (usrmerge) are not mount points.
+        if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+            let opts = options(dir).unwrap_or_else(|| panic!("[strict] {dir} not mounted: {out}"));
+            assert!(
+                opts.split(',').any(|o| o == "ro"),
+                "[strict] {dir} is mounted {opts}"
+            );
+        }
+    }
+    let ws = daemon.workspace.display().to_string();
+    let ws_opts = options(&ws).unwrap_or_else(|| panic!("[strict] workspace not mounted: {out}"));
+    // Control: the workspace is a read-write mount.
+    assert!(
+        ws_opts.split(',').any(|o| o == "rw"),
+        "[strict] workspace {ws_opts}"
+    );
+    for dir in ["/tmp", "/dev/shm", ws.as_str()] {
+        let opts = options(dir).unwrap_or_default();
+        assert!(
+            opts.split(',').any(|o| o == "nosuid") && opts.split(',').any(|o| o == "nodev"),
+            "[strict] {dir} is mounted {opts}"
+        );
+    }
+}
