@@ -456,3 +456,61 @@ async fn task_container_cannot_replace_the_helper_by_renaming_a_parent_directory
         std::fs::read_to_string(&pwned).unwrap_or_default().trim()
     );
 }
+
+#[tokio::test]
+async fn task_container_cannot_swap_the_directories_the_helper_loads_from() {
+    // The read-only binds on the loader files (see the case above) sit inside task-container's
+    // own mount namespace. Renaming a directory *above* a bound file is allowed (only the
+    // mount point itself is busy), and the rename happens on the host's filesystem, where the
+    // daemon's next helper exec reads /etc/ld.so.preload and its libraries by path:
+    // `mv /etc /etc.old; mkdir /etc; echo /workspace/evil.so > /etc/ld.so.preload` would run
+    // the command's code as root before the sandbox exists.
+    // `task_container_cannot_replace_the_helper_by_renaming_a_parent_directory` shows the move
+    // itself works; doing it to /etc or /lib here would break the shared host, so this case
+    // checks, without changing anything, whether any ancestor of a loader file can be renamed:
+    // its parent is writable and it is not itself a mount point in the command's view.
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let exe = executor_tests::binary("executor");
+    let ldd = Command::new("ldd").arg(&exe).output().unwrap();
+    let mut targets: Vec<String> = String::from_utf8_lossy(&ldd.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with('/'))
+                .map(str::to_string)
+        })
+        .collect();
+    targets.extend([
+        "/etc/ld.so.preload".to_string(),
+        "/etc/ld.so.cache".to_string(),
+    ]);
+    let probe = python(&format!(
+        r#"
+seen = set()
+for t in {targets:?}:
+    p = os.path.dirname(t)
+    while p not in ("/", ""):
+        if p not in seen:
+            seen.add(p)
+            parent = os.path.dirname(p)
+            if os.access(parent, os.W_OK) and not os.path.ismount(p):
+                print(f"renamable={{p}}")
+        p = os.path.dirname(p)
+"#
+    ));
+    let mut client = daemon.connect().await;
+    // Control: on the host (trusted), /etc's parent is writable and /etc is no mount point.
+    let ctl = run_in(&mut client, TRUSTED, "loader-dirs", &probe)
+        .await
+        .output;
+    assert!(ctl.contains("renamable=/etc\n"), "[trusted] control: {ctl}");
+    let out = run_in(&mut client, TASK, "loader-dirs", &probe)
+        .await
+        .output;
+    assert!(
+        !out.contains("renamable="),
+        "[task-container] can swap a directory the next helper loads from:\n{out}"
+    );
+}
