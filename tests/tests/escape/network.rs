@@ -434,3 +434,44 @@ async fn host_unix_sockets_outside_the_sandbox_view_are_unreachable_under_strict
     }
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn vsock_sockets_are_refused_without_network() {
+    // AF_VSOCK is not network-namespaced and landlock's rules do not cover it: in a VM it is a
+    // channel to the hypervisor side (CID 2) that no network namespace closes. Only socket
+    // creation and a local bind are tried here (connecting to CID 2 would touch services that
+    // are not ours). The host must have vsock for the control to mean anything.
+    if !std::path::Path::new("/dev/vsock").exists() {
+        not_applicable("no /dev/vsock on this host");
+        return;
+    }
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let mut client = daemon.connect().await;
+    let probe = python(
+        r#"
+import socket
+try:
+    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    s.bind((socket.VMADDR_CID_ANY, socket.VMADDR_PORT_ANY))
+    print("vsock=0")
+except OSError as e:
+    print(f"vsock={e.errno}")
+"#,
+    );
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Allowed),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let out = run_in(&mut client, profile, "vsock", &probe).await.output;
+        match expect {
+            Denied => assert_ne!(field(&out, "vsock"), Some("0"), "{l} has vsock: {out}"),
+            Allowed => assert_eq!(field(&out, "vsock"), Some("0"), "{l} control: {out}"),
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
