@@ -233,3 +233,49 @@ else:
     }
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn host_posix_shared_memory_is_out_of_reach() {
+    // POSIX shared memory lives in /dev/shm: strict mounts a private one; landlock's profile
+    // reads all of /dev, the host's /dev/shm included.
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let path = format!("/dev/shm/escape-{m}");
+    let content = format!("posixshm-{m}");
+    std::fs::write(&path, &content).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    struct Rm(String);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _rm = Rm(path.clone());
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let out = run_in(
+            &mut client,
+            profile,
+            "posixshm",
+            &format!("cat {path}; echo rc=$?"),
+        )
+        .await
+        .output;
+        match expect {
+            Denied => assert!(
+                !out.contains(&content),
+                "{l} read the host's /dev/shm: {out}"
+            ),
+            Allowed => assert!(out.contains(&content), "{l} control: {out}"),
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
