@@ -175,9 +175,9 @@ impl Engine {
         found
     }
 
+    /// Probe `names` concurrently (start-up waits for the slowest, not for their sum).
     async fn probe_these(&self, names: &[String]) -> BTreeMap<String, Result<Vec<String>, String>> {
-        let mut found = BTreeMap::new();
-        for name in names {
+        let probes = names.iter().map(|name| async move {
             let req = ValidRequest {
                 id: format!("probe-{name}"),
                 spec: crate::plan::CommandSpec {
@@ -197,9 +197,12 @@ impl Engine {
                 )),
                 Err(err) => Err(err.message),
             };
-            found.insert(name.clone(), outcome);
-        }
-        found
+            (name.clone(), outcome)
+        });
+        futures_util::future::join_all(probes)
+            .await
+            .into_iter()
+            .collect()
     }
 
     /// The strongest of the default profiles this host can run.

@@ -350,6 +350,9 @@ fn payload_main(plan: &Plan) -> SetupError {
     if let Err(err) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         return SetupError::Process(err.into());
     }
+    if let Err(err) = sys::reset_signals() {
+        return SetupError::Process(err);
+    }
     // stdin from /dev/null (never the daemon's lifeline), stderr joins stdout on the output
     // pipe so their order is kept.
     let wired = std::fs::File::open("/dev/null")

@@ -95,3 +95,48 @@ pub fn assert_single_threaded() -> io::Result<()> {
         )))
     }
 }
+
+/// Give the payload the signal state a fresh process expects: every disposition back to its
+/// default and nothing blocked. exec keeps ignored signals and the mask, and the helper inherits
+/// Rust's ignored SIGPIPE (and whatever its own parent ignored) and blocks SIGCHLD for its
+/// signalfd; a shell started with SIGPIPE ignored makes `yes | head` print "Broken pipe"
+/// forever instead of stopping.
+pub fn reset_signals() -> io::Result<()> {
+    /// The kernel's struct sigaction on x86_64 (glibc's wrapper refuses its reserved signals 32
+    /// and 33, so the raw syscall is used for all of them alike).
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
+    let default = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    for signo in 1..=64 {
+        if signo == libc::SIGKILL || signo == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction reads `default` (valid for the call, the kernel's layout, an
+        // 8-byte mask) and writes nothing back (old action NULL). SIG_DFL installs no code.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                signo,
+                &default as *const KernelSigaction,
+                std::ptr::null_mut::<KernelSigaction>(),
+                8usize,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    nix::sys::signal::SigSet::empty()
+        .thread_set_mask()
+        .map_err(io::Error::from)
+}

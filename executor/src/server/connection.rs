@@ -84,7 +84,7 @@ pub async fn run(ws: Ws, daemon: Arc<Daemon>, peer: SocketAddr, connection: u64)
         replies: replies.clone(),
         peer,
         connection,
-        running: HashMap::new(),
+        running: Running::default(),
         tasks: JoinSet::new(),
         gone: CancellationToken::new(),
     };
@@ -116,11 +116,9 @@ pub async fn run(ws: Ws, daemon: Arc<Daemon>, peer: SocketAddr, connection: u64)
                     break;
                 }
             },
-            Some(done) = session.tasks.join_next() => {
-                if let Ok(id) = done {
-                    session.running.remove(&id);
-                }
-            }
+            // Jobs leave `running` themselves, before their reply (so an id is free again as
+            // soon as its result arrives); here they are only reaped.
+            Some(_) = session.tasks.join_next() => {}
             () = daemon.shutdown.cancelled(), if !draining => draining = true,
             () = writer_gone.cancelled() => { peer_left = true; break }
         }
@@ -173,10 +171,9 @@ struct Session {
     replies: Replies,
     peer: SocketAddr,
     connection: u64,
-    /// Cancel handles of this connection's running commands, by client id.
-    running: HashMap<String, CancellationToken>,
-    /// Command tasks; each returns its id when done.
-    tasks: JoinSet<String>,
+    running: Running,
+    /// Command tasks.
+    tasks: JoinSet<()>,
     /// Cancelled when the peer is gone.
     gone: CancellationToken,
 }
@@ -220,16 +217,15 @@ impl Session {
                 let job = Job {
                     daemon: self.daemon.clone(),
                     replies: self.replies.clone(),
+                    running: self.running.clone(),
                     peer: self.peer,
                     connection: self.connection,
                     gone: self.gone.clone(),
                     cancel,
                 };
                 self.tasks.spawn(async move {
-                    let id = valid.id.clone();
                     job.run(valid).await;
                     drop(permit);
-                    id
                 });
             }
             Err(err) => self.replies.error(Some(id), err.code, &err.message).await,
@@ -285,10 +281,40 @@ impl Session {
     }
 }
 
+/// Cancel handles of a connection's running commands, by client id. Shared with the jobs so
+/// that each removes its own id right before replying.
+#[derive(Clone, Default)]
+struct Running(Arc<std::sync::Mutex<HashMap<String, CancellationToken>>>);
+
+impl Running {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        // A poisoned lock only means a job panicked while holding it; the map is still valid.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    fn insert(&self, id: String, cancel: CancellationToken) {
+        self.lock().insert(id, cancel);
+    }
+    fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+    fn get(&self, id: &str) -> Option<CancellationToken> {
+        self.lock().get(id).cloned()
+    }
+    fn contains_key(&self, id: &str) -> bool {
+        self.lock().contains_key(id)
+    }
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
 /// One admitted command.
 struct Job {
     daemon: Arc<Daemon>,
     replies: Replies,
+    running: Running,
     peer: SocketAddr,
     connection: u64,
     gone: CancellationToken,
@@ -346,12 +372,14 @@ impl Job {
                 record.output_bytes = extra.output_bytes;
                 record.killed_processes = extra.killed_processes;
                 tracing::debug!(id = %req.id, rc = result.returncode, ended = %record.ended, "command finished");
-                self.daemon.audit.record(record).await;
+                self.running.remove(&req.id);
                 self.replies.send(ServerMessage::Result(result)).await;
+                self.daemon.audit.record(record).await;
             }
             Err(err) => {
                 tracing::warn!(id = %req.id, code = %err.code, message = %err.message, "command failed to run");
                 record.error = Some(format!("{}: {}", err.code, err.message));
+                self.running.remove(&req.id);
                 self.daemon.audit.record(record).await;
                 self.replies
                     .error(Some(req.id.clone()), err.code, &err.message)

@@ -203,3 +203,57 @@ async fn only_stdio_descriptors_reach_the_command() {
         .await;
     assert!(client.collect("fds").await.result.unwrap().extra.cancelled);
 }
+
+#[tokio::test]
+async fn commands_start_with_default_signal_dispositions_and_an_empty_mask() {
+    // Rust ignores SIGPIPE and the helper blocks SIGCHLD; neither may leak into a command, or
+    // `yes | head` never stops and shells misbehave. Checked on the host, in /proc.
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for profile in ["strict", "landlock", "task-container", "trusted"] {
+        let m = executor_tests::marker();
+        let mut r = req("sig", &format!("exec {}", executor_tests::marked_sleep(&m)));
+        r.profile = Some(profile.into());
+        client.send(&protocol::ClientMessage::Exec(r)).await;
+        let mut pids = Vec::new();
+        assert!(
+            executor_tests::eventually(executor_tests::PATIENCE, || {
+                pids = executor_tests::sleepers(&m);
+                pids.len() == 1
+            })
+            .await
+        );
+        let status = std::fs::read_to_string(format!("/proc/{}/status", pids[0])).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(field("SigIgn:"), "0000000000000000", "{profile}");
+        assert_eq!(field("SigBlk:"), "0000000000000000", "{profile}");
+        client
+            .send(&protocol::ClientMessage::Cancel(protocol::CancelRequest {
+                id: "sig".into(),
+            }))
+            .await;
+        assert!(client.collect("sig").await.result.unwrap().extra.cancelled);
+        let mut r = req("pipe", "yes | head -2; echo rc=${PIPESTATUS[0]}");
+        r.profile = Some(profile.into());
+        let out = client.exec(r).await.result.unwrap().output;
+        // `yes` dies of SIGPIPE (141), silently; control: the output is what head printed.
+        assert_eq!(out, "y\ny\nrc=141\n", "{profile}");
+    }
+}
+
+#[tokio::test]
+async fn an_id_is_free_again_as_soon_as_its_result_arrives() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for i in 0..50 {
+        let result = client.exec(req("same", "true")).await.result;
+        assert!(result.is_ok(), "attempt {i}: {result:?}");
+    }
+}
