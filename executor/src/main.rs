@@ -297,6 +297,7 @@ async fn setup(
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    sys::tune_allocator();
     init_logging(args.log_format);
     let mut limits = default_limits();
     apply_overrides(&mut limits, &args);
