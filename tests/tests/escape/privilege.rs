@@ -36,20 +36,23 @@ async fn setuid_root_binary_planted_in_the_workspace_is_inert() {
     std::fs::set_permissions(&rootonly, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut client = daemon.connect().await;
 
-    // Attack: uid 65534 runs the setuid-root copy to write where only root may.
-    let out = run_in(
-        &mut client,
-        STRICT,
-        "suid",
-        &format!("./suid-touch-{m} rootonly-{m}/pwned; echo rc=$?; id -u"),
-    )
-    .await
-    .output;
-    assert!(
-        !rootonly.join("pwned").exists(),
-        "[strict] the setuid-root binary worked: {out}"
-    );
-    assert!(out.contains("65534"), "[strict] runs as 65534: {out}");
+    // Attack: uid 65534 (strict, and landlock under a root daemon) runs the setuid-root copy
+    // to write where only root may.
+    for profile in [STRICT, LANDLOCK] {
+        let out = run_in(
+            &mut client,
+            profile,
+            "suid",
+            &format!("./suid-touch-{m} rootonly-{m}/pwned-{profile}; echo rc=$?; id -u"),
+        )
+        .await
+        .output;
+        assert!(
+            !rootonly.join(format!("pwned-{profile}")).exists(),
+            "[{profile}] the setuid-root binary worked: {out}"
+        );
+        assert!(out.contains("65534"), "[{profile}] runs as 65534: {out}");
+    }
     // Control: the same binary, run by uid 65534 without no_new_privs (trusted + setpriv),
     // does gain root, so the check above can fail.
     let ctl = run_in(
