@@ -180,27 +180,35 @@ fn run_plan(plan: &Plan) -> Result<HelperReport, SetupError> {
 
     // 6. Cgroups: create the command's, set its limits and join it, so that everything we fork
     //    is born inside (and cgroup.kill later takes all of it at once).
-    for cg in &plan.cgroups {
-        cgroup::create(&cg.dir).map_err(SetupError::Cgroup)?;
-        for (file, value) in &cg.settings {
-            cgroup::set(&cg.dir, file, value).map_err(SetupError::Cgroup)?;
-        }
-        cgroup::join(&cg.dir).map_err(SetupError::Cgroup)?;
-    }
-
     // 7. A pid namespace applies to the children of the process that creates it: our next
     //    child becomes its init, pid 1, whose death kills everything in it.
     let pid_ns = plan.sandbox.namespaces.contains(&Namespace::Pid);
-    if pid_ns {
-        nix::sched::unshare(CloneFlags::CLONE_NEWPID).map_err(SetupError::PidNamespace)?;
+    if let Err(err) = enter_cgroups(plan).and_then(|()| {
+        if pid_ns {
+            nix::sched::unshare(CloneFlags::CLONE_NEWPID).map_err(SetupError::PidNamespace)?;
+        }
+        Ok(())
+    }) {
+        // Leave nothing behind for a command that never ran.
+        let _ = leave_cgroups(plan);
+        remove_cgroups(plan);
+        return Err(err);
     }
 
     // 8. Fork the child: init (which builds the sandbox and forks the payload) or the payload
     //    itself. Failures come back on the setup pipe; its end-of-file means exec happened.
     let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| SetupError::Process(e.into()));
-    let (setup_r, setup_w) = pipe()?;
-    let (status_r, status_w) = pipe()?;
-    let child = match sys::fork().map_err(SetupError::Process)? {
+    let prepared = pipe().and_then(|setup| Ok((setup, pipe()?)));
+    let forked = prepared.and_then(|pipes| Ok((pipes, sys::fork().map_err(SetupError::Process)?)));
+    let (((setup_r, setup_w), (status_r, status_w)), forked) = match forked {
+        Ok(done) => done,
+        Err(err) => {
+            let _ = leave_cgroups(plan);
+            remove_cgroups(plan);
+            return Err(err);
+        }
+    };
+    let child = match forked {
         Forked::Child => {
             drop((setup_r, status_r));
             if pid_ns {
@@ -219,7 +227,8 @@ fn run_plan(plan: &Plan) -> Result<HelperReport, SetupError> {
     // 9. Back out of the command's cgroups, so that killing them never kills us.
     let left = leave_cgroups(plan);
 
-    // 10. Wait for the child's setup to finish (or fail), still honouring the lifeline.
+    // 10. Wait for the child's setup to finish or fail (no step waits on anything outside the
+    //     machine, so this is short; the lifeline is watched again from step 12).
     let setup = wait_setup(&setup_r);
     left?;
     if let Err(err) = setup {
@@ -455,6 +464,17 @@ fn wait_setup(setup_r: &OwnedFd) -> Result<(), SetupError> {
             message: String::from_utf8_lossy(&text).into_owned(),
         }),
     }
+}
+
+fn enter_cgroups(plan: &Plan) -> Result<(), SetupError> {
+    for cg in &plan.cgroups {
+        cgroup::create(&cg.dir).map_err(SetupError::Cgroup)?;
+        for (file, value) in &cg.settings {
+            cgroup::set(&cg.dir, file, value).map_err(SetupError::Cgroup)?;
+        }
+        cgroup::join(&cg.dir).map_err(SetupError::Cgroup)?;
+    }
+    Ok(())
 }
 
 fn leave_cgroups(plan: &Plan) -> Result<(), SetupError> {
