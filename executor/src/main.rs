@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -440,9 +440,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Files the dynamic loader reads when this binary starts: the shared libraries mapped into
-/// this process, the loader cache, and the preload list. The preload list is created empty
-/// (when we may) so that it exists to be made read-only: otherwise a command of a profile with
-/// a writable host root could create it and run code in the next helper.
+/// this process, the loader cache and the preload list, plus every directory that holds a
+/// symlink on the way to them (the interpreter is reached through /lib64 -> usr/lib64, a
+/// link in a directory). The preload list is created empty (when we may) so that it exists to
+/// be made read-only: otherwise a command of a profile with a writable host root could create
+/// it and run code in the next helper.
 fn loader_files() -> Vec<PathBuf> {
     let preload = PathBuf::from("/etc/ld.so.preload");
     if !preload.exists() && nix::unistd::geteuid().is_root() {
@@ -451,17 +453,53 @@ fn loader_files() -> Vec<PathBuf> {
         }
     }
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut files: Vec<PathBuf> = maps
+    let mapped: Vec<PathBuf> = maps
         .lines()
         .filter_map(|line| line.split_whitespace().nth(5))
         .filter(|path| path.starts_with('/') && path.contains(".so"))
         .map(PathBuf::from)
         .collect();
+    let mut files = mapped.clone();
     files.extend(["/etc/ld.so.cache".into(), preload]);
+    // The paths the loader opens, which may differ from the mapped (resolved) ones.
+    let mut opened = vec![PathBuf::from("/lib64/ld-linux-x86-64.so.2")];
+    for lib in &mapped {
+        if let Some(name) = lib.file_name() {
+            opened.push(Path::new("/lib/x86_64-linux-gnu").join(name));
+        }
+    }
+    for path in &opened {
+        link_dirs(path, &mut files, 0);
+    }
     files.sort();
     files.dedup();
-    files.retain(|f| f.exists());
+    files.retain(|f| f.exists() && f != Path::new("/"));
     files
+}
+
+/// Add to `dirs` every directory (but the root) holding a symlink on the way to `path`.
+fn link_dirs(path: &Path, dirs: &mut Vec<PathBuf>, depth: u32) {
+    if depth > 16 {
+        return;
+    }
+    let mut current = PathBuf::from("/");
+    let mut components = path.components().skip(1);
+    while let Some(component) = components.next() {
+        let next = current.join(component);
+        let Ok(target) = std::fs::read_link(&next) else {
+            current = next;
+            continue;
+        };
+        dirs.push(current.clone());
+        let resolved = if target.is_absolute() {
+            target
+        } else {
+            current.join(target)
+        };
+        let rest: PathBuf = components.collect();
+        link_dirs(&resolved.join(rest), dirs, depth + 1);
+        return;
+    }
 }
 
 /// The state directory holds the token and the audit log: only the daemon's user may enter.

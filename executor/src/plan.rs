@@ -63,6 +63,8 @@ pub struct SandboxPlan {
     pub seccomp: bool,
     /// seccomp also refuses IP sockets (no network and no network namespace to contain it).
     pub deny_inet: bool,
+    /// seccomp also refuses SysV IPC (no IPC namespace: its keys would reach the host's).
+    pub deny_sysv_ipc: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,6 +75,8 @@ pub struct MountPlan {
     pub writable: Vec<PathBuf>,
     /// Covered with empty read-only mounts.
     pub hidden: Vec<PathBuf>,
+    /// Directories bound onto themselves (writable) so they cannot be renamed or replaced.
+    pub pins: Vec<PathBuf>,
     /// tmpfs mounts and their sizes in bytes.
     pub tmpfs: Vec<(PathBuf, u64)>,
 }
@@ -147,8 +151,10 @@ pub struct PlanSettings {
     /// Effective uid of the daemon.
     pub daemon_uid: u32,
     /// What the dynamic loader reads when the daemon starts a helper (its shared libraries,
-    /// /etc/ld.so.cache, /etc/ld.so.preload): read-only in every profile that shows the host's
-    /// root writable, or a command could run code in the next helper before it is sandboxed.
+    /// /etc/ld.so.cache, /etc/ld.so.preload, and the directories holding symlinks on the way
+    /// to them): read-only in every profile that shows the host's root writable, with every
+    /// directory above them pinned, or a command could run code in the next helper before it
+    /// is sandboxed.
     pub loader_files: Vec<PathBuf>,
     pub cgroups: CgroupRoot,
 }
@@ -310,6 +316,11 @@ fn plan_sandbox(profile: &Profile, settings: &PlanSettings, cgroups: &[CgroupDir
                 )
                 .collect(),
             writable: fs.writable.iter().map(|g| expand(&g.path)).collect(),
+            pins: if fs.root == RootMode::Host {
+                ancestors(&settings.loader_files)
+            } else {
+                Vec::new()
+            },
             hidden: fs
                 .hidden
                 .iter()
@@ -405,8 +416,22 @@ fn plan_sandbox(profile: &Profile, settings: &PlanSettings, cgroups: &[CgroupDir
         landlock,
         seccomp: profile.seccomp,
         deny_inet: profile.seccomp && profile.network == Network::None && !has(Namespace::Net),
+        deny_sysv_ipc: profile.seccomp && !has(Namespace::Ipc),
         namespaces,
     }
+}
+
+/// Every directory above `paths`, except the root, parents first, without repeats.
+fn ancestors(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = paths
+        .iter()
+        .flat_map(|p| p.ancestors().skip(1))
+        .filter(|d| d.parent().is_some())
+        .map(PathBuf::from)
+        .collect();
+    dirs.sort_by_key(|d| (d.components().count(), d.clone()));
+    dirs.dedup();
+    dirs
 }
 
 /// Names of the layers a plan puts in force, in the order they are applied.
@@ -575,9 +600,10 @@ mod tests {
         let sandbox = &plan.sandbox;
         assert!(sandbox.namespaces.is_empty());
         assert!(sandbox.mounts.is_none());
-        // A root daemon runs landlock commands as nobody; no network means no IP sockets.
+        // A root daemon runs landlock commands as nobody; no network means no IP sockets, no
+        // IPC namespace means no SysV IPC.
         assert_eq!(sandbox.user, Some((65534, 65534)));
-        assert!(sandbox.deny_inet);
+        assert!(sandbox.deny_inet && sandbox.deny_sysv_ipc);
         assert_eq!(sandbox.capabilities, Some(vec![]));
         let landlock = sandbox.landlock.as_ref().unwrap();
         assert!(landlock.read.contains(&PathBuf::from("/proc")));
@@ -612,6 +638,14 @@ mod tests {
         assert_eq!(
             mounts.read_only,
             [PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6")]
+        );
+        assert_eq!(
+            mounts.pins,
+            [
+                PathBuf::from("/usr"),
+                "/usr/lib".into(),
+                "/usr/lib/x86_64-linux-gnu".into()
+            ]
         );
         let caps = sandbox.capabilities.as_ref().unwrap();
         assert!(caps.contains(&"CAP_CHOWN".to_string()));

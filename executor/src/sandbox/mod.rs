@@ -178,7 +178,10 @@ pub fn confine_process(plan: &SandboxPlan) -> Result<(), SandboxError> {
 
     // 6. seccomp, last: from here on even our own setup syscalls would be filtered.
     if plan.seccomp {
-        seccomp::install(plan.deny_inet)?;
+        seccomp::install(seccomp::Extra {
+            deny_inet: plan.deny_inet,
+            deny_sysv_ipc: plan.deny_sysv_ipc,
+        })?;
     }
     Ok(())
 }

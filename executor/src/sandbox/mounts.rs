@@ -68,6 +68,9 @@ enum Entry {
     Tmpfs(u64),
     Dev,
     Proc,
+    /// Bound onto itself, writable: a mount point cannot be renamed or replaced (EBUSY), so
+    /// the directories on the way to what the next helper loads stay where they are.
+    Pin,
 }
 
 /// Build the new root described by `plan` and pivot into it. Runs in the sandbox's init, in a
@@ -126,6 +129,32 @@ pub fn build_root(plan: &MountPlan) -> Result<()> {
     // 4. Everything else, parents before children, so a later mount can sit inside an earlier
     //    one (the workspace inside a hidden state directory, /dev/shm inside /dev).
     let mut entries: Vec<(PathBuf, Entry)> = Vec::new();
+    if plan.root == RootMode::Host {
+        // Every top-level directory becomes a mount point of its own, so that the root itself
+        // can be sealed read-only (step 5) while they stay writable: nothing at the top (a
+        // /lib -> usr/lib link, /etc) can be renamed or replaced.
+        for entry in std::fs::read_dir(OLD)
+            .map_err(io("list", Path::new(OLD)))?
+            .flatten()
+        {
+            let top = Path::new("/").join(entry.file_name());
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir
+                && !["/proc", "/dev", "/sys"]
+                    .iter()
+                    .any(|s| top == Path::new(s))
+            {
+                entries.push((top, Entry::Pin));
+            }
+        }
+    }
+    // Deeper directories on the way to the loader's files (top-level ones are pinned above).
+    entries.extend(
+        plan.pins
+            .iter()
+            .filter(|p| plan.root != RootMode::Host || p.components().count() > 2)
+            .map(|p| (p.clone(), Entry::Pin)),
+    );
     entries.extend(plan.read_only.iter().map(|p| (p.clone(), Entry::ReadOnly)));
     entries.extend(plan.writable.iter().map(|p| (p.clone(), Entry::Writable)));
     entries.extend(plan.hidden.iter().map(|p| (p.clone(), Entry::Hidden)));
@@ -155,13 +184,7 @@ pub fn build_root(plan: &MountPlan) -> Result<()> {
             MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         )?;
     }
-    if plan.root == RootMode::Empty {
-        // The root tmpfs holds only mount points; the command may not add anything to it.
-        remount(
-            new,
-            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        )?;
-    } else {
+    if plan.root == RootMode::Host {
         // The host's /sys holds host-wide knobs; the command only reads it.
         let sys_dir = inside("/sys");
         if sys_dir.is_dir() {
@@ -172,6 +195,12 @@ pub fn build_root(plan: &MountPlan) -> Result<()> {
             )?;
         }
     }
+    // Seal the root: an empty root holds only mount points; the host's root keeps its
+    // top-level directories writable (each is pinned above) but not the root itself.
+    remount(
+        new,
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+    )?;
 
     // 5. Detach the host tree, then make /newroot the root (runc's pivot_root(".", ".") trick:
     //    the old root ends up stacked on the new one and is lazily unmounted).
@@ -260,6 +289,19 @@ impl Builder {
             }
             Entry::Dev => self.minimal_dev(&target),
             Entry::Proc => self.fresh_proc(&target),
+            Entry::Pin => {
+                if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
+                    mount(
+                        Some(&target),
+                        &target,
+                        None::<&str>,
+                        MsFlags::MS_BIND | MsFlags::MS_REC,
+                        None::<&str>,
+                    )
+                    .map_err(sys("pin", &target))?;
+                }
+                Ok(())
+            }
         }
     }
 

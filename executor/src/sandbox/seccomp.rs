@@ -115,24 +115,54 @@ const NAMESPACE_FLAGS: &[u64] = &[
 /// Syscall numbers at or above this belong to the x32 ABI.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
-fn deny_list(deny_inet: bool) -> Result<BpfProgram, SeccompError> {
+/// SysV IPC syscalls: refused where the command has no IPC namespace of its own, since their
+/// keys would reach the host's segments, queues and semaphores.
+const SYSV_IPC: &[i64] = &[
+    libc::SYS_shmget,
+    libc::SYS_shmat,
+    libc::SYS_shmctl,
+    libc::SYS_shmdt,
+    libc::SYS_msgget,
+    libc::SYS_msgsnd,
+    libc::SYS_msgrcv,
+    libc::SYS_msgctl,
+    libc::SYS_semget,
+    libc::SYS_semop,
+    libc::SYS_semctl,
+    libc::SYS_semtimedop,
+];
+
+/// What the filter refuses beyond the fixed list, decided by the plan.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Extra {
+    /// No IPv4 or IPv6 sockets (no network and no network namespace to contain it).
+    pub deny_inet: bool,
+    /// No SysV IPC (no IPC namespace).
+    pub deny_sysv_ipc: bool,
+}
+
+fn deny_list(extra: Extra) -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         DENIED.iter().map(|(nr, _)| (*nr, Vec::new())).collect();
-    if deny_inet {
-        // No network and no network namespace: no IPv4 or IPv6 socket at all, which also
-        // closes what landlock's TCP rules miss (MPTCP, TCP Fast Open via sendto).
-        let domain_is = |domain: i32| {
-            SeccompRule::new(vec![SeccompCondition::new(
-                0,
-                SeccompCmpArgLen::Dword,
-                SeccompCmpOp::Eq,
-                domain as u64,
-            )?])
-        };
-        rules.insert(
-            libc::SYS_socket,
-            vec![domain_is(libc::AF_INET)?, domain_is(libc::AF_INET6)?],
-        );
+    let domain_is = |domain: i32| {
+        SeccompRule::new(vec![SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            domain as u64,
+        )?])
+    };
+    // vsock ignores network namespaces: in a VM it leads to the hypervisor's services.
+    let mut socket_rules = vec![domain_is(libc::AF_VSOCK)?];
+    if extra.deny_inet {
+        // No IPv4 or IPv6 socket at all, which also closes what landlock's TCP rules miss
+        // (MPTCP, TCP Fast Open via sendto).
+        socket_rules.push(domain_is(libc::AF_INET)?);
+        socket_rules.push(domain_is(libc::AF_INET6)?);
+    }
+    rules.insert(libc::SYS_socket, socket_rules);
+    if extra.deny_sysv_ipc {
+        rules.extend(SYSV_IPC.iter().map(|nr| (*nr, Vec::new())));
     }
     // clone: deny when any namespace flag is set (one rule per flag; rules are ORed).
     let clone_rules = NAMESPACE_FLAGS
@@ -186,8 +216,8 @@ fn kill_x32() -> BpfProgram {
 }
 
 /// Install the filters on the calling thread (no_new_privs must already be set).
-pub fn install(deny_inet: bool) -> Result<(), SeccompError> {
-    let programs = [kill_x32(), clone3_fallback()?, deny_list(deny_inet)?];
+pub fn install(extra: Extra) -> Result<(), SeccompError> {
+    let programs = [kill_x32(), clone3_fallback()?, deny_list(extra)?];
     for program in &programs {
         seccompiler::apply_filter(program)?;
     }
@@ -200,8 +230,13 @@ mod tests {
 
     #[test]
     fn filters_compile_and_every_denial_has_a_reason() {
-        assert!(deny_list(false).unwrap().len() > DENIED.len());
-        assert!(deny_list(true).unwrap().len() > deny_list(false).unwrap().len());
+        let base = deny_list(Extra::default()).unwrap().len();
+        assert!(base > DENIED.len());
+        let strictest = Extra {
+            deny_inet: true,
+            deny_sysv_ipc: true,
+        };
+        assert!(deny_list(strictest).unwrap().len() > base);
         assert!(!clone3_fallback().unwrap().is_empty());
         assert_eq!(kill_x32().len(), 4);
         for (nr, reason) in DENIED {

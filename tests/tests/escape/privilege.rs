@@ -491,6 +491,9 @@ async fn task_container_cannot_swap_the_directories_the_helper_loads_from() {
     ]);
     let probe = python(&format!(
         r#"
+# os.path.ismount misses bind mounts of directories on the same filesystem: read the
+# mount points themselves, and compare resolved paths.
+mounts = {{line.split()[4] for line in open("/proc/self/mountinfo")}}
 seen = set()
 for t in {targets:?}:
     p = os.path.dirname(t)
@@ -498,7 +501,7 @@ for t in {targets:?}:
         if p not in seen:
             seen.add(p)
             parent = os.path.dirname(p)
-            if os.access(parent, os.W_OK) and not os.path.ismount(p):
+            if os.access(parent, os.W_OK) and os.path.realpath(p) not in mounts:
                 print(f"renamable={{p}}")
         p = os.path.dirname(p)
 "#
