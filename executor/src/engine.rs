@@ -76,10 +76,7 @@ impl Engine {
         profiles: BTreeMap<String, Profile>,
         default_profile: String,
     ) -> Self {
-        let runner = Runner {
-            helper_exe,
-            max_output_bytes: limits.max_output_bytes,
-        };
+        let runner = Runner::new(helper_exe, limits.max_output_bytes);
         Self {
             limits,
             plan_settings,

@@ -32,6 +32,10 @@ use crate::plan::PlanSettings;
 use crate::profile::Profile;
 use crate::runner::{OutputSink, StopReason};
 
+/// Helpers the daemon keeps started ahead of time (see `Runner::keep_warm`): enough for the
+/// next command of a couple of clients; under heavier load helpers are started on demand.
+const WARM_HELPERS: usize = 2;
+
 /// Port `executor serve` listens on when `--listen` names none.
 const DEFAULT_PORT: u16 = 7681;
 
@@ -110,6 +114,9 @@ struct ServeArgs {
     /// Profiles clients may use (repeatable); default: every loaded profile.
     #[arg(long = "allow-profile", value_name = "NAME")]
     allow_profiles: Vec<String>,
+    /// Helpers started ahead of time, waiting for their next command (0: start each on demand).
+    #[arg(long, default_value_t = WARM_HELPERS)]
+    warm_helpers: usize,
     /// Drain and exit when stdin reaches end-of-file: a parent that starts the daemon with a
     /// pipe on stdin takes it down with it, even when the parent is killed with SIGKILL.
     #[arg(long)]
@@ -361,6 +368,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         if workspace_created {
             hand_workspace_to(&engine, &workspace)?;
         }
+        let mut engine = engine;
+        engine.runner.keep_warm(args.warm_helpers);
         let hello = protocol::Hello {
             protocol: protocol::PROTOCOL_VERSION,
             server: format!("executor {}", env!("CARGO_PKG_VERSION")),

@@ -10,10 +10,13 @@ pub mod output;
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use protocol::{Ending, OutputChunk, ServerMessage};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -89,9 +92,94 @@ pub enum RunError {
 pub struct Runner {
     pub helper_exe: PathBuf,
     pub max_output_bytes: usize,
+    /// Helpers started ahead of time, waiting for their plan on stdin: the exec of our binary
+    /// (about 2 ms) happens off the command's path. Empty for one-shot runs.
+    warm: Arc<Mutex<Vec<Child>>>,
+    warm_target: usize,
+    refilling: Arc<AtomicBool>,
 }
 
 impl Runner {
+    pub fn new(helper_exe: PathBuf, max_output_bytes: usize) -> Self {
+        Self {
+            helper_exe,
+            max_output_bytes,
+            warm: Arc::default(),
+            warm_target: 0,
+            refilling: Arc::default(),
+        }
+    }
+
+    /// Keep `count` helpers started ahead of time (call inside the runtime).
+    pub fn keep_warm(&mut self, count: usize) {
+        self.warm_target = count;
+        self.refill();
+    }
+
+    fn spawn_helper(&self) -> Result<Child, RunError> {
+        // The helper starts from an empty environment: nothing of the daemon's reaches it.
+        tokio::process::Command::new(&self.helper_exe)
+            .arg(HELPER_ARG)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| RunError::SpawnHelper {
+                path: self.helper_exe.clone(),
+                source,
+            })
+    }
+
+    fn warm(&self) -> std::sync::MutexGuard<'_, Vec<Child>> {
+        // A panic while holding the lock leaves a valid Vec; keep using it.
+        self.warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A warm helper if one is alive, else a fresh one; either way the pool is topped up in
+    /// the background.
+    fn take_helper(&self) -> Result<Child, RunError> {
+        let warm = {
+            let mut pool = self.warm();
+            let mut found = None;
+            while let Some(mut child) = pool.pop() {
+                if matches!(child.try_wait(), Ok(None)) {
+                    found = Some(child);
+                    break;
+                }
+            }
+            found
+        };
+        let child = match warm {
+            Some(child) => child,
+            None => self.spawn_helper()?,
+        };
+        self.refill();
+        Ok(child)
+    }
+
+    fn refill(&self) {
+        if self.warm_target == 0 || self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let runner = self.clone();
+        tokio::task::spawn_blocking(move || {
+            while runner.warm().len() < runner.warm_target {
+                match runner.spawn_helper() {
+                    Ok(child) => runner.warm().push(child),
+                    Err(err) => {
+                        tracing::warn!(%err, "cannot start a helper ahead of time");
+                        break;
+                    }
+                }
+            }
+            runner.refilling.store(false, Ordering::Release);
+        });
+    }
+
     /// Run `plan` until it ends, `timeout` passes, or `stop` resolves.
     pub async fn run(
         &self,
@@ -104,19 +192,7 @@ impl Runner {
         let mut line = serde_json::to_vec(plan).map_err(RunError::Plan)?;
         line.push(b'\n');
 
-        // The helper starts from an empty environment: nothing of the daemon's reaches it.
-        let mut child = tokio::process::Command::new(&self.helper_exe)
-            .arg(HELPER_ARG)
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| RunError::SpawnHelper {
-                path: self.helper_exe.clone(),
-                source,
-            })?;
+        let mut child = self.take_helper()?;
         let (Some(mut lifeline), Some(out_pipe), Some(status_pipe)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {

@@ -22,22 +22,29 @@ async fn daemon_sigkill_mid_command_kills_every_command_tree() {
         r.timeout = Some(600.0);
         client.send(&ClientMessage::Exec(r)).await;
     }
-    // Control: all nine sleeps run while the daemon lives.
+    // Control: all nine sleeps run while the daemon lives, under helpers of the daemon (three
+    // running commands, at least one more waiting for the next command).
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 9).await);
+    let helpers: Vec<i32> = processes_matching("__sandbox-helper")
+        .into_iter()
+        .filter(|pid| parent_of(*pid) == Some(daemon.pid() as i32))
+        .collect();
+    assert!(helpers.len() >= 4, "helpers: {helpers:?}");
     daemon.signal_and_wait(Signal::SIGKILL);
     assert!(
         eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
         "survivors after daemon SIGKILL: {:?}",
         processes_matching(&m)
     );
-    // No helper is left either.
+    // No helper is left either: neither those running the commands nor those started ahead
+    // of time, waiting for a next command (recorded before the kill, while still the
+    // daemon's children).
     assert!(
-        eventually(Duration::from_secs(5), || processes_matching(
-            "__sandbox-helper"
-        )
-        .iter()
-        .all(|pid| parent_of(*pid) != Some(daemon.pid() as i32)))
-        .await
+        eventually(Duration::from_secs(5), || helpers.iter().all(|pid| {
+            executor_tests::process_state(*pid).is_none_or(|s| s == 'Z')
+        }))
+        .await,
+        "helpers survived: {helpers:?}"
     );
 }
 
