@@ -81,6 +81,60 @@ pub fn prepare(daemon_pid: u32) -> CgroupRoot {
     root
 }
 
+/// Bounds on all commands of the daemon together, set on its parent cgroups: per-command
+/// limits alone let 64 concurrent commands ask for 64 times as much.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TotalLimits {
+    pub processes: u64,
+    pub memory_bytes: u64,
+}
+
+impl TotalLimits {
+    /// Three quarters of the host's pid space and memory: the rest stays for the host.
+    pub fn host_default() -> Self {
+        let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+        let pid_max: u64 = read("/proc/sys/kernel/pid_max")
+            .trim()
+            .parse()
+            .unwrap_or(32768);
+        let mem_kib: u64 = read("/proc/meminfo")
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(4 * 1024 * 1024);
+        Self {
+            processes: pid_max / 4 * 3,
+            memory_bytes: mem_kib * 1024 / 4 * 3,
+        }
+    }
+}
+
+/// Set `limits` on the daemon's parent cgroups. A hierarchy that is missing, or a v1 memory
+/// hierarchy without `use_hierarchy` (where a parent's limit would not cover its children), is
+/// reported and skipped.
+pub fn limit_all(root: &CgroupRoot, limits: TotalLimits) {
+    if let Some(h) = &root.pids {
+        if let Err(err) = set(&h.parent, "pids.max", &limits.processes.to_string()) {
+            tracing::warn!(%err, "cannot bound the processes of all commands together");
+        }
+    }
+    match &root.memory {
+        Some(h) if get(&h.parent, "memory.use_hierarchy") == "1" => {
+            if let Err(err) = set(
+                &h.parent,
+                "memory.limit_in_bytes",
+                &limits.memory_bytes.to_string(),
+            ) {
+                tracing::warn!(%err, "cannot bound the memory of all commands together");
+            }
+        }
+        Some(_) => tracing::warn!(
+            "memory.use_hierarchy is off: the memory of all commands together is not bounded"
+        ),
+        None => {}
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Kind {
     Unified,

@@ -114,6 +114,12 @@ struct ServeArgs {
     /// Profiles clients may use (repeatable); default: every loaded profile.
     #[arg(long = "allow-profile", value_name = "NAME")]
     allow_profiles: Vec<String>,
+    /// Processes of all commands together (default: three quarters of the host's pid_max).
+    #[arg(long)]
+    max_total_processes: Option<u64>,
+    /// Memory of all commands together, in MiB (default: three quarters of the host's).
+    #[arg(long)]
+    max_total_memory_mb: Option<u64>,
     /// Helpers started ahead of time, waiting for their next command (0: start each on demand).
     #[arg(long, default_value_t = WARM_HELPERS)]
     warm_helpers: usize,
@@ -368,6 +374,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         if workspace_created {
             hand_workspace_to(&engine, &workspace)?;
         }
+        let mut totals = cgroup::TotalLimits::host_default();
+        if let Some(n) = args.max_total_processes {
+            totals.processes = n;
+        }
+        if let Some(mb) = args.max_total_memory_mb {
+            totals.memory_bytes = mb * 1024 * 1024;
+        }
+        cgroup::limit_all(&cgroups, totals);
         let mut engine = engine;
         engine.runner.keep_warm(args.warm_helpers);
         let hello = protocol::Hello {

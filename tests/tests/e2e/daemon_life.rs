@@ -184,3 +184,44 @@ async fn a_local_executor_dies_with_the_agent_that_started_it_even_by_sigkill() 
         processes_matching(&m)
     );
 }
+
+#[tokio::test]
+async fn all_commands_together_stay_under_the_daemons_total_process_limit() {
+    // Per-command limits alone would let 64 commands ask for 64 times as much; the daemon's
+    // parent cgroup bounds them together. Checked on the host: the cgroup file, and the
+    // processes that really exist.
+    let tree = |m: &str| {
+        format!(
+            "for i in $(seq 80); do {} & done 2>/dev/null; sleep 2; echo done",
+            marked_sleep(m)
+        )
+    };
+    let bounded = Daemon::start_with(&["--max-total-processes", "40"]);
+    let pids_max = format!("/sys/fs/cgroup/pids/executor-{}/pids.max", bounded.pid());
+    assert_eq!(std::fs::read_to_string(&pids_max).unwrap().trim(), "40");
+    let mut client = bounded.connect().await;
+    let m = marker();
+    let mut r = req("many", &tree(&m));
+    // bash keeps retrying the refused forks; the timeout ends it.
+    r.timeout = Some(3.0);
+    client.send(&ClientMessage::Exec(r)).await;
+    let mut peak = 0;
+    for _ in 0..50 {
+        peak = peak.max(sleepers(&m).len());
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    client.collect("many").await.result.unwrap();
+    assert!(
+        peak > 0 && peak < 40,
+        "peak {peak} processes under a total of 40"
+    );
+    // Control: the same command under a daemon with the default total runs all 80.
+    let free = Daemon::start();
+    let mut client = free.connect().await;
+    let m = marker();
+    let mut r = req("many", &tree(&m));
+    r.timeout = Some(20.0);
+    client.send(&ClientMessage::Exec(r)).await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 80).await);
+    client.collect("many").await.result.unwrap();
+}
