@@ -53,7 +53,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the WebSocket protocol.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run one command locally through the same path the daemon uses; exit with its code.
     Run(RunArgs),
     /// Show which isolation layers and profiles work on this host, and why others do not.
@@ -168,7 +168,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args).map(|()| ExitCode::SUCCESS),
+        Command::Serve(args) => serve(*args).map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run_local(args),
         Command::Check => check(),
     };
