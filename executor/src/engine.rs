@@ -13,7 +13,7 @@ use crate::profile::Profile;
 use crate::request::ValidRequest;
 use crate::runner::{OutputSink, RunError, Runner, StopReason};
 
-/// Limits used when no flag overrides them. Each is a reason, not a guess:
+/// Limits used when no flag overrides them; the comments give the reason for each value.
 pub fn default_limits() -> Limits {
     Limits {
         max_message_bytes: 1 << 20,
