@@ -11,6 +11,7 @@ mod request;
 mod runner;
 mod sandbox;
 mod server;
+mod spawner;
 mod sys;
 mod token;
 
@@ -31,10 +32,6 @@ use crate::engine::{default_limits, Engine};
 use crate::plan::PlanSettings;
 use crate::profile::Profile;
 use crate::runner::{OutputSink, StopReason};
-
-/// Helpers the daemon keeps started ahead of time (see `Runner::keep_warm`): enough for the
-/// next command of a couple of clients; under heavier load helpers are started on demand.
-const WARM_HELPERS: usize = 2;
 
 /// Port `executor serve` listens on when `--listen` names none.
 const DEFAULT_PORT: u16 = 7681;
@@ -120,9 +117,6 @@ struct ServeArgs {
     /// Memory of all commands together, in MiB (default: three quarters of the host's).
     #[arg(long)]
     max_total_memory_mb: Option<u64>,
-    /// Helpers started ahead of time, waiting for their next command (0: start each on demand).
-    #[arg(long, default_value_t = WARM_HELPERS)]
-    warm_helpers: usize,
     /// Drain and exit when stdin reaches end-of-file: a parent that starts the daemon with a
     /// pipe on stdin takes it down with it, even when the parent is killed with SIGKILL.
     #[arg(long)]
@@ -162,9 +156,11 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
-    // Helper mode first: before clap, before any runtime or thread exists in this process.
-    if std::env::args_os().nth(1).as_deref() == Some(OsStr::new(helper::HELPER_ARG)) {
-        return helper::main();
+    // Helper and fork-server modes first: before clap, before any runtime or thread exists.
+    match std::env::args_os().nth(1).as_deref() {
+        Some(arg) if arg == OsStr::new(helper::HELPER_ARG) => return helper::main(),
+        Some(arg) if arg == OsStr::new(spawner::FORK_SERVER_ARG) => spawner::main(),
+        _ => {}
     }
     let cli = Cli::parse();
     let result = match cli.command {
@@ -255,6 +251,7 @@ async fn setup(
     state_dir: PathBuf,
     daemon_files: Vec<PathBuf>,
     choice: ProfileChoice<'_>,
+    spawner: Option<spawner::Spawner>,
 ) -> anyhow::Result<Setup> {
     let cgroups = cgroup::prepare(std::process::id());
     let mut profiles = builtin_profiles()?;
@@ -282,6 +279,9 @@ async fn setup(
         cgroups: cgroups.clone(),
     };
     let mut engine = Engine::new(limits, plan_settings, helper_exe(), profiles, String::new());
+    if let Some(spawner) = spawner {
+        engine.runner.use_spawner(spawner);
+    }
     let probe = match (&default_profile, choice.probe_all) {
         (_, true) => engine.probe().await,
         (None, false) => engine.probe_for_default().await,
@@ -316,6 +316,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     apply_overrides(&mut limits, &args);
     // Same-uid commands must not read our memory or environment through /proc or ptrace.
     nix::sys::prctl::set_dumpable(false).context("cannot make the daemon non-dumpable")?;
+    // The fork server, from the main thread (which lives as long as the daemon). Without it,
+    // helpers are started by exec.
+    let spawner = match spawner::start(&helper_exe()) {
+        Ok(spawner) => Some(spawner),
+        Err(err) => {
+            tracing::warn!(%err, "cannot start the fork server; helpers will be exec'd");
+            None
+        }
+    };
 
     let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
     create_private_dir(&state_dir)?;
@@ -369,6 +378,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 default: args.default_profile.clone(),
                 probe_all: true,
             },
+            spawner,
         )
         .await?;
         if workspace_created {
@@ -382,8 +392,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             totals.memory_bytes = mb * 1024 * 1024;
         }
         cgroup::limit_all(&cgroups, totals);
-        let mut engine = engine;
-        engine.runner.keep_warm(args.warm_helpers);
         let hello = protocol::Hello {
             protocol: protocol::PROTOCOL_VERSION,
             server: format!("executor {}", env!("CARGO_PKG_VERSION")),
@@ -680,6 +688,7 @@ fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
             default: valid.profile.clone(),
             ..ProfileChoice::default()
         },
+        None,
     ))?;
     let kept = engine.limits.max_output_bytes;
     let code = rt.block_on(async move {
@@ -739,6 +748,7 @@ fn check() -> anyhow::Result<ExitCode> {
             probe_all: true,
             ..ProfileChoice::default()
         },
+        None,
     ))?;
     let facts = host_facts();
     println!(

@@ -155,3 +155,20 @@ pub fn tune_allocator() {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
+
+/// Take ownership of a descriptor received with SCM_RIGHTS.
+pub fn own_received_fd(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the kernel installed this descriptor in our table for this message alone;
+    // nothing else owns it, so taking ownership (and closing it once) is sound.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
+
+/// Let the kernel reap our children (SIGCHLD ignored): the fork server waits for none of them.
+pub fn ignore_children() -> io::Result<()> {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: SIG_IGN installs no handler code. The process is single-threaded.
+    unsafe { signal(Signal::SIGCHLD, SigHandler::SigIgn) }
+        .map(|_| ())
+        .map_err(io::Error::from)
+}

@@ -8,14 +8,15 @@
 pub mod output;
 
 use std::future::Future;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::unistd::Pid;
 use protocol::{Ending, OutputChunk, ServerMessage};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cgroup;
 use crate::helper::HELPER_ARG;
 use crate::plan::{HelperReport, Plan};
+use crate::spawner::Spawner;
 use output::{Captured, HeadTail, Utf8Stream};
 
 /// How long the helper may take to kill the tree and report after the lifeline closes.
@@ -87,16 +89,50 @@ pub enum RunError {
     Setup { stage: String, message: String },
 }
 
-/// Spawns helpers; one per daemon.
+/// Starts helpers and runs commands through them; one per daemon.
 #[derive(Debug, Clone)]
 pub struct Runner {
     pub helper_exe: PathBuf,
     pub max_output_bytes: usize,
-    /// Helpers started ahead of time, waiting for their plan on stdin: the exec of our binary
-    /// (about 2 ms) happens off the command's path. Empty for one-shot runs.
-    warm: Arc<Mutex<Vec<Child>>>,
-    warm_target: usize,
-    refilling: Arc<AtomicBool>,
+    /// The fork server, when the process started one (`executor serve`); otherwise each
+    /// helper is started by exec of our own binary.
+    spawner: Option<Arc<Spawner>>,
+}
+
+/// A started helper: the daemon's ends of its three pipes, and its process.
+struct Helper {
+    lifeline: Box<dyn AsyncWrite + Send + Unpin>,
+    output: Box<dyn AsyncRead + Send + Unpin>,
+    status: Box<dyn AsyncRead + Send + Unpin>,
+    process: HelperProcess,
+}
+
+enum HelperProcess {
+    /// Started by exec: a child of ours, waited for by tokio.
+    Exec(Child),
+    /// Forked by the fork server, which lets the kernel reap it.
+    Forked(Pid),
+}
+
+impl HelperProcess {
+    /// Kill a helper that stopped answering. Only called while its status pipe is still open,
+    /// which proves it is alive, so a forked helper's pid cannot have been reused.
+    fn kill(&mut self) {
+        match self {
+            Self::Exec(child) => {
+                let _ = child.start_kill();
+            }
+            Self::Forked(pid) => {
+                let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+
+    async fn wait(&mut self) {
+        if let Self::Exec(child) = self {
+            let _ = child.wait().await;
+        }
+    }
 }
 
 impl Runner {
@@ -104,21 +140,34 @@ impl Runner {
         Self {
             helper_exe,
             max_output_bytes,
-            warm: Arc::default(),
-            warm_target: 0,
-            refilling: Arc::default(),
+            spawner: None,
         }
     }
 
-    /// Keep `count` helpers started ahead of time (call inside the runtime).
-    pub fn keep_warm(&mut self, count: usize) {
-        self.warm_target = count;
-        self.refill();
+    /// Fork helpers from `spawner` instead of exec'ing them.
+    pub fn use_spawner(&mut self, spawner: Spawner) {
+        self.spawner = Some(Arc::new(spawner));
     }
 
-    fn spawn_helper(&self) -> Result<Child, RunError> {
+    fn start_helper(&self) -> Result<Helper, RunError> {
+        if let Some(spawner) = &self.spawner {
+            match fork_helper(spawner) {
+                Ok(helper) => return Ok(helper),
+                Err(err) => {
+                    tracing::warn!(%err, "fork server failed; starting the helper by exec");
+                }
+            }
+        }
+        self.exec_helper()
+    }
+
+    fn exec_helper(&self) -> Result<Helper, RunError> {
+        let spawn_err = |source| RunError::SpawnHelper {
+            path: self.helper_exe.clone(),
+            source,
+        };
         // The helper starts from an empty environment: nothing of the daemon's reaches it.
-        tokio::process::Command::new(&self.helper_exe)
+        let mut child = tokio::process::Command::new(&self.helper_exe)
             .arg(HELPER_ARG)
             .env_clear()
             .stdin(Stdio::piped())
@@ -126,58 +175,18 @@ impl Runner {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|source| RunError::SpawnHelper {
-                path: self.helper_exe.clone(),
-                source,
-            })
-    }
-
-    fn warm(&self) -> std::sync::MutexGuard<'_, Vec<Child>> {
-        // A panic while holding the lock leaves a valid Vec; keep using it.
-        self.warm
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A warm helper if one is alive, else a fresh one; either way the pool is topped up in
-    /// the background.
-    fn take_helper(&self) -> Result<Child, RunError> {
-        let warm = {
-            let mut pool = self.warm();
-            let mut found = None;
-            while let Some(mut child) = pool.pop() {
-                if matches!(child.try_wait(), Ok(None)) {
-                    found = Some(child);
-                    break;
-                }
-            }
-            found
+            .map_err(spawn_err)?;
+        let (Some(lifeline), Some(output), Some(status)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(spawn_err(std::io::Error::other("helper pipes missing")));
         };
-        let child = match warm {
-            Some(child) => child,
-            None => self.spawn_helper()?,
-        };
-        self.refill();
-        Ok(child)
-    }
-
-    fn refill(&self) {
-        if self.warm_target == 0 || self.refilling.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let runner = self.clone();
-        tokio::task::spawn_blocking(move || {
-            while runner.warm().len() < runner.warm_target {
-                match runner.spawn_helper() {
-                    Ok(child) => runner.warm().push(child),
-                    Err(err) => {
-                        tracing::warn!(%err, "cannot start a helper ahead of time");
-                        break;
-                    }
-                }
-            }
-            runner.refilling.store(false, Ordering::Release);
-        });
+        Ok(Helper {
+            lifeline: Box::new(lifeline),
+            output: Box::new(output),
+            status: Box::new(status),
+            process: HelperProcess::Exec(child),
+        })
     }
 
     /// Run `plan` until it ends, `timeout` passes, or `stop` resolves.
@@ -192,15 +201,12 @@ impl Runner {
         let mut line = serde_json::to_vec(plan).map_err(RunError::Plan)?;
         line.push(b'\n');
 
-        let mut child = self.take_helper()?;
-        let (Some(mut lifeline), Some(out_pipe), Some(status_pipe)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err(RunError::SpawnHelper {
-                path: self.helper_exe.clone(),
-                source: std::io::Error::other("helper pipes missing"),
-            });
-        };
+        let Helper {
+            mut lifeline,
+            output: out_pipe,
+            status: status_pipe,
+            mut process,
+        } = self.start_helper()?;
         // A failed write means the helper already died; its report (or its absence) says why.
         let _ = lifeline.write_all(&line).await;
 
@@ -227,6 +233,7 @@ impl Runner {
                 None
             }
         };
+        let mut hung = false;
         let report = match report {
             Some(report) => Some(report),
             None => {
@@ -236,14 +243,18 @@ impl Runner {
                     Ok(report) => report,
                     Err(_) => {
                         tracing::warn!("sandbox helper did not report within {STOP_GRACE:?}");
+                        hung = true;
                         None
                     }
                 }
             }
         };
-        // Backstops for a helper that died or hung: kill it and everything in its cgroup.
+        // Backstops for a helper that died or hung: kill it (only if it is surely still
+        // alive) and everything in its cgroup.
         if report.is_none() {
-            let _ = child.start_kill();
+            if hung {
+                process.kill();
+            }
             let dirs: Vec<_> = plan
                 .cgroups
                 .iter()
@@ -260,7 +271,7 @@ impl Runner {
                 }
             });
         }
-        let _ = child.wait().await;
+        process.wait().await;
 
         // Every writer of the output pipe is dead by now, unless a process escaped every kill;
         // read what is buffered, but never wait on such an orphan for long.
@@ -350,6 +361,29 @@ fn stop_message(ending: Ending, timeout: Duration) -> String {
         }
         Ending::Exited | Ending::Signaled => String::new(),
     }
+}
+
+/// Fork a helper from the fork server, wired to three fresh pipes.
+fn fork_helper(spawner: &Spawner) -> std::io::Result<Helper> {
+    let pipe = || -> std::io::Result<(OwnedFd, OwnedFd)> {
+        Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+    };
+    let (stdin_r, stdin_w) = pipe()?;
+    let (out_r, out_w) = pipe()?;
+    let (status_r, status_w) = pipe()?;
+    let pid = spawner.spawn([&stdin_r, &out_w, &status_w])?;
+    if pid.as_raw() <= 0 {
+        return Err(std::io::Error::other("the fork server could not fork"));
+    }
+    // The helper has its copies now; ours would hold its pipes open.
+    drop((stdin_r, out_w, status_w));
+    use tokio::net::unix::pipe;
+    Ok(Helper {
+        lifeline: Box::new(pipe::Sender::from_owned_fd(stdin_w)?),
+        output: Box::new(pipe::Receiver::from_owned_fd(out_r)?),
+        status: Box::new(pipe::Receiver::from_owned_fd(status_r)?),
+        process: HelperProcess::Forked(pid),
+    })
 }
 
 /// Read the helper's report: the last line it wrote before closing its stderr.

@@ -22,30 +22,51 @@ async fn daemon_sigkill_mid_command_kills_every_command_tree() {
         r.timeout = Some(600.0);
         client.send(&ClientMessage::Exec(r)).await;
     }
-    // Control: all nine sleeps run while the daemon lives, under helpers of the daemon (three
-    // running commands, at least one more waiting for the next command).
+    // Control: all nine sleeps run while the daemon lives, below it: its fork server, three
+    // helpers, their inits, shells and sleeps.
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 9).await);
-    let helpers: Vec<i32> = processes_matching("__sandbox-helper")
-        .into_iter()
-        .filter(|pid| parent_of(*pid) == Some(daemon.pid() as i32))
-        .collect();
-    assert!(helpers.len() >= 4, "helpers: {helpers:?}");
+    let below = descendants(daemon.pid() as i32);
+    assert!(below.len() >= 9 + 3 + 1, "descendants: {below:?}");
     daemon.signal_and_wait(Signal::SIGKILL);
     assert!(
         eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
         "survivors after daemon SIGKILL: {:?}",
         processes_matching(&m)
     );
-    // No helper is left either: neither those running the commands nor those started ahead
-    // of time, waiting for a next command (recorded before the kill, while still the
-    // daemon's children).
+    // Nothing that was below the daemon is left: not the fork server, not a helper, not an
+    // init (recorded before the kill, while they were still its descendants).
     assert!(
-        eventually(Duration::from_secs(5), || helpers.iter().all(|pid| {
+        eventually(Duration::from_secs(5), || below.iter().all(|pid| {
             executor_tests::process_state(*pid).is_none_or(|s| s == 'Z')
         }))
         .await,
-        "helpers survived: {helpers:?}"
+        "survivors: {:?}",
+        below
+            .iter()
+            .filter(|pid| executor_tests::process_state(**pid).is_some_and(|s| s != 'Z'))
+            .collect::<Vec<_>>()
     );
+}
+
+/// Every live process whose chain of parents leads to `root`.
+fn descendants(root: i32) -> Vec<i32> {
+    let all: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    all.into_iter()
+        .filter(|pid| {
+            let mut cur = *pid;
+            for _ in 0..64 {
+                match parent_of(cur) {
+                    Some(p) if p == root => return true,
+                    Some(p) if p > 1 => cur = p,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
 }
 
 fn parent_of(pid: i32) -> Option<i32> {

@@ -175,9 +175,11 @@ async fn strict_sees_a_fresh_root_proc_dev_and_hostname() {
     );
     let procs: usize = field(&out, "procs").unwrap().parse().unwrap();
     assert!(procs <= 6, "[strict] sees {procs} processes: {out}");
-    // pid 1 is the sandbox's own init (the helper), never the daemon.
+    // pid 1 is the sandbox's own init (a fork of the fork server), never the daemon (whose
+    // command line is `executor serve ...`).
+    let pid1 = field(&out, "pid1").unwrap_or_default();
     assert!(
-        !out.contains("serve"),
+        !pid1.contains("_serve_") && !pid1.contains("--state-dir"),
         "[strict] pid 1 is the daemon: {out}"
     );
     let dev: Vec<&str> = field(&out, "dev")
