@@ -26,7 +26,8 @@ async fn daemon_sigkill_mid_command_kills_every_command_tree() {
     // helpers, their inits, shells and sleeps.
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 9).await);
     let below = descendants(daemon.pid() as i32);
-    assert!(below.len() >= 9 + 3 + 1, "descendants: {below:?}");
+    // Nine sleeps, three helpers and at least the fork server.
+    assert!(below.len() > 9 + 3, "descendants: {below:?}");
     daemon.signal_and_wait(Signal::SIGKILL);
     assert!(
         eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
