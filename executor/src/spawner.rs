@@ -17,13 +17,15 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use nix::sys::signal::Signal;
 use nix::sys::socket::{
-    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
-    SockFlag, SockType,
+    recvmsg, sendmsg, setsockopt, socketpair, sockopt, AddressFamily, ControlMessage,
+    ControlMessageOwned, MsgFlags, SockFlag, SockType,
 };
+use nix::sys::time::TimeVal;
 use nix::unistd::Pid;
 
 use crate::sys::{self, Forked};
@@ -31,7 +33,13 @@ use crate::sys::{self, Forked};
 /// The daemon's end.
 pub struct Spawner {
     sock: Mutex<OwnedFd>,
+    /// Set after any failure: a late answer could pair a pid with the wrong request, so the
+    /// daemon stops using the server and execs helpers instead.
+    broken: AtomicBool,
 }
+
+/// How long the daemon waits for the server's answer (a fork takes well under a millisecond).
+const ANSWER_TIMEOUT: TimeVal = TimeVal::new(2, 0);
 
 impl std::fmt::Debug for Spawner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -57,8 +65,10 @@ pub fn start(exe: &std::path::Path) -> io::Result<Spawner> {
         .stdin(std::process::Stdio::from(server_end))
         .stdout(std::process::Stdio::null())
         .spawn()?;
+    setsockopt(&daemon_end, sockopt::ReceiveTimeout, &ANSWER_TIMEOUT)?;
     Ok(Spawner {
         sock: Mutex::new(daemon_end),
+        broken: AtomicBool::new(false),
     })
 }
 
@@ -78,6 +88,17 @@ pub fn main() -> ! {
 impl Spawner {
     /// Start a helper with these descriptors as its stdin, stdout and stderr.
     pub fn spawn(&self, stdio: [&OwnedFd; 3]) -> io::Result<Pid> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(io::Error::other("the fork server failed before"));
+        }
+        let result = self.request(stdio);
+        if result.is_err() {
+            self.broken.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    fn request(&self, stdio: [&OwnedFd; 3]) -> io::Result<Pid> {
         let sock = self
             .sock
             .lock()
@@ -92,18 +113,20 @@ impl Spawner {
         )?;
         let mut reply = [0u8; 4];
         let read = nix::unistd::read(&*sock, &mut reply)?;
-        if read != reply.len() {
-            return Err(io::Error::other("the fork server is gone"));
+        let pid = i32::from_le_bytes(reply);
+        if read != reply.len() || pid <= 0 {
+            return Err(io::Error::other(
+                "the fork server is gone or could not fork",
+            ));
         }
-        Ok(Pid::from_raw(i32::from_le_bytes(reply)))
+        Ok(Pid::from_raw(pid))
     }
 }
 
 /// The server's loop. Never returns.
 fn serve(sock: OwnedFd) -> ! {
-    // Die with the daemon, and never hold its stdin or stdout (a parent waiting for their
-    // end-of-file would wait for us).
-    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    // Our stdin is the socket (`sock` is our own copy) and nothing reads our stdout: point
+    // both at /dev/null, so that no helper inherits the socket through them.
     if let Ok(devnull) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

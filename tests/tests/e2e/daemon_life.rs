@@ -247,3 +247,28 @@ async fn all_commands_together_stay_under_the_daemons_total_process_limit() {
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 80).await);
     client.collect("many").await.result.unwrap();
 }
+
+#[tokio::test]
+async fn commands_still_run_when_the_fork_server_dies() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let server: Vec<i32> = processes_matching("__fork-server")
+        .into_iter()
+        .filter(|pid| parent_of(*pid) == Some(daemon.pid() as i32))
+        .collect();
+    assert_eq!(server.len(), 1, "the daemon's fork server");
+    // Control: commands run through it.
+    assert_eq!(client.run("before", "echo one").await.output, "one\n");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server[0]), Signal::SIGKILL).unwrap();
+    // The daemon falls back to exec'ing helpers: same results, same isolation.
+    for i in 0..3 {
+        let result = client.run(&format!("after{i}"), "echo two; exit 3").await;
+        assert_eq!((result.output.as_str(), result.returncode), ("two\n", 3));
+        assert!(result
+            .extra
+            .isolation
+            .layers
+            .contains(&"seccomp".to_string()));
+    }
+    assert!(daemon.healthy().await);
+}
