@@ -142,24 +142,55 @@ async fn stdin_reading_commands_return_at_once() {
 async fn every_command_is_a_new_session_without_a_terminal() {
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
-    let out = client
-        .run("sess", "ps -o sid=,pgid=,tty= -p $$; echo pid=$$")
+    // Inside: no controlling terminal.
+    let out = client.run("tty", "ps -o tty= -p $$").await.output;
+    assert_eq!(out.trim(), "?", "no controlling terminal: {out}");
+
+    // Outside: sessions are read from the host, because inside a pid namespace a session
+    // leader that lives outside it shows as 0 (and so may the test runner's own session,
+    // when CI itself runs in a container).
+    let m = executor_tests::marker();
+    let mut r = req(
+        "sess",
+        &format!("exec {}", executor_tests::marked_sleep(&m)),
+    );
+    r.timeout = Some(30.0);
+    client.send(&protocol::ClientMessage::Exec(r)).await;
+    let mut pids = Vec::new();
+    assert!(
+        executor_tests::eventually(executor_tests::PATIENCE, || {
+            pids = executor_tests::sleepers(&m);
+            pids.len() == 1
+        })
         .await
-        .output;
-    let mut fields = out.split_whitespace();
-    let sid: u32 = fields.next().unwrap().parse().unwrap();
-    let pgid: u32 = fields.next().unwrap().parse().unwrap();
-    let tty = fields.next().unwrap();
-    assert_eq!(tty, "?", "no controlling terminal: {out}");
-    assert_eq!(sid, pgid, "{out}");
-    let daemon_sid = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(daemon.pid() as i32)))
-        .unwrap()
-        .as_raw() as u32;
+    );
+    let host = |pid: u32| nix::unistd::Pid::from_raw(pid as i32);
+    let sid = nix::unistd::getsid(Some(host(pids[0] as u32))).unwrap();
+    let pgid = nix::unistd::getpgid(Some(host(pids[0] as u32))).unwrap();
+    let daemon_sid = nix::unistd::getsid(Some(host(daemon.pid()))).unwrap();
+    assert_ne!(
+        sid.as_raw(),
+        0,
+        "the session leader is visible from the host"
+    );
     assert_ne!(sid, daemon_sid, "command shares the daemon's session");
-    // Control: the daemon itself is in a session of its own choosing (ours).
-    assert_eq!(
-        daemon_sid,
-        nix::unistd::getsid(None).unwrap().as_raw() as u32
+    assert_eq!(sid, pgid, "the command runs in its session's leading group");
+    // The session was made for this command: its leader is neither the daemon nor us.
+    assert_ne!(sid.as_raw() as u32, daemon.pid());
+    assert_ne!(sid, nix::unistd::getsid(None).unwrap());
+    // Control: the daemon itself stays in the session it was started in (ours).
+    assert_eq!(daemon_sid, nix::unistd::getsid(None).unwrap());
+    client
+        .send(&protocol::ClientMessage::Cancel(protocol::CancelRequest {
+            id: "sess".into(),
+        }))
+        .await;
+    client.collect("sess").await;
+    assert!(
+        executor_tests::eventually(executor_tests::PATIENCE, || {
+            executor_tests::sleepers(&m).is_empty()
+        })
+        .await
     );
 }
 
