@@ -400,7 +400,8 @@ impl Environment {
 
     async fn map_error(&mut self, err: protocol::ErrorMessage) -> Result<Attempt, EnvError> {
         match err.code {
-            ErrorCode::Busy => Ok(Attempt::Busy(err.message)),
+            // A client quota (commands per minute) refills: wait like for a busy executor.
+            ErrorCode::Busy | ErrorCode::QuotaExceeded => Ok(Attempt::Busy(err.message)),
             // The request itself was refused (e.g. a command longer than the executor allows):
             // the model can change it, so it sees this like a failed command.
             ErrorCode::BadRequest => Ok(Attempt::Done(Output::not_run(format!(

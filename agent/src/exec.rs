@@ -118,6 +118,7 @@ async fn exec_with(
             Some(Ok(_)) => continue,
         };
         match serde_json::from_str::<ServerMessage>(text.as_str())? {
+            ServerMessage::Resumed(_) => {}
             ServerMessage::Output(chunk) => {
                 let _ = stdout.write_all(chunk.data.as_bytes());
                 let _ = stdout.flush();

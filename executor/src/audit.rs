@@ -17,8 +17,12 @@ const QUEUE: usize = 1024;
 pub struct AuditRecord {
     /// RFC 3339 time the command ended.
     pub ts: String,
+    /// The client's name (from the clients file; `default` with a single token).
     pub client: String,
+    /// Its address.
+    pub peer: String,
     pub connection: u64,
+    pub session: String,
     pub id: String,
     pub command: String,
     pub cwd: String,

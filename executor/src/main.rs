@@ -3,6 +3,7 @@
 
 mod audit;
 mod cgroup;
+mod clients;
 mod engine;
 mod helper;
 mod plan;
@@ -14,6 +15,7 @@ mod server;
 mod spawner;
 mod sys;
 mod token;
+mod workspaces;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -76,8 +78,16 @@ struct ServeArgs {
     #[arg(long)]
     state_dir: Option<PathBuf>,
     /// Bearer token file; created with a random token (mode 0600) if missing.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "clients")]
     token_file: Option<PathBuf>,
+    /// Clients file (JSON): named clients with their tokens, profiles, limits and workspace
+    /// policy, instead of one token. Reloaded on SIGHUP.
+    #[arg(long)]
+    clients: Option<PathBuf>,
+    /// Seconds a dropped connection's commands keep running for the client to resume its
+    /// session (0: they are killed at once). A client entry may override it.
+    #[arg(long, default_value_t = 0.0)]
+    resume_grace: f64,
     /// Default working directory of commands; created if missing.
     #[arg(long)]
     workspace: Option<PathBuf>,
@@ -336,22 +346,32 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&workspace)
         .with_context(|| format!("cannot create workspace {}", workspace.display()))?;
 
-    let explicit_token = args.token_file.is_some();
-    let token_path = args
-        .token_file
-        .clone()
-        .unwrap_or_else(|| state_dir.join("token"));
-    let loopback = args.listen.ip().is_loopback();
-    // Off loopback, a token nobody chose would lock everyone out or, worse, be guessed from a
-    // world-readable default path: insist on an existing, deliberately placed token file.
-    let deliberate_token = explicit_token && token_path.exists();
-    if !loopback && !deliberate_token {
-        bail!(
-            "refusing to listen on non-loopback address {} without an existing --token-file",
-            args.listen
-        );
+    if !(0.0..=86_400.0).contains(&args.resume_grace) {
+        bail!("--resume-grace must be 0 to 86400 seconds");
     }
-    let (token, created) = token::Token::load_or_create(&token_path, loopback)?;
+    let loopback = args.listen.ip().is_loopback();
+    // Either named clients, or one token (read, or created on loopback).
+    let (credentials, token_created) = match &args.clients {
+        Some(path) => (path.clone(), false),
+        None => {
+            let explicit_token = args.token_file.is_some();
+            let token_path = args
+                .token_file
+                .clone()
+                .unwrap_or_else(|| state_dir.join("token"));
+            // Off loopback, a token nobody chose would lock everyone out or, worse, be guessed
+            // from a world-readable default path: insist on a deliberately placed token file.
+            let deliberate_token = explicit_token && token_path.exists();
+            if !loopback && !deliberate_token {
+                bail!(
+                    "refusing to listen on non-loopback address {} without an existing --token-file or a --clients file",
+                    args.listen
+                );
+            }
+            let created = !token_path.exists();
+            (token_path, created)
+        }
+    };
 
     let audit_path = args
         .audit_log
@@ -359,6 +379,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| state_dir.join("audit.jsonl"));
     let audit = audit::Audit::open(&audit_path)?;
     let interpreter = interpreter(&args.common.interpreter)?;
+    let workspaces_root = state_dir.join("workspaces");
 
     let rt = runtime()?;
     rt.block_on(async move {
@@ -371,7 +392,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             interpreter.clone(),
             workspace.clone(),
             state_dir.clone(),
-            vec![token_path.clone(), audit_path.clone()],
+            vec![
+                credentials.clone(),
+                audit_path.clone(),
+                workspaces_root.clone(),
+            ],
             ProfileChoice {
                 dir: args.profiles_dir.as_deref(),
                 allow: &args.allow_profiles,
@@ -384,6 +409,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         if workspace_created {
             hand_workspace_to(&engine, &workspace)?;
         }
+        let clients = match &args.clients {
+            Some(path) => clients::ClientTable::load(path, &engine.profiles)?,
+            None => {
+                let (token, _) = token::Token::load_or_create(&credentials, loopback)?;
+                clients::ClientTable::single(token.as_bytes())
+            }
+        };
+        let client_names = clients.names();
+        let workspaces = workspaces::Workspaces::new(workspaces_root, workspace_owner(&engine));
         let mut totals = cgroup::TotalLimits::host_default();
         if let Some(n) = args.max_total_processes {
             totals.processes = n;
@@ -417,13 +451,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             limits,
             interpreter,
             workspace: workspace.display().to_string(),
+            ..protocol::Hello::default()
         };
         let daemon = Arc::new(server::Daemon::new(
             engine,
-            token,
-            audit,
-            hello,
-            args.max_connections,
+            server::DaemonParts {
+                clients: clients::Registry::new(clients, args.clients.clone()),
+                workspaces,
+                resume_grace: std::time::Duration::from_secs_f64(args.resume_grace),
+                audit,
+                hello,
+                max_connections: args.max_connections,
+            },
         ));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -431,8 +470,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         tracing::info!(
             %addr,
-            token_file = %token_path.display(),
-            token_created = created,
+            credentials = %credentials.display(),
+            token_created,
+            clients = %client_names.join(","),
             workspace = %workspace.display(),
             audit_log = %audit_path.display(),
             default_profile = %daemon.engine.default_profile,
@@ -448,6 +488,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let _ = stdout.flush();
 
         tokio::spawn(shutdown_on_signal(daemon.clone()));
+        tokio::spawn(reload_on_sighup(daemon.clone()));
         if args.exit_on_stdin_eof {
             let shutdown = daemon.shutdown.clone();
             std::thread::Builder::new()
@@ -551,29 +592,34 @@ fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
 /// A workspace the daemon just created belongs to the identity its default profile runs
 /// commands as, so that they can write it.
 fn hand_workspace_to(engine: &Engine, workspace: &std::path::Path) -> anyhow::Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        // An ordinary user's daemon runs every command as itself: it already owns it.
-        return Ok(());
-    }
-    let Some(user) = engine
-        .profiles
-        .get(&engine.default_profile)
-        .and_then(|p| p.user.as_ref())
-    else {
+    let Some((uid, gid)) = workspace_owner(engine) else {
         return Ok(());
     };
     nix::unistd::chown(
         workspace,
-        Some(nix::unistd::Uid::from_raw(user.uid)),
-        Some(nix::unistd::Gid::from_raw(user.gid)),
+        Some(nix::unistd::Uid::from_raw(uid)),
+        Some(nix::unistd::Gid::from_raw(gid)),
     )
     .with_context(|| {
         format!(
-            "cannot hand the workspace {} to uid {}",
+            "cannot hand the workspace {} to uid {uid}",
             workspace.display(),
-            user.uid
         )
     })
+}
+
+/// Who should own workspaces the daemon creates: the identity its default profile runs
+/// commands as, when the daemon is root. An ordinary user's daemon runs every command as
+/// itself, so it already owns them.
+fn workspace_owner(engine: &Engine) -> Option<(u32, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let user = engine
+        .profiles
+        .get(&engine.default_profile)
+        .and_then(|p| p.user.as_ref())?;
+    Some((user.uid, user.gid))
 }
 
 fn apply_overrides(limits: &mut Limits, args: &ServeArgs) {
@@ -594,6 +640,18 @@ fn apply_overrides(limits: &mut Limits, args: &ServeArgs) {
     }
     if let Some(v) = args.common.max_output_bytes {
         limits.max_output_bytes = v;
+    }
+}
+
+/// SIGHUP re-reads the clients file; connections stay open.
+async fn reload_on_sighup(daemon: Arc<server::Daemon>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::error!("cannot install the SIGHUP handler; the clients file will not reload");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        daemon.reload_clients().await;
     }
 }
 
@@ -704,7 +762,7 @@ fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         });
         let sink = OutputSink {
             id: valid.id.clone(),
-            tx,
+            to: Arc::new(tx),
         };
         let stop = async {
             let _ = tokio::signal::ctrl_c().await;

@@ -6,7 +6,7 @@
 //! tests compare whole plans, and the helper never parses client input or profile files.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -165,6 +165,8 @@ pub struct CommandSpec {
     pub command: String,
     pub cwd: Option<PathBuf>,
     pub env: BTreeMap<String, String>,
+    /// The client's workspace, when it is not the daemon's shared one.
+    pub workspace: Option<PathBuf>,
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -200,16 +202,14 @@ pub fn plan_command(
     env.extend(profile.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 
+    let workspace = spec.workspace.as_ref().unwrap_or(&settings.workspace);
     let cgroups = plan_cgroups(profile, &settings.cgroups, serial);
-    let sandbox = plan_sandbox(profile, settings, &cgroups);
+    let sandbox = plan_sandbox(profile, settings, workspace, &cgroups);
     check_daemon_files(profile, settings, &sandbox)?;
     let layers = layers(&cgroups, &sandbox);
     Ok(Plan {
         argv,
-        cwd: spec
-            .cwd
-            .clone()
-            .unwrap_or_else(|| settings.workspace.clone()),
+        cwd: spec.cwd.clone().unwrap_or_else(|| workspace.clone()),
         env,
         cgroups,
         sandbox,
@@ -282,10 +282,15 @@ fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<Cgroup
     dirs
 }
 
-fn plan_sandbox(profile: &Profile, settings: &PlanSettings, cgroups: &[CgroupDir]) -> SandboxPlan {
+fn plan_sandbox(
+    profile: &Profile,
+    settings: &PlanSettings,
+    workspace: &Path,
+    cgroups: &[CgroupDir],
+) -> SandboxPlan {
     let expand = |path: &str| -> PathBuf {
         PathBuf::from(
-            path.replace("{workspace}", &settings.workspace.display().to_string())
+            path.replace("{workspace}", &workspace.display().to_string())
                 .replace("{state_dir}", &settings.state_dir.display().to_string())
                 .replace(
                     "{executor_bin}",
@@ -496,6 +501,7 @@ mod tests {
             command: command.into(),
             cwd: None,
             env: BTreeMap::new(),
+            workspace: None,
         }
     }
 

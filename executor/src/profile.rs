@@ -184,6 +184,12 @@ pub enum ProfileError {
 }
 
 impl Profile {
+    /// Whether commands see only the paths the profile lists (by a mount namespace over a
+    /// chosen filesystem, or by landlock), so a directory it does not list stays private.
+    pub fn confines_filesystem(&self) -> bool {
+        self.filesystem.is_some() && (self.landlock || self.namespaces.contains(&Namespace::Mount))
+    }
+
     pub fn parse(file_name: &str, text: &str) -> Result<Self, ProfileError> {
         let profile: Profile =
             serde_json::from_str(text).map_err(|source| ProfileError::Parse {

@@ -26,6 +26,8 @@ pub const RETURNCODE_NOT_FINISHED: i32 = -1;
 pub enum ClientMessage {
     Exec(ExecRequest),
     Cancel(CancelRequest),
+    /// Re-attach this connection to a session whose connection dropped (first message only).
+    Resume(ResumeRequest),
 }
 
 /// Run one shell command as a fresh process session.
@@ -65,17 +67,31 @@ pub struct CancelRequest {
 }
 
 /// Messages the daemon sends.
+/// Ask for a dropped connection's session back. `awaiting` lists the ids the client has no
+/// result for yet: their results are (re)sent even if they were written to the old connection
+/// just before it broke; results of ids not listed are forgotten.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeRequest {
+    pub session: String,
+    #[serde(default)]
+    pub awaiting: Vec<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ServerMessage {
     Hello(Hello),
+    /// The answer to `resume`: the session is this connection's now. Results and output the
+    /// client missed follow it.
+    Resumed(Resumed),
     Output(OutputChunk),
     Result(ExecResult),
     Error(ErrorMessage),
 }
 
 /// First message on every connection.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
     pub protocol: u32,
     /// `executor <version>`.
@@ -91,9 +107,25 @@ pub struct Hello {
     pub interpreter: Vec<String>,
     /// Default working directory of commands.
     pub workspace: String,
+    /// The authenticated client's name (`default` with a single token).
+    #[serde(default)]
+    pub client: String,
+    /// This connection's session, for `resume` after a dropped connection.
+    #[serde(default)]
+    pub session: String,
+    /// Seconds a session's commands keep running after its connection drops (0: killed at once).
+    #[serde(default)]
+    pub resume_grace: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resumed {
+    pub session: String,
+    /// Ids of the session's commands still running.
+    pub running: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostFacts {
     pub hostname: String,
     /// `uname -sr`, e.g. `Linux 6.18.44`.
@@ -119,7 +151,7 @@ pub struct ProfileSummary {
 }
 
 /// Bounds the daemon enforces; requests beyond them get a `bad_request` or `busy` error.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     pub max_message_bytes: usize,
     pub max_command_bytes: usize,
@@ -238,6 +270,9 @@ pub enum ErrorCode {
     EnvironmentError,
     /// The daemon is draining and takes no new commands.
     ShuttingDown,
+    /// A quota of this client is used up (commands per minute, total output). The message
+    /// says which and, for a rate, when to retry.
+    QuotaExceeded,
     /// A bug in the daemon. Nothing was run.
     Internal,
 }
@@ -252,6 +287,7 @@ impl ErrorCode {
             Self::ProfileDenied => "profile_denied",
             Self::EnvironmentError => "environment_error",
             Self::ShuttingDown => "shutting_down",
+            Self::QuotaExceeded => "quota_exceeded",
             Self::Internal => "internal",
         }
     }

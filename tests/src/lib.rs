@@ -362,33 +362,7 @@ pub fn req(id: &str, command: &str) -> ExecRequest {
 }
 
 fn placeholder_hello() -> Hello {
-    Hello {
-        protocol: 0,
-        server: String::new(),
-        host: protocol::HostFacts {
-            hostname: String::new(),
-            kernel: String::new(),
-            version: String::new(),
-            arch: String::new(),
-            cores: 0,
-        },
-        profiles: Vec::new(),
-        default_profile: String::new(),
-        limits: protocol::Limits {
-            max_message_bytes: 0,
-            max_command_bytes: 0,
-            max_env_entries: 0,
-            max_env_bytes: 0,
-            max_id_bytes: 0,
-            default_timeout: 0.0,
-            max_timeout: 0.0,
-            max_output_bytes: 0,
-            max_commands_per_connection: 0,
-            max_commands_total: 0,
-        },
-        interpreter: Vec::new(),
-        workspace: String::new(),
-    }
+    Hello::default()
 }
 
 /// A string unlikely to appear in any other process's command line, to find a test's

@@ -57,7 +57,22 @@ impl StopReason {
 /// Where streamed output goes: `output` messages for request `id`.
 pub struct OutputSink {
     pub id: String,
-    pub tx: mpsc::Sender<ServerMessage>,
+    pub to: std::sync::Arc<dyn Replies>,
+}
+
+/// Whoever delivers replies to the client (the daemon's session). Awaiting `send` is the
+/// backpressure a slow client puts on its command.
+pub trait Replies: Send + Sync {
+    fn send(&self, msg: ServerMessage) -> futures_util::future::BoxFuture<'_, ()>;
+}
+
+/// A plain queue (`executor run` prints from one); a closed queue drops the reply.
+impl Replies for mpsc::Sender<ServerMessage> {
+    fn send(&self, msg: ServerMessage) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let _ = mpsc::Sender::send(self, msg).await;
+        })
+    }
 }
 
 /// How one command ended, before it is shaped into a protocol result.
@@ -432,7 +447,7 @@ async fn read_output(
             });
             seq += 1;
             let sent = tokio::select! {
-                sent = out.tx.send(msg) => sent.is_ok(),
+                () = out.to.send(msg) => true,
                 () = stop.cancelled() => false,
             };
             if !sent {
@@ -448,7 +463,7 @@ async fn read_output(
                 seq,
                 data,
             });
-            let _ = out.tx.try_send(msg);
+            out.to.send(msg).await;
         }
     }
     buffer

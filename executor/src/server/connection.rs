@@ -1,27 +1,36 @@
 //! One authenticated WebSocket connection: reads requests, runs commands, writes replies.
 //!
-//! A single writer task owns the socket's sending half and drains a bounded queue; commands and
-//! the reader only enqueue. When the peer goes away, every command of the connection is killed.
+//! A single writer task owns the socket's sending half and drains a bounded queue. Commands
+//! reply through their session (`session.rs`), which hands replies to the attached
+//! connection's queue or keeps them while none is attached.
+//!
+//! How a connection ends decides what happens to its session's commands: a close frame from
+//! the client, a revoked client or a grace period of 0 kill them at once; a connection that
+//! just drops leaves them running for the grace period, for the client to resume.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use protocol::{CancelRequest, ClientMessage, ErrorCode, ErrorMessage, ExecRequest, ServerMessage};
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinSet;
+use protocol::{
+    CancelRequest, ClientMessage, ErrorCode, ErrorMessage, ExecRequest, ResumeRequest, Resumed,
+    ServerMessage,
+};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
+use super::session::Session;
 use super::Daemon;
 use crate::audit::{now_rfc3339, AuditRecord};
+use crate::clients::{Client, Slot, WorkspacePolicy};
 use crate::engine::ExecError;
 use crate::request::{validate, ValidRequest};
 use crate::runner::{OutputSink, StopReason};
@@ -33,11 +42,41 @@ const OUTBOUND_QUEUE: usize = 16;
 /// Time the writer gets to flush results and a close frame when the connection ends normally.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn run(ws: Ws, daemon: Arc<Daemon>, peer: SocketAddr, connection: u64) {
-    tracing::info!(%peer, connection, "client connected");
+/// Why the read loop stopped.
+#[derive(Debug, PartialEq)]
+enum Ending {
+    /// Close frame: the client is done; its commands die.
+    Closed,
+    /// The connection broke: commands outlive it for the grace period.
+    Dropped,
+    /// Another connection resumed the session.
+    TakenOver,
+    /// The client was removed from the clients file.
+    Revoked,
+    /// The daemon drained.
+    Shutdown,
+    /// We closed it (oversized message).
+    Refused,
+}
+
+pub async fn run(
+    ws: Ws,
+    daemon: Arc<Daemon>,
+    peer: SocketAddr,
+    connection: u64,
+    client: Arc<Client>,
+) {
+    tracing::info!(%peer, connection, client = %client.name, "client connected");
     let (mut sink, mut stream) = ws.split();
     let (tx, mut rx) = mpsc::channel::<ServerMessage>(OUTBOUND_QUEUE);
     let (close_tx, mut close_rx) = oneshot::channel::<(CloseCode, &'static str)>();
+
+    let grace = client.resume_grace.unwrap_or(daemon.resume_grace);
+    let scratch_root = (client.workspace == WorkspacePolicy::PerConnection)
+        .then(|| daemon.workspaces.scratch_root());
+    let fresh = daemon.sessions.create(client.clone(), grace, scratch_root);
+    // The writer follows the session: a resume switches it.
+    let (current_tx, current) = watch::channel(fresh.clone());
 
     // The writer: the only code that sends on the socket. A failed send ends the connection.
     // Queued replies go first (biased), so a requested close frame follows every result.
@@ -47,11 +86,11 @@ pub async fn run(ws: Ws, daemon: Arc<Daemon>, peer: SocketAddr, connection: u64)
         async move {
             let mut close_pending = true;
             loop {
-                let frame = tokio::select! {
+                let (frame, msg) = tokio::select! {
                     biased;
                     msg = rx.recv() => match msg {
                         Some(msg) => match serde_json::to_string(&msg) {
-                            Ok(text) => Message::text(text),
+                            Ok(text) => (Message::text(text), Some(msg)),
                             Err(err) => {
                                 tracing::error!(%err, "cannot serialize a reply");
                                 continue;
@@ -60,126 +99,206 @@ pub async fn run(ws: Ws, daemon: Arc<Daemon>, peer: SocketAddr, connection: u64)
                         None => break,
                     },
                     close = &mut close_rx, if close_pending => match close {
-                        Ok((code, reason)) => Message::Close(Some(CloseFrame { code, reason: reason.into() })),
+                        Ok((code, reason)) => (Message::Close(Some(CloseFrame { code, reason: reason.into() })), None),
                         Err(_) => { close_pending = false; continue }
                     },
                 };
                 let closing = matches!(frame, Message::Close(_));
-                if sink.send(frame).await.is_err() || closing {
+                if sink.send(frame).await.is_err() {
+                    // Not delivered: the session keeps it for a resume.
+                    if let Some(msg) = msg {
+                        current.borrow().keep(msg);
+                    }
                     break;
                 }
+                if let Some(msg) = &msg {
+                    current.borrow().written(msg);
+                }
+                if closing {
+                    break;
+                }
+            }
+            // Whatever is still queued was never sent.
+            rx.close();
+            let session = current.borrow().clone();
+            while let Ok(msg) = rx.try_recv() {
+                session.keep(msg);
             }
             let _ = sink.close().await;
             gone.cancel();
         }
     });
     let mut close_tx = Some(close_tx);
-    let replies = Replies(tx);
-    replies
-        .send(ServerMessage::Hello(daemon.hello.clone()))
-        .await;
 
-    let mut session = Session {
+    let mut conn = Connection {
+        hello: daemon.hello_for(&client, &fresh),
         daemon: daemon.clone(),
-        replies: replies.clone(),
+        client,
+        session: fresh.clone(),
+        current: current_tx,
+        tx: tx.clone(),
         peer,
         connection,
-        running: Running::default(),
-        tasks: JoinSet::new(),
-        gone: CancellationToken::new(),
+        evicted: fresh.attach(connection, tx.clone(), &[]),
+        first: true,
     };
+    conn.reply(ServerMessage::Hello(conn.hello.clone())).await;
+    conn.replay().await;
+
+    let mut reloads = daemon.clients.subscribe();
     let mut draining = false;
-    let mut peer_left = false;
-    loop {
-        if draining && session.tasks.is_empty() {
-            break;
+    let ending = loop {
+        if draining && conn.session.tasks.is_empty() {
+            break Ending::Shutdown;
         }
+        let evicted = conn.evicted.clone();
         tokio::select! {
             frame = stream.next() => match frame {
-                Some(Ok(Message::Text(text))) => session.handle_text(text.as_str(), draining).await,
+                Some(Ok(Message::Text(text))) => conn.handle_text(text.as_str(), draining).await,
                 Some(Ok(Message::Binary(_))) => {
-                    replies.error(None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text").await;
+                    conn.error(None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text").await;
                 }
-                Some(Ok(Message::Close(_))) | None => { peer_left = true; break }
+                Some(Ok(Message::Close(_))) => break Ending::Closed,
+                None => break Ending::Dropped,
                 Some(Ok(_)) => {} // ping and pong are answered by tungstenite
                 Some(Err(WsError::Capacity(err))) => {
                     let message = format!("message too large: {err}; limit {} bytes", daemon.engine.limits.max_message_bytes);
-                    replies.error(None, ErrorCode::BadRequest, &message).await;
+                    conn.error(None, ErrorCode::BadRequest, &message).await;
                     if let Some(close) = close_tx.take() {
                         let _ = close.send((CloseCode::Size, "message too large"));
                     }
-                    break;
+                    break Ending::Refused;
                 }
                 Some(Err(err)) => {
                     tracing::info!(%peer, connection, %err, "connection error");
-                    peer_left = true;
-                    break;
+                    break Ending::Dropped;
                 }
             },
-            // Jobs leave `running` themselves, before their reply (so an id is free again as
-            // soon as its result arrives); here they are only reaped.
-            Some(_) = session.tasks.join_next() => {}
-            () = daemon.shutdown.cancelled(), if !draining => draining = true,
-            () = writer_gone.cancelled() => { peer_left = true; break }
+            // Wakes the drain check above when the session's last command is done.
+            () = conn.session.tasks.wait(), if draining => {}
+            () = daemon.shutdown.cancelled(), if !draining => {
+                draining = true;
+                conn.session.tasks.close();
+            }
+            () = evicted.cancelled() => break Ending::TakenOver,
+            changed = reloads.changed() => {
+                if changed.is_ok() && daemon.clients.table().current(&conn.client).is_none() {
+                    if let Some(close) = close_tx.take() {
+                        let _ = close.send((CloseCode::Policy, "client removed from the clients file"));
+                    }
+                    break Ending::Revoked;
+                }
+            }
+            () = writer_gone.cancelled() => break Ending::Dropped,
         }
-    }
+    };
 
-    if peer_left {
-        // Nobody can receive results now: kill everything, and do not let replies wait on a
-        // socket nobody reads.
-        session.gone.cancel();
+    let session = conn.session.clone();
+    let keep_session =
+        ending == Ending::TakenOver || (ending == Ending::Dropped && !session.grace.is_zero());
+    if ending == Ending::Dropped || ending == Ending::Closed {
+        // Nobody reads this socket any more: do not let replies wait on it.
         writer.abort();
     }
-    while session.tasks.join_next().await.is_some() {}
-    if draining {
+    let generation = session.detach(connection);
+    if keep_session {
+        if ending == Ending::Dropped {
+            tracing::info!(%peer, connection, session = %session.id, grace = ?session.grace, running = session.running.len(), "connection dropped; session kept for a resume");
+            tokio::spawn(expire_after_grace(
+                daemon.clone(),
+                session.clone(),
+                generation,
+            ));
+        }
+    } else {
+        end_session(&daemon, &session).await;
+    }
+    if ending == Ending::Shutdown {
         if let Some(close) = close_tx.take() {
             let _ = close.send((CloseCode::Away, "executor shutting down"));
         }
     }
-    drop(session);
-    drop(replies);
+    drop(conn);
+    drop(tx);
     if tokio::time::timeout(FLUSH_TIMEOUT, &mut writer)
         .await
         .is_err()
     {
         writer.abort();
     }
-    tracing::info!(%peer, connection, "client disconnected");
+    tracing::info!(%peer, connection, ?ending, "client disconnected");
 }
 
-#[derive(Clone)]
-struct Replies(mpsc::Sender<ServerMessage>);
+/// Kill a session's commands, wait for them, and remove its scratch workspace.
+pub async fn end_session(daemon: &Daemon, session: &Session) {
+    if let Some(scratch) = daemon.sessions.end(session).await {
+        let removed = tokio::task::spawn_blocking(move || {
+            crate::workspaces::remove(&scratch).map_err(|err| (scratch, err))
+        })
+        .await;
+        match removed {
+            Ok(Ok(())) => {}
+            Ok(Err((dir, err))) => {
+                tracing::error!(dir = %dir.display(), err = format!("{err:#}"), "cannot remove a session's scratch workspace")
+            }
+            Err(err) => tracing::error!(%err, "scratch removal panicked"),
+        }
+    }
+}
 
-impl Replies {
-    async fn send(&self, msg: ServerMessage) {
-        // Fails only when the writer is gone, and then the connection is ending anyway.
-        let _ = self.0.send(msg).await;
+/// End a detached session whose client did not come back in time.
+async fn expire_after_grace(daemon: Arc<Daemon>, session: Arc<Session>, generation: u64) {
+    tokio::select! {
+        () = tokio::time::sleep(session.grace) => {}
+        () = session.ended.cancelled() => return,
+        () = daemon.shutdown.cancelled() => {}
+    }
+    if session.still_detached(generation) || daemon.shutdown.is_cancelled() {
+        tracing::info!(session = %session.id, running = session.running.len(), "grace period over; ending the session");
+        end_session(&daemon, &session).await;
+    }
+}
+
+struct Connection {
+    daemon: Arc<Daemon>,
+    client: Arc<Client>,
+    hello: protocol::Hello,
+    session: Arc<Session>,
+    current: watch::Sender<Arc<Session>>,
+    tx: mpsc::Sender<ServerMessage>,
+    peer: SocketAddr,
+    connection: u64,
+    /// Cancelled when another connection resumes our session.
+    evicted: CancellationToken,
+    /// No message read yet (only then may it be `resume`).
+    first: bool,
+}
+
+impl Connection {
+    async fn reply(&self, msg: ServerMessage) {
+        self.session.send(msg).await;
     }
 
     async fn error(&self, id: Option<String>, code: ErrorCode, message: &str) {
-        self.send(ServerMessage::Error(ErrorMessage {
+        self.reply(ServerMessage::Error(ErrorMessage {
             id,
             code,
             message: message.to_string(),
         }))
         .await;
     }
-}
 
-struct Session {
-    daemon: Arc<Daemon>,
-    replies: Replies,
-    peer: SocketAddr,
-    connection: u64,
-    running: Running,
-    /// Command tasks.
-    tasks: JoinSet<()>,
-    /// Cancelled when the peer is gone.
-    gone: CancellationToken,
-}
+    /// Send what the session kept while no connection was attached, then go live.
+    async fn replay(&self) {
+        while let Some(msg) = self.session.next_replay() {
+            if self.tx.send(msg).await.is_err() {
+                break;
+            }
+        }
+    }
 
-impl Session {
     async fn handle_text(&mut self, text: &str, draining: bool) {
+        let first = std::mem::replace(&mut self.first, false);
         let msg = match serde_json::from_str::<ClientMessage>(text) {
             Ok(msg) => msg,
             Err(err) => {
@@ -188,56 +307,99 @@ impl Session {
                     .ok()
                     .and_then(|v| v.get("id")?.as_str().map(str::to_string));
                 let message = format!("malformed message: {err}");
-                self.replies
-                    .error(id, ErrorCode::BadRequest, &message)
-                    .await;
+                self.error(id, ErrorCode::BadRequest, &message).await;
                 return;
             }
         };
         match msg {
             ClientMessage::Exec(req) => self.exec(req, draining).await,
-            ClientMessage::Cancel(CancelRequest { id }) => match self.running.get(&id) {
+            ClientMessage::Cancel(CancelRequest { id }) => match self.session.running.get(&id) {
                 Some(cancel) => cancel.cancel(),
                 None => {
                     let message = format!("no running command with id {id:?}");
-                    self.replies
-                        .error(Some(id), ErrorCode::NotFound, &message)
-                        .await;
+                    self.error(Some(id), ErrorCode::NotFound, &message).await;
                 }
             },
+            ClientMessage::Resume(req) if first => self.resume(req).await,
+            ClientMessage::Resume(_) => {
+                self.error(
+                    None,
+                    ErrorCode::BadRequest,
+                    "resume must be the first message on a connection",
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Take over a session whose connection dropped.
+    async fn resume(&mut self, req: ResumeRequest) {
+        let Some(old) = self.daemon.sessions.find(&req.session, &self.client.name) else {
+            let message = format!(
+                "no session {:?} to resume: unknown, or its grace period ran out and its commands were killed",
+                req.session
+            );
+            self.error(None, ErrorCode::NotFound, &message).await;
+            return;
+        };
+        // The session made for this connection never ran anything: drop it.
+        let fresh = std::mem::replace(&mut self.session, old.clone());
+        fresh.detach(self.connection);
+        end_session(&self.daemon, &fresh).await;
+        self.evicted = old.attach(self.connection, self.tx.clone(), &req.awaiting);
+        self.current.send_replace(old.clone());
+        tracing::info!(connection = self.connection, session = %old.id, client = %self.client.name, "session resumed");
+        let resumed = ServerMessage::Resumed(Resumed {
+            session: old.id.clone(),
+            running: old.running.ids(),
+        });
+        if self.tx.send(resumed).await.is_ok() {
+            self.replay().await;
         }
     }
 
     async fn exec(&mut self, req: ExecRequest, draining: bool) {
         let id = req.id.clone();
         match self.admit(req, draining) {
-            Ok((valid, permit)) => {
+            Ok((valid, permit, slot, workspace)) => {
                 let cancel = CancellationToken::new();
-                self.running.insert(valid.id.clone(), cancel.clone());
+                self.session
+                    .running
+                    .insert(valid.id.clone(), cancel.clone());
                 let job = Job {
                     daemon: self.daemon.clone(),
-                    replies: self.replies.clone(),
-                    running: self.running.clone(),
+                    session: self.session.clone(),
+                    client: self.client.name.clone(),
                     peer: self.peer,
                     connection: self.connection,
-                    gone: self.gone.clone(),
                     cancel,
                 };
-                self.tasks.spawn(async move {
-                    job.run(valid).await;
-                    drop(permit);
+                let task = self.session.tasks.track_future(async move {
+                    job.run(valid, workspace).await;
+                    drop((permit, slot));
                 });
+                self.daemon.tasks.spawn(task);
             }
-            Err(err) => self.replies.error(Some(id), err.code, &err.message).await,
+            Err(err) => {
+                self.error(Some(id), err.code, &err.message).await;
+            }
         }
     }
 
-    /// Validate a request and take a slot for it, or say why not.
+    /// Validate a request and take its slots, or say why not.
     fn admit(
         &self,
         req: ExecRequest,
         draining: bool,
-    ) -> Result<(ValidRequest, tokio::sync::OwnedSemaphorePermit), ExecError> {
+    ) -> Result<
+        (
+            ValidRequest,
+            tokio::sync::OwnedSemaphorePermit,
+            Slot,
+            Option<PathBuf>,
+        ),
+        ExecError,
+    > {
         let limits = &self.daemon.engine.limits;
         if draining {
             return Err(ExecError::new(
@@ -245,16 +407,40 @@ impl Session {
                 "the executor is shutting down",
             ));
         }
-        let valid = validate(req, limits)
+        let mut valid = validate(req, limits)
             .map_err(|err| ExecError::new(ErrorCode::BadRequest, err.to_string()))?;
-        self.daemon.engine.profile(valid.profile.as_deref())?;
-        if self.running.contains_key(&valid.id) {
+        // The client's entry as of the last reload: limits and profiles may have changed.
+        let Some(client) = self.daemon.clients.table().current(&self.client) else {
+            return Err(ExecError::new(
+                ErrorCode::ProfileDenied,
+                "this client was removed from the clients file",
+            ));
+        };
+        let profile = valid
+            .profile
+            .clone()
+            .unwrap_or_else(|| self.hello.default_profile.clone());
+        if !profile.is_empty() && !client.may_use(&profile) {
+            let allowed = client.profiles.as_deref().unwrap_or_default().join(", ");
+            return Err(ExecError::new(
+                ErrorCode::ProfileDenied,
+                format!(
+                    "client {} may not use profile {profile:?}; it may use: {allowed}",
+                    client.name
+                ),
+            ));
+        }
+        self.daemon
+            .engine
+            .profile(Some(&profile).filter(|p| !p.is_empty()).map(String::as_str))?;
+        valid.profile = Some(profile).filter(|p| !p.is_empty());
+        if self.session.running.contains_key(&valid.id) {
             return Err(ExecError::new(
                 ErrorCode::DuplicateId,
                 format!("a command with id {:?} is already running", valid.id),
             ));
         }
-        if self.running.len() >= limits.max_commands_per_connection {
+        if self.session.running.len() >= limits.max_commands_per_connection {
             return Err(ExecError::new(
                 ErrorCode::Busy,
                 format!(
@@ -263,6 +449,15 @@ impl Session {
                 ),
             ));
         }
+        let slot = self
+            .daemon
+            .clients
+            .usage(&client.name)
+            .admit(&client.name, &client.limits)
+            .map_err(|refusal| {
+                tracing::info!(client = %client.name, limit = refusal.limit, "command refused by a client limit");
+                ExecError::new(refusal.code, refusal.message)
+            })?;
         let permit = self
             .daemon
             .commands
@@ -277,62 +472,44 @@ impl Session {
                     ),
                 )
             })?;
-        Ok((valid, permit))
-    }
-}
-
-/// Cancel handles of a connection's running commands, by client id. Shared with the jobs so
-/// that each removes its own id right before replying.
-#[derive(Clone, Default)]
-struct Running(Arc<std::sync::Mutex<HashMap<String, CancellationToken>>>);
-
-impl Running {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
-        // A poisoned lock only means a job panicked while holding it; the map is still valid.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-    fn insert(&self, id: String, cancel: CancellationToken) {
-        self.lock().insert(id, cancel);
-    }
-    fn remove(&self, id: &str) {
-        self.lock().remove(id);
-    }
-    fn get(&self, id: &str) -> Option<CancellationToken> {
-        self.lock().get(id).cloned()
-    }
-    fn contains_key(&self, id: &str) -> bool {
-        self.lock().contains_key(id)
-    }
-    fn len(&self) -> usize {
-        self.lock().len()
+        let workspace = match client.workspace {
+            WorkspacePolicy::Shared => None,
+            WorkspacePolicy::PerClient => Some(self.daemon.workspaces.of_client(&client.name)),
+            WorkspacePolicy::PerConnection => self.session.scratch.clone(),
+        };
+        if let Some(dir) = &workspace {
+            self.daemon
+                .workspaces
+                .ensure(dir)
+                .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, format!("{err:#}")))?;
+        }
+        Ok((valid, permit, slot, workspace))
     }
 }
 
 /// One admitted command.
 struct Job {
     daemon: Arc<Daemon>,
-    replies: Replies,
-    running: Running,
+    session: Arc<Session>,
+    client: String,
     peer: SocketAddr,
     connection: u64,
-    gone: CancellationToken,
     cancel: CancellationToken,
 }
 
 impl Job {
-    async fn run(self, req: ValidRequest) {
+    async fn run(self, mut req: ValidRequest, workspace: Option<PathBuf>) {
+        req.spec.workspace = workspace;
         let stop = async {
             tokio::select! {
                 () = self.cancel.cancelled() => StopReason::Cancelled,
-                () = self.gone.cancelled() => StopReason::Disconnected,
+                () = self.session.ended.cancelled() => StopReason::Disconnected,
                 () = self.daemon.shutdown.cancelled() => StopReason::Shutdown,
             }
         };
         let sink = req.stream.then(|| OutputSink {
             id: req.id.clone(),
-            tx: self.replies.0.clone(),
+            to: self.session.clone(),
         });
         let engine = &self.daemon.engine;
         let result = engine.execute(&req, sink, stop).await;
@@ -344,11 +521,14 @@ impl Job {
             .spec
             .cwd
             .clone()
+            .or_else(|| req.spec.workspace.clone())
             .unwrap_or_else(|| engine.plan_settings.workspace.clone());
         let mut record = AuditRecord {
             ts: now_rfc3339(),
-            client: self.peer.to_string(),
+            client: self.client.clone(),
+            peer: self.peer.to_string(),
             connection: self.connection,
+            session: self.session.id.clone(),
             id: req.id.clone(),
             command: req.spec.command.clone(),
             cwd: cwd.display().to_string(),
@@ -371,18 +551,26 @@ impl Job {
                 record.duration_ms = extra.duration_ms;
                 record.output_bytes = extra.output_bytes;
                 record.killed_processes = extra.killed_processes;
+                self.daemon
+                    .clients
+                    .usage(&self.client)
+                    .add_output(extra.output_bytes);
                 tracing::debug!(id = %req.id, rc = result.returncode, ended = %record.ended, "command finished");
-                self.running.remove(&req.id);
-                self.replies.send(ServerMessage::Result(result)).await;
+                self.session.running.remove(&req.id);
+                self.session.send(ServerMessage::Result(result)).await;
                 self.daemon.audit.record(record).await;
             }
             Err(err) => {
                 tracing::warn!(id = %req.id, code = %err.code, message = %err.message, "command failed to run");
                 record.error = Some(format!("{}: {}", err.code, err.message));
-                self.running.remove(&req.id);
+                self.session.running.remove(&req.id);
                 self.daemon.audit.record(record).await;
-                self.replies
-                    .error(Some(req.id.clone()), err.code, &err.message)
+                self.session
+                    .send(ServerMessage::Error(ErrorMessage {
+                        id: Some(req.id.clone()),
+                        code: err.code,
+                        message: err.message,
+                    }))
                     .await;
             }
         }

@@ -4,6 +4,7 @@
 //! parsing, which is bounded by a header timeout, a 16 KiB buffer and the connection limit.
 
 mod connection;
+mod session;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,8 +26,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::audit::Audit;
+use crate::clients::{Client, Registry};
 use crate::engine::Engine;
-use crate::token::Token;
+use crate::workspaces::Workspaces;
+
+pub use connection::end_session;
+use session::{Session, Sessions};
 
 /// Time a peer has to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,7 +41,12 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// Everything a connection needs, shared.
 pub struct Daemon {
     pub engine: Engine,
-    pub token: Token,
+    /// Who may connect, with what limits; reloaded on SIGHUP.
+    pub clients: Registry,
+    pub sessions: Sessions,
+    pub workspaces: Workspaces,
+    /// How long a dropped connection's commands keep running, unless the client says.
+    pub resume_grace: Duration,
     pub audit: Audit,
     pub hello: Hello,
     /// Global bound on running commands; a request past it gets `busy`.
@@ -49,18 +59,33 @@ pub struct Daemon {
     next_connection: AtomicU64,
 }
 
+/// What the daemon is made of, besides the engine.
+pub struct DaemonParts {
+    pub clients: Registry,
+    pub workspaces: Workspaces,
+    pub resume_grace: Duration,
+    pub audit: Audit,
+    pub hello: Hello,
+    pub max_connections: usize,
+}
+
 impl Daemon {
-    pub fn new(
-        engine: Engine,
-        token: Token,
-        audit: Audit,
-        hello: Hello,
-        max_connections: usize,
-    ) -> Self {
+    pub fn new(engine: Engine, parts: DaemonParts) -> Self {
+        let DaemonParts {
+            clients,
+            workspaces,
+            resume_grace,
+            audit,
+            hello,
+            max_connections,
+        } = parts;
         let commands = Arc::new(Semaphore::new(engine.limits.max_commands_total));
         Self {
             engine,
-            token,
+            clients,
+            sessions: Sessions::default(),
+            workspaces,
+            resume_grace,
             audit,
             hello,
             commands,
@@ -68,6 +93,63 @@ impl Daemon {
             max_connections,
             tasks: TaskTracker::new(),
             next_connection: AtomicU64::new(1),
+        }
+    }
+
+    /// The hello for one connection: the daemon's, narrowed to what this client may use.
+    pub fn hello_for(&self, client: &Client, session: &Session) -> Hello {
+        let mut hello = self.hello.clone();
+        hello.profiles.retain(|p| client.may_use(&p.name));
+        if !client.may_use(&hello.default_profile) {
+            // The client's own first choice that this host can run.
+            hello.default_profile = client
+                .profiles
+                .iter()
+                .flatten()
+                .find(|name| {
+                    hello
+                        .profiles
+                        .iter()
+                        .any(|p| &p.name == *name && p.available)
+                })
+                .cloned()
+                .unwrap_or_default();
+        }
+        hello.workspace = match client.workspace {
+            crate::clients::WorkspacePolicy::Shared => hello.workspace,
+            crate::clients::WorkspacePolicy::PerClient => self
+                .workspaces
+                .of_client(&client.name)
+                .display()
+                .to_string(),
+            crate::clients::WorkspacePolicy::PerConnection => session
+                .scratch
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        };
+        hello.client = client.name.clone();
+        hello.session = session.id.clone();
+        hello.resume_grace = session.grace.as_secs_f64();
+        hello
+    }
+
+    /// Re-read the clients file. Connections of removed clients close themselves; their
+    /// detached sessions end here.
+    pub async fn reload_clients(&self) {
+        match self.clients.reload(&self.engine.profiles) {
+            Ok(names) => {
+                tracing::info!(clients = %names.join(","), "clients reloaded");
+                let table = self.clients.table();
+                for session in self.sessions.all() {
+                    if table.current(&session.client).is_none() {
+                        end_session(self, &session).await;
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::error!(%err, "clients file not reloaded; the previous one stays in force")
+            }
         }
     }
 }
@@ -152,17 +234,17 @@ fn upgrade(
     peer: SocketAddr,
     daemon: Arc<Daemon>,
 ) -> Response<Full<Bytes>> {
-    let authorized = req
+    let client = req
         .headers()
         .get(header::AUTHORIZATION)
-        .is_some_and(|value| daemon.token.matches_header(value.as_bytes()));
-    if !authorized {
+        .and_then(|value| daemon.clients.table().authenticate(value.as_bytes()));
+    let Some(client) = client else {
         tracing::info!(%peer, "rejected connection: missing or wrong bearer token");
         let mut resp = text(StatusCode::UNAUTHORIZED, "unauthorized\n");
         resp.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return resp;
-    }
+    };
     if daemon.shutdown.is_cancelled() {
         return text(StatusCode::SERVICE_UNAVAILABLE, "draining\n");
     }
@@ -203,7 +285,7 @@ fn upgrade(
             .max_message_size(Some(limits.max_message_bytes))
             .max_frame_size(Some(limits.max_message_bytes));
         let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
-        connection::run(ws, daemon, peer, connection).await;
+        connection::run(ws, daemon, peer, connection, client).await;
     });
     let mut resp = Response::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;

@@ -167,7 +167,10 @@ async fn audit_log_has_one_line_per_command_without_the_token() {
     assert_eq!(a1["output_bytes"], 8);
     assert_eq!(a1["profile"], "strict");
     assert_eq!(a1["cwd"], daemon.workspace.display().to_string());
-    assert!(a1["client"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert_eq!(a1["client"], "default");
+    assert!(a1["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert_eq!(a1["session"], client.hello.session.as_str());
+    assert_eq!(client.hello.session.len(), 32, "{}", client.hello.session);
     assert_eq!(by_id("a2")["ended"], "timed_out");
     let a3 = by_id("a3");
     assert_eq!(a3["ended"], "error");

@@ -1,0 +1,603 @@
+//! Who may connect and what each client may do: the clients file, or the single token.
+//!
+//! Tokens are kept only as SHA-256 digests. A presented token is hashed and compared with every
+//! client's digest in constant time, so neither its content nor which client it nearly matched
+//! leaks through timing. Usage (running commands, the rate bucket, output used) is kept per
+//! client name, apart from the table, so a reload changes limits without resetting usage.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use protocol::ErrorCode;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::profile::Profile;
+
+/// Name of the one client of single-token mode.
+pub const DEFAULT_CLIENT: &str = "default";
+/// Shortest plain token accepted in a clients file: 128 bits of hex, as for the token file.
+const MIN_TOKEN_CHARS: usize = 32;
+
+/// Where a client's commands run by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkspacePolicy {
+    /// The daemon's workspace, seen by every client that shares it (a prepared sandbox).
+    #[default]
+    Shared,
+    /// A directory of the client's own that persists across its connections.
+    PerClient,
+    /// Scratch made for one session and removed when the session ends.
+    PerConnection,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientsFile {
+    clients: Vec<ClientEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientEntry {
+    name: String,
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    token_sha256: Option<String>,
+    /// Profiles the client may use; absent: every profile the daemon offers.
+    #[serde(default)]
+    profiles: Option<Vec<String>>,
+    #[serde(default)]
+    max_concurrent: Option<usize>,
+    #[serde(default)]
+    commands_per_minute: Option<u32>,
+    #[serde(default)]
+    output_quota_bytes: Option<u64>,
+    #[serde(default)]
+    workspace: WorkspacePolicy,
+    /// Overrides the daemon's `--resume-grace` for this client, in seconds.
+    #[serde(default)]
+    resume_grace: Option<f64>,
+    /// May read `/metrics`, which names every client.
+    #[serde(default)]
+    metrics: bool,
+}
+
+/// One authenticated identity and its policy.
+#[derive(Debug)]
+pub struct Client {
+    pub name: String,
+    digest: [u8; 32],
+    /// Profiles it may use, in the order given; `None`: all.
+    pub profiles: Option<Vec<String>>,
+    pub limits: ClientLimits,
+    pub workspace: WorkspacePolicy,
+    pub resume_grace: Option<Duration>,
+    pub metrics: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ClientLimits {
+    pub max_concurrent: Option<usize>,
+    pub commands_per_minute: Option<u32>,
+    pub output_quota_bytes: Option<u64>,
+}
+
+impl Client {
+    pub fn may_use(&self, profile: &str) -> bool {
+        self.profiles
+            .as_ref()
+            .is_none_or(|allowed| allowed.iter().any(|p| p == profile))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientsError {
+    #[error("cannot read clients file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("clients file {path} holds plain tokens and is readable by group or others; chmod 600 it (or store token_sha256 instead)")]
+    Permissions { path: PathBuf },
+    #[error("clients file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// The clients the daemon knows, as loaded.
+#[derive(Debug, Default)]
+pub struct ClientTable {
+    clients: Vec<Arc<Client>>,
+}
+
+impl ClientTable {
+    /// Single-token mode: one client, every profile, the daemon's limits, the shared workspace.
+    pub fn single(token: &[u8]) -> Self {
+        Self {
+            clients: vec![Arc::new(Client {
+                name: DEFAULT_CLIENT.into(),
+                digest: Sha256::digest(token).into(),
+                profiles: None,
+                limits: ClientLimits::default(),
+                workspace: WorkspacePolicy::Shared,
+                resume_grace: None,
+                metrics: true,
+            })],
+        }
+    }
+
+    /// Read and check a clients file against the profiles the daemon offers.
+    pub fn load(path: &Path, profiles: &BTreeMap<String, Profile>) -> Result<Self, ClientsError> {
+        use std::os::unix::fs::PermissionsExt;
+        let read = |source| ClientsError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mode = std::fs::metadata(path).map_err(read)?.permissions().mode();
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        let invalid = |message: String| ClientsError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        let file: ClientsFile =
+            serde_json::from_str(&text).map_err(|err| invalid(err.to_string()))?;
+        if file.clients.iter().any(|c| c.token.is_some()) && mode & 0o077 != 0 {
+            return Err(ClientsError::Permissions {
+                path: path.to_path_buf(),
+            });
+        }
+        Self::from_entries(file.clients, profiles).map_err(invalid)
+    }
+
+    fn from_entries(
+        entries: Vec<ClientEntry>,
+        profiles: &BTreeMap<String, Profile>,
+    ) -> Result<Self, String> {
+        if entries.is_empty() {
+            return Err("no clients: nobody could connect".into());
+        }
+        let mut names = BTreeSet::new();
+        let mut digests = BTreeSet::new();
+        let mut clients = Vec::new();
+        for entry in entries {
+            let name = entry.name;
+            let valid_name = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+            if !valid_name || name.starts_with('.') {
+                return Err(format!(
+                    "client name {name:?} must be 1 to 64 of [A-Za-z0-9._-], not starting with a dot"
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return Err(format!("client {name:?} is listed twice"));
+            }
+            let digest: [u8; 32] = match (entry.token, entry.token_sha256) {
+                (Some(token), None) if token.len() >= MIN_TOKEN_CHARS => {
+                    Sha256::digest(token.as_bytes()).into()
+                }
+                (Some(_), None) => {
+                    return Err(format!(
+                        "client {name:?}: token shorter than {MIN_TOKEN_CHARS} characters"
+                    ))
+                }
+                (None, Some(hex)) => parse_digest(&hex).ok_or_else(|| {
+                    format!("client {name:?}: token_sha256 must be 64 hex digits")
+                })?,
+                _ => {
+                    return Err(format!(
+                        "client {name:?}: give exactly one of token and token_sha256"
+                    ))
+                }
+            };
+            if !digests.insert(digest) {
+                return Err(format!("client {name:?} has the token of another client"));
+            }
+            if let Some(allowed) = &entry.profiles {
+                if allowed.is_empty() {
+                    return Err(format!("client {name:?}: an empty profiles list allows nothing; leave it out to allow every profile"));
+                }
+                if let Some(unknown) = allowed.iter().find(|p| !profiles.contains_key(*p)) {
+                    let known: Vec<&str> = profiles.keys().map(String::as_str).collect();
+                    return Err(format!(
+                        "client {name:?}: no profile {unknown:?} (this daemon offers: {})",
+                        known.join(", ")
+                    ));
+                }
+            }
+            if entry.workspace != WorkspacePolicy::Shared {
+                // A private workspace means nothing if a profile shows the whole filesystem.
+                let open = profiles
+                    .values()
+                    .filter(|p| {
+                        entry
+                            .profiles
+                            .as_ref()
+                            .is_none_or(|allowed| allowed.contains(&p.name))
+                    })
+                    .find(|p| !p.confines_filesystem());
+                if let Some(open) = open {
+                    return Err(format!(
+                        "client {name:?}: a private workspace cannot be kept from profile {:?}, which does not confine the filesystem; list the profiles this client may use without it",
+                        open.name
+                    ));
+                }
+            }
+            if entry.max_concurrent == Some(0) || entry.commands_per_minute == Some(0) {
+                return Err(format!(
+                    "client {name:?}: a limit of 0 allows nothing; remove the client instead"
+                ));
+            }
+            let resume_grace = match entry.resume_grace {
+                None => None,
+                Some(secs) if secs.is_finite() && (0.0..=86_400.0).contains(&secs) => {
+                    Some(Duration::from_secs_f64(secs))
+                }
+                Some(secs) => {
+                    return Err(format!(
+                        "client {name:?}: resume_grace must be 0 to 86400 seconds, got {secs}"
+                    ))
+                }
+            };
+            clients.push(Arc::new(Client {
+                name,
+                digest,
+                profiles: entry.profiles,
+                limits: ClientLimits {
+                    max_concurrent: entry.max_concurrent,
+                    commands_per_minute: entry.commands_per_minute,
+                    output_quota_bytes: entry.output_quota_bytes,
+                },
+                workspace: entry.workspace,
+                resume_grace,
+                metrics: entry.metrics,
+            }));
+        }
+        Ok(Self { clients })
+    }
+
+    /// The client whose token is in `header` (`Bearer <token>`), if any.
+    pub fn authenticate(&self, header: &[u8]) -> Option<Arc<Client>> {
+        let token = header.strip_prefix(b"Bearer ")?;
+        let digest: [u8; 32] = Sha256::digest(token).into();
+        let mut found = None;
+        // Every digest is compared, matched or not.
+        for client in &self.clients {
+            if bool::from(client.digest.ct_eq(&digest)) {
+                found = Some(client.clone());
+            }
+        }
+        found
+    }
+
+    /// The current entry of a client with this name and token, if it still has both.
+    pub fn current(&self, client: &Client) -> Option<Arc<Client>> {
+        self.clients
+            .iter()
+            .find(|c| c.name == client.name && bool::from(c.digest.ct_eq(&client.digest)))
+            .cloned()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.clients.iter().map(|c| c.name.clone()).collect()
+    }
+}
+
+fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let bytes = hex::decode(hex.trim()).ok()?;
+    bytes.try_into().ok()
+}
+
+/// The live table (swapped on reload) and every client's usage.
+pub struct Registry {
+    file: Option<PathBuf>,
+    table: RwLock<Arc<ClientTable>>,
+    usage: Mutex<HashMap<String, Arc<Usage>>>,
+    /// Bumped on every reload, so connections can check whether their client still exists.
+    reloads: tokio::sync::watch::Sender<u64>,
+}
+
+impl Registry {
+    pub fn new(table: ClientTable, file: Option<PathBuf>) -> Self {
+        Self {
+            file,
+            table: RwLock::new(Arc::new(table)),
+            usage: Mutex::new(HashMap::new()),
+            reloads: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    pub fn table(&self) -> Arc<ClientTable> {
+        self.table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Read the clients file again; on any error the old table stays in force.
+    pub fn reload(
+        &self,
+        profiles: &BTreeMap<String, Profile>,
+    ) -> Result<Vec<String>, ClientsError> {
+        let Some(file) = &self.file else {
+            return Ok(self.table().names());
+        };
+        let table = ClientTable::load(file, profiles)?;
+        let names = table.names();
+        *self.table.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(table);
+        self.reloads.send_modify(|n| *n += 1);
+        Ok(names)
+    }
+
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloads.subscribe()
+    }
+
+    pub fn usage(&self, name: &str) -> Arc<Usage> {
+        self.usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+}
+
+/// What a client is using now.
+#[derive(Debug, Default)]
+pub struct Usage {
+    running: AtomicUsize,
+    output_used: AtomicU64,
+    bucket: Mutex<Option<Bucket>>,
+}
+
+/// A command refused by a client limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    /// `concurrency`, `rate` or `output_quota`, for metrics and the audit log.
+    pub limit: &'static str,
+    pub message: String,
+}
+
+/// Holds one of a client's concurrent-command slots until dropped.
+#[derive(Debug)]
+pub struct Slot(Arc<Usage>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Usage {
+    /// Take a slot for one command within `limits`, or say which limit refuses it. The rate
+    /// is charged only for commands that pass every other check.
+    pub fn admit(self: &Arc<Self>, name: &str, limits: &ClientLimits) -> Result<Slot, Refusal> {
+        let running = self.running.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot(self.clone());
+        if let Some(max) = limits.max_concurrent {
+            if running >= max {
+                return Err(Refusal {
+                    code: ErrorCode::Busy,
+                    limit: "concurrency",
+                    message: format!("client {name} already runs {max} commands, its limit"),
+                });
+            }
+        }
+        if let Some(quota) = limits.output_quota_bytes {
+            let used = self.output_used.load(Ordering::Acquire);
+            if used >= quota {
+                return Err(Refusal {
+                    code: ErrorCode::QuotaExceeded,
+                    limit: "output_quota",
+                    message: format!(
+                        "client {name} has used its output quota ({used} of {quota} bytes)"
+                    ),
+                });
+            }
+        }
+        if let Some(per_minute) = limits.commands_per_minute {
+            let mut bucket = self.bucket.lock().unwrap_or_else(PoisonError::into_inner);
+            let bucket = bucket.get_or_insert_with(|| Bucket::full(per_minute));
+            if let Err(wait) = bucket.take(per_minute, Instant::now()) {
+                return Err(Refusal {
+                    code: ErrorCode::QuotaExceeded,
+                    limit: "rate",
+                    message: format!(
+                        "client {name} may start {per_minute} commands per minute; retry in {:.1} s",
+                        wait.as_secs_f64()
+                    ),
+                });
+            }
+        }
+        Ok(slot)
+    }
+
+    /// Count a finished command's output against the quota.
+    pub fn add_output(&self, bytes: u64) {
+        self.output_used.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    #[cfg(test)]
+    fn running(&self) -> usize {
+        self.running.load(Ordering::Acquire)
+    }
+}
+
+/// A token bucket: `per_minute` tokens at most, refilled evenly over a minute.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn full(per_minute: u32) -> Self {
+        Self {
+            tokens: f64::from(per_minute),
+            at: Instant::now(),
+        }
+    }
+
+    /// Take one token, or return how long until one is there.
+    fn take(&mut self, per_minute: u32, now: Instant) -> Result<(), Duration> {
+        let rate = f64::from(per_minute) / 60.0;
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate).min(f64::from(per_minute));
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profiles() -> BTreeMap<String, Profile> {
+        Profile::all_builtin()
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.name.clone(), p))
+            .collect()
+    }
+
+    fn table(json: &str) -> Result<ClientTable, String> {
+        let file: ClientsFile = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        ClientTable::from_entries(file.clients, &profiles())
+    }
+
+    const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    #[test]
+    fn tokens_and_digests_authenticate_their_client_only() {
+        let b_digest = hex::encode(Sha256::digest(B.as_bytes()));
+        let t = table(&format!(
+            r#"{{"clients":[{{"name":"a","token":"{A}"}},{{"name":"b","token_sha256":"{b_digest}"}}]}}"#
+        ))
+        .unwrap();
+        let auth = |token: &str| {
+            t.authenticate(format!("Bearer {token}").as_bytes())
+                .map(|c| c.name.clone())
+        };
+        assert_eq!(auth(A).as_deref(), Some("a"));
+        assert_eq!(auth(B).as_deref(), Some("b"));
+        assert_eq!(auth(&A[1..]), None);
+        assert_eq!(auth(&format!("{A}x")), None);
+        assert_eq!(auth(&b_digest), None, "the digest is not the token");
+        assert!(t.authenticate(A.as_bytes()).is_none(), "no Bearer prefix");
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_reason() {
+        let cases = [
+            (r#"{"clients":[]}"#, "no clients"),
+            (&format!(r#"{{"clients":[{{"name":"a"}}]}}"#), "exactly one"),
+            (
+                &format!(r#"{{"clients":[{{"name":"a","token":"short"}}]}}"#),
+                "shorter",
+            ),
+            (
+                &format!(
+                    r#"{{"clients":[{{"name":"a","token":"{A}"}},{{"name":"a","token":"{B}"}}]}}"#
+                ),
+                "twice",
+            ),
+            (
+                &format!(
+                    r#"{{"clients":[{{"name":"a","token":"{A}"}},{{"name":"b","token":"{A}"}}]}}"#
+                ),
+                "another client",
+            ),
+            (
+                &format!(r#"{{"clients":[{{"name":"a/b","token":"{A}"}}]}}"#),
+                "must be",
+            ),
+            (
+                &format!(r#"{{"clients":[{{"name":"a","token":"{A}","profiles":["nope"]}}]}}"#),
+                "no profile",
+            ),
+            (
+                &format!(
+                    r#"{{"clients":[{{"name":"a","token":"{A}","workspace":"per_client"}}]}}"#
+                ),
+                "trusted",
+            ),
+            (
+                &format!(r#"{{"clients":[{{"name":"a","token":"{A}","max_concurrent":0}}]}}"#),
+                "allows nothing",
+            ),
+            (
+                &format!(r#"{{"clients":[{{"name":"a","token":"{A}","tokn":"x"}}]}}"#),
+                "tokn",
+            ),
+        ];
+        for (json, needle) in cases {
+            let err = table(json).err().unwrap_or_default();
+            assert!(err.contains(needle), "{json}: {err:?} lacks {needle:?}");
+        }
+        // Control: private workspaces with confining profiles only are fine.
+        table(&format!(
+            r#"{{"clients":[{{"name":"a","token":"{A}","workspace":"per_client","profiles":["strict","landlock"]}}]}}"#
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn limits_refuse_with_their_own_code_and_free_slots_on_drop() {
+        let usage = Arc::new(Usage::default());
+        let limits = ClientLimits {
+            max_concurrent: Some(2),
+            commands_per_minute: Some(3),
+            output_quota_bytes: Some(100),
+        };
+        let one = usage.admit("c", &limits).unwrap();
+        let two = usage.admit("c", &limits).unwrap();
+        let busy = usage.admit("c", &limits).unwrap_err();
+        assert_eq!((busy.code, busy.limit), (ErrorCode::Busy, "concurrency"));
+        assert_eq!(usage.running(), 2, "a refused command holds no slot");
+        drop(one);
+        let three = usage.admit("c", &limits).unwrap();
+        drop((two, three));
+        let rate = usage.admit("c", &limits).unwrap_err();
+        assert_eq!((rate.code, rate.limit), (ErrorCode::QuotaExceeded, "rate"));
+        assert!(rate.message.contains("retry in"), "{}", rate.message);
+        usage.add_output(100);
+        let quota = usage.admit("c", &limits).unwrap_err();
+        assert_eq!(quota.limit, "output_quota");
+        assert_eq!(usage.running(), 0);
+    }
+
+    #[test]
+    fn the_bucket_refills_evenly() {
+        let start = Instant::now();
+        let mut bucket = Bucket {
+            tokens: 0.0,
+            at: start,
+        };
+        let wait = bucket.take(60, start).unwrap_err();
+        assert!((wait.as_secs_f64() - 1.0).abs() < 1e-6, "{wait:?}");
+        assert!(bucket.take(60, start + Duration::from_millis(1001)).is_ok());
+        assert!(bucket
+            .take(60, start + Duration::from_millis(1002))
+            .is_err());
+        // Never more than a minute's worth.
+        assert!(bucket.take(60, start + Duration::from_secs(3600)).is_ok());
+        assert!(bucket.tokens <= 59.0);
+    }
+}
