@@ -5,6 +5,7 @@ mod audit;
 mod cgroup;
 mod engine;
 mod helper;
+mod metrics;
 mod plan;
 mod profile;
 mod request;

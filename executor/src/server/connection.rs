@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::Daemon;
 use crate::audit::{now_rfc3339, AuditRecord};
 use crate::engine::ExecError;
+use crate::metrics::{InFlight, DEFAULT_CLIENT};
 use crate::request::{validate, ValidRequest};
 use crate::runner::{OutputSink, StopReason};
 
@@ -35,6 +36,7 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn run(ws: Ws, daemon: Arc<Daemon>, peer: SocketAddr, connection: u64) {
     tracing::info!(%peer, connection, "client connected");
+    let _open = daemon.metrics.connection_opened(DEFAULT_CLIENT);
     let (mut sink, mut stream) = ws.split();
     let (tx, mut rx) = mpsc::channel::<ServerMessage>(OUTBOUND_QUEUE);
     let (close_tx, mut close_rx) = oneshot::channel::<(CloseCode, &'static str)>();
@@ -222,13 +224,19 @@ impl Session {
                     connection: self.connection,
                     gone: self.gone.clone(),
                     cancel,
+                    in_flight: self.daemon.metrics.command_started(DEFAULT_CLIENT),
                 };
                 self.tasks.spawn(async move {
                     job.run(valid).await;
                     drop(permit);
                 });
             }
-            Err(err) => self.replies.error(Some(id), err.code, &err.message).await,
+            Err(err) => {
+                self.daemon
+                    .metrics
+                    .command_refused(DEFAULT_CLIENT, err.code);
+                self.replies.error(Some(id), err.code, &err.message).await;
+            }
         }
     }
 
@@ -319,6 +327,7 @@ struct Job {
     connection: u64,
     gone: CancellationToken,
     cancel: CancellationToken,
+    in_flight: InFlight,
 }
 
 impl Job {
@@ -373,6 +382,9 @@ impl Job {
                 record.killed_processes = extra.killed_processes;
                 tracing::debug!(id = %req.id, rc = result.returncode, ended = %record.ended, "command finished");
                 self.running.remove(&req.id);
+                self.daemon
+                    .metrics
+                    .command_finished(self.in_flight, &record.profile, &result);
                 self.replies.send(ServerMessage::Result(result)).await;
                 self.daemon.audit.record(record).await;
             }
@@ -380,6 +392,9 @@ impl Job {
                 tracing::warn!(id = %req.id, code = %err.code, message = %err.message, "command failed to run");
                 record.error = Some(format!("{}: {}", err.code, err.message));
                 self.running.remove(&req.id);
+                self.daemon
+                    .metrics
+                    .command_failed(self.in_flight, &record.profile, err.code);
                 self.daemon.audit.record(record).await;
                 self.replies
                     .error(Some(req.id.clone()), err.code, &err.message)

@@ -1,4 +1,5 @@
-//! `executor serve`: HTTP on one port, `GET /v1/ws` upgraded to the protocol's WebSocket.
+//! `executor serve`: HTTP on one port, `GET /v1/ws` upgraded to the protocol's WebSocket,
+//! `GET /metrics` for Prometheus (same bearer token), `/healthz` and `/readyz` (no token).
 //!
 //! Unauthenticated peers get a 401 before anything is allocated for them beyond hyper's request
 //! parsing, which is bounded by a header timeout, a 16 KiB buffer and the connection limit.
@@ -26,6 +27,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::Audit;
 use crate::engine::Engine;
+use crate::metrics::{self, Metrics};
 use crate::token::Token;
 
 /// Time a peer has to send its request headers.
@@ -39,6 +41,7 @@ pub struct Daemon {
     pub token: Token,
     pub audit: Audit,
     pub hello: Hello,
+    pub metrics: Metrics,
     /// Global bound on running commands; a request past it gets `busy`.
     pub commands: Arc<Semaphore>,
     /// Cancelled on SIGTERM: stop accepting, kill running commands, send results, close.
@@ -58,11 +61,14 @@ impl Daemon {
         max_connections: usize,
     ) -> Self {
         let commands = Arc::new(Semaphore::new(engine.limits.max_commands_total));
+        let metrics = Metrics::new();
+        metrics.add_client(metrics::DEFAULT_CLIENT);
         Self {
             engine,
             token,
             audit,
             hello,
+            metrics,
             commands,
             shutdown: CancellationToken::new(),
             max_connections,
@@ -141,8 +147,41 @@ fn route(req: Request<Incoming>, peer: SocketAddr, daemon: Arc<Daemon>) -> Respo
         }
         (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
         (&Method::GET, WS_PATH) => upgrade(req, peer, daemon),
+        (&Method::GET, "/metrics") => scrape(&req, peer, &daemon),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
+}
+
+/// Whether `req` may read the metrics: today, whoever holds the token the WebSocket needs.
+fn authorized_for_metrics<B>(daemon: &Daemon, req: &Request<B>) -> bool {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .is_some_and(|value| daemon.token.matches_header(value.as_bytes()))
+}
+
+/// `GET /metrics`: the exposition, for an authorized scraper. It names clients and profiles and
+/// counts their commands, so it is not for everyone who can reach the port.
+fn scrape<B>(req: &Request<B>, peer: SocketAddr, daemon: &Daemon) -> Response<Full<Bytes>> {
+    if !authorized_for_metrics(daemon, req) {
+        tracing::info!(%peer, "rejected metrics scrape: missing or wrong bearer token");
+        let mut resp = text(StatusCode::UNAUTHORIZED, "unauthorized\n");
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return resp;
+    }
+    let Ok(body) = daemon.metrics.render() else {
+        tracing::error!("cannot encode the metrics");
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot encode the metrics\n",
+        );
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(metrics::CONTENT_TYPE),
+    );
+    resp
 }
 
 /// Check the token, then answer the WebSocket handshake (RFC 6455, section 4.2) and hand the
