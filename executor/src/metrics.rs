@@ -30,8 +30,9 @@ const REFUSED: &str = "refused";
 const ERROR: &str = "error";
 
 /// Upper bounds of the duration buckets in seconds, from a `true` (1 ms) to a long build or
-/// test suite (an hour). Steps of 1-2.5-5 keep the `le` labels short and readable, which
-/// factors of a power series (0.001 * 2^n) would not be in floating point.
+/// test suite (an hour): steps of 1-2.5-5 up to 10 s, then minutes. Round numbers keep the
+/// `le` labels short, which the terms of a power series (0.001 * 2^n) would not be in floating
+/// point.
 const DURATION_BUCKETS: [f64; 20] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0, 600.0, 1800.0, 3600.0,
@@ -162,7 +163,7 @@ impl Metrics {
             "limit_hits",
             "Limits commands ran into, by client and limit: processes and memory (cgroup \
              limits of the profile), timeout, output (the output kept was cut to its head and \
-             tail), and quota refusals",
+             tail)",
             limit_hits.clone(),
         );
         registry.register(
