@@ -506,49 +506,47 @@ mod tests {
     #[test]
     fn bad_files_are_refused_with_the_reason() {
         let cases = [
-            (r#"{"clients":[]}"#, "no clients"),
-            (&format!(r#"{{"clients":[{{"name":"a"}}]}}"#), "exactly one"),
+            (r#"{"clients":[]}"#.to_string(), "no clients"),
+            (r#"{"clients":[{"name":"a"}]}"#.to_string(), "exactly one"),
             (
-                &format!(r#"{{"clients":[{{"name":"a","token":"short"}}]}}"#),
+                r#"{"clients":[{"name":"a","token":"short"}]}"#.to_string(),
                 "shorter",
             ),
             (
-                &format!(
+                format!(
                     r#"{{"clients":[{{"name":"a","token":"{A}"}},{{"name":"a","token":"{B}"}}]}}"#
                 ),
                 "twice",
             ),
             (
-                &format!(
+                format!(
                     r#"{{"clients":[{{"name":"a","token":"{A}"}},{{"name":"b","token":"{A}"}}]}}"#
                 ),
                 "another client",
             ),
             (
-                &format!(r#"{{"clients":[{{"name":"a/b","token":"{A}"}}]}}"#),
+                format!(r#"{{"clients":[{{"name":"a/b","token":"{A}"}}]}}"#),
                 "must be",
             ),
             (
-                &format!(r#"{{"clients":[{{"name":"a","token":"{A}","profiles":["nope"]}}]}}"#),
+                format!(r#"{{"clients":[{{"name":"a","token":"{A}","profiles":["nope"]}}]}}"#),
                 "no profile",
             ),
             (
-                &format!(
-                    r#"{{"clients":[{{"name":"a","token":"{A}","workspace":"per_client"}}]}}"#
-                ),
+                format!(r#"{{"clients":[{{"name":"a","token":"{A}","workspace":"per_client"}}]}}"#),
                 "trusted",
             ),
             (
-                &format!(r#"{{"clients":[{{"name":"a","token":"{A}","max_concurrent":0}}]}}"#),
+                format!(r#"{{"clients":[{{"name":"a","token":"{A}","max_concurrent":0}}]}}"#),
                 "allows nothing",
             ),
             (
-                &format!(r#"{{"clients":[{{"name":"a","token":"{A}","tokn":"x"}}]}}"#),
+                format!(r#"{{"clients":[{{"name":"a","token":"{A}","tokn":"x"}}]}}"#),
                 "tokn",
             ),
         ];
         for (json, needle) in cases {
-            let err = table(json).err().unwrap_or_default();
+            let err = table(&json).err().unwrap_or_default();
             assert!(err.contains(needle), "{json}: {err:?} lacks {needle:?}");
         }
         // Control: private workspaces with confining profiles only are fine.

@@ -6,6 +6,7 @@ mod cgroup;
 mod clients;
 mod engine;
 mod helper;
+mod metrics;
 mod plan;
 mod profile;
 mod request;

@@ -233,6 +233,20 @@ pub enum Ending {
     Shutdown,
 }
 
+impl Ending {
+    /// The wire name, as serde writes it (`timed_out`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exited => "exited",
+            Self::Signaled => "signaled",
+            Self::TimedOut => "timed_out",
+            Self::Cancelled => "cancelled",
+            Self::Disconnected => "disconnected",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// Which isolation the command actually ran under.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Isolation {
@@ -350,5 +364,22 @@ mod tests {
             r#"{"type":"error","id":"c1","code":"environment_error","message":"m"}"#
         );
         assert_eq!(ErrorCode::EnvironmentError.as_str(), "environment_error");
+    }
+
+    #[test]
+    fn ending_names_are_the_serialized_ones() {
+        for ending in [
+            Ending::Exited,
+            Ending::Signaled,
+            Ending::TimedOut,
+            Ending::Cancelled,
+            Ending::Disconnected,
+            Ending::Shutdown,
+        ] {
+            assert_eq!(
+                serde_json::to_value(ending).unwrap(),
+                serde_json::Value::from(ending.as_str())
+            );
+        }
     }
 }

@@ -32,6 +32,7 @@ use super::Daemon;
 use crate::audit::{now_rfc3339, AuditRecord};
 use crate::clients::{Client, Slot, WorkspacePolicy};
 use crate::engine::ExecError;
+use crate::metrics::InFlight;
 use crate::request::{validate, ValidRequest};
 use crate::runner::{OutputSink, StopReason};
 
@@ -67,6 +68,7 @@ pub async fn run(
     client: Arc<Client>,
 ) {
     tracing::info!(%peer, connection, client = %client.name, "client connected");
+    let _open = daemon.metrics.connection_opened(&client.name);
     let (mut sink, mut stream) = ws.split();
     let (tx, mut rx) = mpsc::channel::<ServerMessage>(OUTBOUND_QUEUE);
     let (close_tx, mut close_rx) = oneshot::channel::<(CloseCode, &'static str)>();
@@ -373,6 +375,7 @@ impl Connection {
                     peer: self.peer,
                     connection: self.connection,
                     cancel,
+                    in_flight: self.daemon.metrics.command_started(&self.client.name),
                 };
                 let task = self.session.tasks.track_future(async move {
                     job.run(valid, workspace).await;
@@ -381,6 +384,9 @@ impl Connection {
                 self.daemon.tasks.spawn(task);
             }
             Err(err) => {
+                self.daemon
+                    .metrics
+                    .command_refused(&self.client.name, err.code);
                 self.error(Some(id), err.code, &err.message).await;
             }
         }
@@ -456,6 +462,7 @@ impl Connection {
             .admit(&client.name, &client.limits)
             .map_err(|refusal| {
                 tracing::info!(client = %client.name, limit = refusal.limit, "command refused by a client limit");
+                self.daemon.metrics.limit_hit(&client.name, refusal.limit);
                 ExecError::new(refusal.code, refusal.message)
             })?;
         let permit = self
@@ -495,6 +502,7 @@ struct Job {
     peer: SocketAddr,
     connection: u64,
     cancel: CancellationToken,
+    in_flight: InFlight,
 }
 
 impl Job {
@@ -557,6 +565,9 @@ impl Job {
                     .add_output(extra.output_bytes);
                 tracing::debug!(id = %req.id, rc = result.returncode, ended = %record.ended, "command finished");
                 self.session.running.remove(&req.id);
+                self.daemon
+                    .metrics
+                    .command_finished(self.in_flight, &record.profile, &result);
                 self.session.send(ServerMessage::Result(result)).await;
                 self.daemon.audit.record(record).await;
             }
@@ -564,6 +575,9 @@ impl Job {
                 tracing::warn!(id = %req.id, code = %err.code, message = %err.message, "command failed to run");
                 record.error = Some(format!("{}: {}", err.code, err.message));
                 self.session.running.remove(&req.id);
+                self.daemon
+                    .metrics
+                    .command_failed(self.in_flight, &record.profile, err.code);
                 self.daemon.audit.record(record).await;
                 self.session
                     .send(ServerMessage::Error(ErrorMessage {

@@ -1,4 +1,5 @@
-//! `executor serve`: HTTP on one port, `GET /v1/ws` upgraded to the protocol's WebSocket.
+//! `executor serve`: HTTP on one port, `GET /v1/ws` upgraded to the protocol's WebSocket,
+//! `GET /metrics` for Prometheus (same bearer token), `/healthz` and `/readyz` (no token).
 //!
 //! Unauthenticated peers get a 401 before anything is allocated for them beyond hyper's request
 //! parsing, which is bounded by a header timeout, a 16 KiB buffer and the connection limit.
@@ -28,6 +29,7 @@ use tokio_util::task::TaskTracker;
 use crate::audit::Audit;
 use crate::clients::{Client, Registry};
 use crate::engine::Engine;
+use crate::metrics::{self, Metrics};
 use crate::workspaces::Workspaces;
 
 pub use connection::end_session;
@@ -49,6 +51,7 @@ pub struct Daemon {
     pub resume_grace: Duration,
     pub audit: Audit,
     pub hello: Hello,
+    pub metrics: Metrics,
     /// Global bound on running commands; a request past it gets `busy`.
     pub commands: Arc<Semaphore>,
     /// Cancelled on SIGTERM: stop accepting, kill running commands, send results, close.
@@ -80,6 +83,10 @@ impl Daemon {
             max_connections,
         } = parts;
         let commands = Arc::new(Semaphore::new(engine.limits.max_commands_total));
+        let metrics = Metrics::new();
+        for name in clients.table().names() {
+            metrics.add_client(&name);
+        }
         Self {
             engine,
             clients,
@@ -88,6 +95,7 @@ impl Daemon {
             resume_grace,
             audit,
             hello,
+            metrics,
             commands,
             shutdown: CancellationToken::new(),
             max_connections,
@@ -140,6 +148,9 @@ impl Daemon {
         match self.clients.reload(&self.engine.profiles) {
             Ok(names) => {
                 tracing::info!(clients = %names.join(","), "clients reloaded");
+                for name in &names {
+                    self.metrics.add_client(name);
+                }
                 let table = self.clients.table();
                 for session in self.sessions.all() {
                     if table.current(&session.client).is_none() {
@@ -223,8 +234,51 @@ fn route(req: Request<Incoming>, peer: SocketAddr, daemon: Arc<Daemon>) -> Respo
         }
         (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
         (&Method::GET, WS_PATH) => upgrade(req, peer, daemon),
+        (&Method::GET, "/metrics") => scrape(&req, peer, &daemon),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
+}
+
+/// Whether `req` may read the metrics: today, whoever holds the token the WebSocket needs.
+fn metrics_client<B>(daemon: &Daemon, req: &Request<B>) -> Option<Arc<Client>> {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| daemon.clients.table().authenticate(value.as_bytes()))
+}
+
+/// `GET /metrics`: the exposition, for an authorized scraper. It names clients and profiles and
+/// counts their commands, so it is not for everyone who can reach the port.
+fn scrape<B>(req: &Request<B>, peer: SocketAddr, daemon: &Daemon) -> Response<Full<Bytes>> {
+    match metrics_client(daemon, req) {
+        None => {
+            tracing::info!(%peer, "rejected metrics scrape: missing or wrong bearer token");
+            let mut resp = text(StatusCode::UNAUTHORIZED, "unauthorized\n");
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return resp;
+        }
+        Some(client) if !client.metrics => {
+            tracing::info!(%peer, client = %client.name, "rejected metrics scrape: client lacks the metrics permission");
+            return text(
+                StatusCode::FORBIDDEN,
+                "this client may not read metrics (\"metrics\": true in the clients file)\n",
+            );
+        }
+        Some(_) => {}
+    }
+    let Ok(body) = daemon.metrics.render() else {
+        tracing::error!("cannot encode the metrics");
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot encode the metrics\n",
+        );
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(metrics::CONTENT_TYPE),
+    );
+    resp
 }
 
 /// Check the token, then answer the WebSocket handshake (RFC 6455, section 4.2) and hand the

@@ -5,6 +5,7 @@ mod auth;
 mod basics;
 mod daemon_life;
 mod kill;
+mod metrics;
 mod output;
 mod profiles;
 mod protocol_errors;
