@@ -185,6 +185,15 @@ pub enum PlanError {
         file: PathBuf,
         rule: PathBuf,
     },
+    #[error(
+        "profile {profile} would let commands reach other clients' workspaces in {dir} (beneath \
+         {rule}); keep the daemon's state directory outside the paths the profile opens"
+    )]
+    PrivateWorkspaceExposed {
+        profile: String,
+        dir: PathBuf,
+        rule: PathBuf,
+    },
 }
 
 /// Build the plan for one command. `serial` makes the cgroup names unique within the daemon.
@@ -206,6 +215,9 @@ pub fn plan_command(
     let cgroups = plan_cgroups(profile, &settings.cgroups, serial);
     let sandbox = plan_sandbox(profile, settings, workspace, &cgroups);
     check_daemon_files(profile, settings, &sandbox)?;
+    if spec.workspace.is_some() {
+        check_private_workspace(profile, workspace, &sandbox)?;
+    }
     let layers = layers(&cgroups, &sandbox);
     Ok(Plan {
         argv,
@@ -250,6 +262,35 @@ fn check_daemon_files(
         }
     }
     Ok(())
+}
+
+/// A client's private workspace sits next to other clients' ones. Without a mount namespace
+/// to cover them, a landlock rule above them (say `/tmp`, when the daemon's state is there)
+/// would open all of them, and every client's commands run as the same uid: refuse.
+fn check_private_workspace(
+    profile: &Profile,
+    workspace: &Path,
+    sandbox: &SandboxPlan,
+) -> Result<(), PlanError> {
+    let (Some(rules), None) = (&sandbox.landlock, &sandbox.mounts) else {
+        return Ok(());
+    };
+    let Some(siblings) = workspace.parent() else {
+        return Ok(());
+    };
+    match rules
+        .read
+        .iter()
+        .chain(&rules.write)
+        .find(|r| siblings.starts_with(r))
+    {
+        Some(rule) => Err(PlanError::PrivateWorkspaceExposed {
+            profile: profile.name.clone(),
+            dir: siblings.to_path_buf(),
+            rule: rule.clone(),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<CgroupDir> {
@@ -673,6 +714,40 @@ mod tests {
         s.daemon_files = vec!["/var/lib/executor/token".into()];
         let plan = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap();
         assert_eq!(plan.sandbox.user, None);
+    }
+
+    #[test]
+    fn a_private_workspace_beneath_a_landlock_rule_is_refused_but_not_under_a_mount_namespace() {
+        let mut s = settings();
+        s.state_dir = "/tmp/executor-state".into();
+        let mut request = spec("ls");
+        request.workspace = Some("/tmp/executor-state/workspaces/client/alice".into());
+        let err = plan_command(&request, &builtin("landlock"), &s, 1).unwrap_err();
+        assert!(
+            matches!(err, PlanError::PrivateWorkspaceExposed { .. }),
+            "{err}"
+        );
+        // Controls: strict covers the siblings with its own root; outside /tmp landlock is fine,
+        // and the plan uses the private workspace as the cwd and the writable rule.
+        let plan = plan_command(&request, &builtin("strict"), &s, 1).unwrap();
+        assert_eq!(
+            plan.cwd,
+            PathBuf::from("/tmp/executor-state/workspaces/client/alice")
+        );
+        request.workspace = Some("/var/lib/executor/workspaces/client/alice".into());
+        let plan = plan_command(&request, &builtin("landlock"), &s, 1).unwrap();
+        assert_eq!(
+            plan.cwd,
+            PathBuf::from("/var/lib/executor/workspaces/client/alice")
+        );
+        let rules = plan.sandbox.landlock.unwrap();
+        assert!(rules
+            .write
+            .contains(&PathBuf::from("/var/lib/executor/workspaces/client/alice")));
+        assert!(
+            !rules.write.contains(&s.workspace),
+            "the shared workspace is not opened"
+        );
     }
 
     #[test]

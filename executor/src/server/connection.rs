@@ -362,6 +362,8 @@ impl Connection {
 
     async fn exec(&mut self, req: ExecRequest, draining: bool) {
         let id = req.id.clone();
+        // What the audit log keeps of a refused request.
+        let asked = (req.command.clone(), req.cwd.clone(), req.profile.clone());
         match self.admit(req, draining) {
             Ok((valid, permit, slot, workspace)) => {
                 let cancel = CancellationToken::new();
@@ -387,6 +389,27 @@ impl Connection {
                 self.daemon
                     .metrics
                     .command_refused(&self.client.name, err.code);
+                let (command, cwd, profile) = asked;
+                self.daemon
+                    .audit
+                    .record(AuditRecord {
+                        ts: now_rfc3339(),
+                        client: self.client.name.clone(),
+                        peer: self.peer.to_string(),
+                        connection: self.connection,
+                        session: self.session.id.clone(),
+                        id: id.clone(),
+                        command,
+                        cwd: cwd.unwrap_or_default(),
+                        profile: profile.unwrap_or_default(),
+                        ended: "refused".into(),
+                        returncode: None,
+                        duration_ms: 0.0,
+                        output_bytes: 0,
+                        killed_processes: 0,
+                        error: Some(format!("{}: {}", err.code, err.message)),
+                    })
+                    .await;
                 self.error(Some(id), err.code, &err.message).await;
             }
         }

@@ -3,6 +3,7 @@
 
 mod auth;
 mod basics;
+mod clients;
 mod daemon_life;
 mod kill;
 mod metrics;
