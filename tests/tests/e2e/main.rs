@@ -10,3 +10,4 @@ mod metrics;
 mod output;
 mod profiles;
 mod protocol_errors;
+mod resume;
