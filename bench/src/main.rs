@@ -12,14 +12,17 @@
 //! the daemon's hello lists and this host can run: round trips of `echo hi`, throughput with
 //! concurrent connections, streamed output with the daemon's peak RSS, and the timeout kill of a
 //! tree with setsid'd children; then daemon-wide figures: RSS with many idle authenticated
-//! connections and start-to-hello time. Every load goes to 127.0.0.1 and is bounded in count
-//! and time. See bench/README.md for what each figure means.
+//! connections and start-to-hello time; last, without the daemon, the cost of creating each
+//! kind of namespace (`unshare(1)` per namespace against one creating none). Every load goes
+//! to 127.0.0.1 and is bounded in count and time. See bench/README.md for what each figure
+//! means.
 #![forbid(unsafe_code)]
 
 mod client;
 mod daemon;
 mod report;
 mod stats;
+mod steps;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -92,8 +95,11 @@ struct Opts {
     /// Timeout of the timeout-kill command, in seconds [default: 0.5; quick: 0.2].
     #[arg(long, value_name = "SECS")]
     kill_timeout: Option<f64>,
-    /// Skip phases: latency, output, kill, connections, startup (repeatable).
-    #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "startup"])]
+    /// Runs of each `unshare` variant in the steps phase [default: 200; quick: 20].
+    #[arg(long, value_name = "N")]
+    step_iterations: Option<usize>,
+    /// Skip phases: latency, output, kill, connections, startup, steps (repeatable).
+    #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "startup", "steps"])]
     skip: Vec<String>,
 }
 
@@ -123,6 +129,10 @@ impl Opts {
             repeats: self.repeats.unwrap_or(if q { 1 } else { 3 }).max(1),
             idle_connections: self.idle_connections.unwrap_or(if q { 100 } else { 1000 }),
             kill_timeout_s: self.kill_timeout.unwrap_or(if q { 0.2 } else { 0.5 }),
+            step_iterations: self
+                .step_iterations
+                .unwrap_or(if q { 20 } else { 200 })
+                .max(1),
         }
     }
 
@@ -149,6 +159,12 @@ fn run(opts: Opts) -> anyhow::Result<()> {
         );
     }
     let settings = opts.settings();
+    // Checked first: a host without unshare(1) should not lose a whole run to it.
+    let unshare = if opts.runs("steps") {
+        Some(steps::check_unshare()?)
+    } else {
+        None
+    };
     let executor = find_executor(opts.executor.clone(), !opts.no_build)?;
     // Idle connections need a descriptor each, here and in the daemon, which inherits this.
     let want_fds = (settings.idle_connections as u64 + 256).max(1024);
@@ -160,9 +176,13 @@ fn run(opts: Opts) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let report = rt.block_on(bench(&opts, settings, &executor))?;
+    let report = rt.block_on(bench(&opts, settings, &executor, unshare))?;
     println!("{}", report::markdown(&report));
-    let failed = report.profiles.iter().any(|p| !p.failures.is_empty());
+    let failed = report.profiles.iter().any(|p| !p.failures.is_empty())
+        || report
+            .steps
+            .as_ref()
+            .is_some_and(|s| !s.failures.is_empty());
     if let Some(path) = &opts.json {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text + "\n")
@@ -179,6 +199,7 @@ async fn bench(
     opts: &Opts,
     settings: Settings,
     executor: &std::path::Path,
+    unshare: Option<String>,
 ) -> anyhow::Result<Report> {
     let started = Instant::now();
     let noise_start = (machine_cpu_ms(), CpuTimes::of(std::process::id()));
@@ -289,6 +310,9 @@ async fn bench(
         (None, None)
     };
 
+    // After every daemon is stopped, so it measures namespace creation on a quiet daemon side.
+    let steps = unshare.map(|version| steps::steps(settings.step_iterations, version));
+
     eprintln!("bench: done in {:.1} s", started.elapsed().as_secs_f64());
     let mut machine = machine;
     // Everything this run did is by now in our own or our reaped children's CPU time (the
@@ -320,6 +344,7 @@ async fn bench(
             start_to_listening_ms,
             start_to_hello_ms,
         },
+        steps,
     })
 }
 

@@ -15,6 +15,8 @@ pub struct Report {
     pub bare: Option<BareReport>,
     pub profiles: Vec<ProfileReport>,
     pub daemon: DaemonReport,
+    /// The cost of each isolation step on its own; absent when `steps` is skipped.
+    pub steps: Option<StepsReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -46,6 +48,8 @@ pub struct Settings {
     pub repeats: usize,
     pub idle_connections: usize,
     pub kill_timeout_s: f64,
+    /// Runs of each `unshare` variant in the steps phase.
+    pub step_iterations: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -179,6 +183,32 @@ pub struct DaemonReport {
     pub start_to_listening_ms: Option<Summary>,
     /// Spawn to a received hello on a new authenticated connection.
     pub start_to_hello_ms: Option<Summary>,
+}
+
+/// `unshare FLAGS /bin/true` per kind of namespace, against `unshare /bin/true` (none).
+#[derive(Debug, Serialize)]
+pub struct StepsReport {
+    /// `unshare --version`.
+    pub unshare: String,
+    pub payload: String,
+    /// Runs of each variant, interleaved round by round.
+    pub iterations: usize,
+    /// The baseline first, then one kind of namespace each, then all of strict's together.
+    pub steps: Vec<StepRun>,
+    /// Variants that failed, with the error.
+    pub failures: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StepRun {
+    pub name: String,
+    /// `unshare` flags (none for the baseline).
+    pub flags: Vec<String>,
+    /// Spawn to exit of `unshare FLAGS /bin/true`, waited for.
+    pub latency: Summary,
+    /// p50 minus the baseline's p50: what creating these namespaces adds (absent for the
+    /// baseline itself).
+    pub cost_p50_ms: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -414,5 +444,50 @@ pub fn markdown(r: &Report) -> String {
             h.p50_ms
         );
     }
+
+    if let Some(st) = &r.steps {
+        steps_markdown(&mut out, st);
+    }
     out
+}
+
+/// The cost of each isolation step: one row per `unshare` variant.
+fn steps_markdown(out: &mut String, st: &StepsReport) {
+    let _ = writeln!(
+        out,
+        "
+| isolation step: `unshare FLAGS {}`, {} runs each | flags | p50 ms | p99 ms | \
+         cost p50 ms (minus baseline) |\n|---|---|---:|---:|---:|",
+        st.payload, st.iterations
+    );
+    for step in &st.steps {
+        let flags = if step.flags.is_empty() {
+            "(none)".to_string()
+        } else {
+            format!("`{}`", step.flags.join(" "))
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {flags} | {:.2} | {:.2} | {} |",
+            step.name,
+            step.latency.p50_ms,
+            step.latency.p99_ms,
+            step.cost_p50_ms
+                .map_or_else(|| "-".to_string(), |c| format!("{c:+.2}"))
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nCost = what creating the namespace adds to one command ({}). strict creates all of \
+         them per command, so their cost is a floor under its round trip (target <= 1.5 ms \
+         p50); reaching the target needs namespaces created ahead of time and reused.",
+        if st.unshare.is_empty() {
+            "unshare(1)"
+        } else {
+            st.unshare.as_str()
+        }
+    );
+    for failure in &st.failures {
+        let _ = writeln!(out, "\n**steps FAILED** {failure}");
+    }
 }
