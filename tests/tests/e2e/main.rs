@@ -8,3 +8,4 @@ mod kill;
 mod output;
 mod profiles;
 mod protocol_errors;
+mod tls;
