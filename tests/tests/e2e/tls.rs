@@ -148,8 +148,7 @@ async fn a_wrong_fingerprint_is_refused_before_anything_runs_and_the_daemon_stay
     let auth = format!("Bearer {}", daemon.token);
     let err = Client::connect_raw_pinned(&daemon.url, Some(&auth), &wrong(&pin))
         .await
-        .err()
-        .expect("a wrong pin must not connect");
+        .expect_err("a wrong pin must not connect");
     assert!(err.to_string().contains(&pin), "{err}");
     // Nothing reached the WebSocket: no session, no command; the daemon saw a failed handshake.
     assert!(daemon.audit().is_empty());
@@ -176,8 +175,7 @@ async fn a_plaintext_client_on_the_tls_port_gets_a_clear_refusal_and_the_daemon_
     let auth = format!("Bearer {}", daemon.token);
     let err = Client::connect_raw(&plain_url, Some(&auth))
         .await
-        .err()
-        .expect("plain ws must not connect to a TLS port");
+        .expect_err("plain ws must not connect to a TLS port");
     assert!(err.to_string().contains("400"), "{err}");
     let raw = executor_tests::http_get(daemon.addr, "/healthz", None)
         .await
