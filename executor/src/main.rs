@@ -372,10 +372,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| state_dir.join("token"));
     let loopback = args.listen.ip().is_loopback();
-    let tls = args.tls || args.tls_cert.is_some();
+    let want_tls = args.tls || args.tls_cert.is_some();
     // Off loopback, plain ws:// would show the token and every command and its output to
     // anyone on the path.
-    if !loopback && !tls && !args.allow_plaintext {
+    if !loopback && !want_tls && !args.allow_plaintext {
         bail!(
             "refusing to serve plaintext ws:// on non-loopback address {}: the token and every \
              command would cross the network in clear. Add --tls (a self-signed certificate \
@@ -398,7 +398,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (token, created) = token::Token::load_or_create(&token_path, loopback)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(server::tls::load(cert, key)?),
-        _ if tls => {
+        _ if want_tls => {
             let hostname = nix::unistd::gethostname()
                 .ok()
                 .and_then(|h| h.into_string().ok());
