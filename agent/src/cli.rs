@@ -32,7 +32,7 @@ enum Command {
     /// Solve a task: query the model, run its commands through an executor, save a trajectory.
     Run(Box<RunArgs>),
     /// Run one command through an executor; its output on stdout, its return code as ours.
-    Exec(ExecArgs),
+    Exec(Box<ExecArgs>),
 }
 
 #[derive(Args, Clone, Default)]
@@ -43,6 +43,13 @@ pub struct ExecutorArgs {
     /// File holding the executor's bearer token (or set EXECUTOR_TOKEN).
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// Accept exactly the wss:// executor certificate with this SHA-256 fingerprint
+    /// (sha256:<hex>, as `executor tls-fingerprint` prints it), whoever issued it.
+    #[arg(long, value_name = "sha256:HEX", conflicts_with = "tls_ca")]
+    pub tls_fingerprint: Option<String>,
+    /// Also trust this CA certificate (PEM) for wss:// executors, besides the WebPKI roots.
+    #[arg(long, value_name = "PATH")]
+    pub tls_ca: Option<PathBuf>,
     /// The `executor` binary to start locally (default: next to `agent`, then PATH).
     #[arg(long, value_name = "PATH")]
     pub executor_bin: Option<PathBuf>,
@@ -129,7 +136,7 @@ pub struct ExecArgs {
 pub async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Run(args) => run(*args).await,
-        Command::Exec(args) => crate::exec::exec(args).await,
+        Command::Exec(args) => crate::exec::exec(*args).await,
     }
 }
 
@@ -409,6 +416,12 @@ fn apply_flags(config: &mut Config, args: &RunArgs) {
     }
     if x.token_file.is_some() {
         e.token_file = x.token_file.clone();
+    }
+    if x.tls_fingerprint.is_some() {
+        e.tls_fingerprint = x.tls_fingerprint.clone();
+    }
+    if x.tls_ca.is_some() {
+        e.tls_ca = x.tls_ca.clone();
     }
     if x.executor_bin.is_some() {
         e.executor_bin = x.executor_bin.clone();

@@ -248,6 +248,13 @@ pub struct EnvironmentConfig {
     /// File with the executor's bearer token (or set `EXECUTOR_TOKEN`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// SHA-256 fingerprint of the `wss://` executor's certificate (`sha256:<hex>`, as
+    /// `executor tls-fingerprint` prints it): exactly that certificate is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_fingerprint: Option<String>,
+    /// Extra CA certificate (PEM) trusted for `wss://`, besides the WebPKI roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
     /// The `executor` binary to start locally (default: next to `agent`, then `PATH`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub executor_bin: Option<PathBuf>,
@@ -270,6 +277,8 @@ impl Default for EnvironmentConfig {
             profile: None,
             executor_url: None,
             token_file: None,
+            tls_fingerprint: None,
+            tls_ca: None,
             executor_bin: None,
             reconnect_attempts: default_reconnect_attempts(),
             other: BTreeMap::new(),

@@ -16,6 +16,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::config::EnvironmentConfig;
+use crate::tls::{self, Tls};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -28,6 +29,24 @@ const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
 const RESULT_SLACK: Duration = Duration::from_secs(30);
 /// `busy` answers retried before giving up.
 const BUSY_RETRIES: u32 = 8;
+
+/// Why a connection could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("{reason}")]
+pub struct ConnectError {
+    pub reason: String,
+    /// False when trying again cannot help (the executor's certificate was refused).
+    pub retry: bool,
+}
+
+impl From<String> for ConnectError {
+    fn from(reason: String) -> Self {
+        Self {
+            reason,
+            retry: true,
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {
@@ -61,6 +80,7 @@ impl Output {
 pub struct Environment {
     url: String,
     token: Option<String>,
+    tls: Tls,
     ws: Option<Ws>,
     pub hello: Hello,
     /// The profile sent with every request; `None` leaves it to the executor's default.
@@ -85,9 +105,12 @@ impl Environment {
         config: EnvironmentConfig,
         choose_strongest: bool,
     ) -> anyhow::Result<Self> {
-        let (ws, hello) = connect(url, token.as_deref()).await.map_err(|reason| {
-            anyhow::anyhow!("cannot connect to the executor at {url}: {reason}")
-        })?;
+        let tls = Tls::new(config.tls_fingerprint.as_deref(), config.tls_ca.as_deref())?;
+        let (ws, hello) = connect(url, token.as_deref(), &tls)
+            .await
+            .map_err(|reason| {
+                anyhow::anyhow!("cannot connect to the executor at {url}: {reason}")
+            })?;
         if hello.protocol != protocol::PROTOCOL_VERSION {
             anyhow::bail!(
                 "the executor at {url} speaks protocol {}, this agent speaks {}",
@@ -142,6 +165,7 @@ impl Environment {
         let mut environment = Self {
             url: url.to_string(),
             token,
+            tls,
             ws: Some(ws),
             hello,
             profile,
@@ -433,14 +457,19 @@ impl Environment {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(4));
                 }
-                match connect(&self.url, self.token.as_deref()).await {
+                match connect(&self.url, self.token.as_deref(), &self.tls).await {
                     Ok((ws, hello)) => {
                         eprintln!("executor: reconnected to {}", self.url);
                         self.hello = hello;
                         self.ws = Some(ws);
                         break;
                     }
-                    Err(reason) => last = reason,
+                    Err(err) => {
+                        last = err.reason;
+                        if !err.retry {
+                            break;
+                        }
+                    }
                 }
             }
             if self.ws.is_none() {
@@ -514,41 +543,56 @@ enum Attempt {
 }
 
 /// Open a connection and read the hello.
-pub async fn connect(url: &str, token: Option<&str>) -> Result<(Ws, Hello), String> {
+pub async fn connect(
+    url: &str,
+    token: Option<&str>,
+    tls: &Tls,
+) -> Result<(Ws, Hello), ConnectError> {
     let attempt = async {
+        let connector = tls.connector(url).map_err(|reason| ConnectError {
+            reason,
+            retry: false,
+        })?;
         let mut request = url.into_client_request().map_err(|e| e.to_string())?;
         if let Some(token) = token {
             let value = HeaderValue::from_str(&format!("Bearer {token}"))
                 .map_err(|_| "the token contains characters not allowed in a header".to_string())?;
             request.headers_mut().insert("Authorization", value);
         }
-        let (mut ws, _) = tokio_tungstenite::connect_async(request)
-            .await
-            .map_err(|e| e.to_string())?;
+        let connected =
+            tokio_tungstenite::connect_async_tls_with_config(request, None, false, connector).await;
+        let (mut ws, _) = connected.map_err(|e| match tls::certificate_refused(&e) {
+            Some(reason) => ConnectError {
+                reason,
+                retry: false,
+            },
+            None => ConnectError::from(e.to_string()),
+        })?;
         loop {
             match ws.next().await {
                 Some(Ok(Message::Text(text))) => {
                     return match serde_json::from_str::<ServerMessage>(text.as_str()) {
                         Ok(ServerMessage::Hello(hello)) => Ok((ws, hello)),
-                        Ok(other) => Err(format!("expected hello, got {other:?}")),
-                        Err(e) => Err(format!("unreadable hello: {e}")),
+                        Ok(other) => Err(format!("expected hello, got {other:?}").into()),
+                        Err(e) => Err(format!("unreadable hello: {e}").into()),
                     };
                 }
                 Some(Ok(Message::Close(frame))) => {
                     return Err(format!(
                         "the executor closed the connection{}",
                         frame.map(|f| format!(": {}", f.reason)).unwrap_or_default()
-                    ))
+                    )
+                    .into())
                 }
                 Some(Ok(_)) => continue,
-                Some(Err(e)) => return Err(e.to_string()),
-                None => return Err("the executor closed the connection".into()),
+                Some(Err(e)) => return Err(e.to_string().into()),
+                None => return Err("the executor closed the connection".to_string().into()),
             }
         }
     };
     tokio::time::timeout(CONNECT_PATIENCE, attempt)
         .await
-        .unwrap_or_else(|_| Err("timed out".into()))
+        .unwrap_or_else(|_| Err("timed out".to_string().into()))
 }
 
 /// Quote a word for POSIX sh.

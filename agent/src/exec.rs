@@ -13,12 +13,23 @@ use crate::cli::{ExecArgs, INTERRUPTED};
 use crate::config;
 use crate::environment::{self, Environment};
 use crate::local::Target;
+use crate::tls::Tls;
 
 /// Exit code of `agent exec` for its own failures (as ssh uses 255).
 const EXEC_FAILED: u8 = 255;
 
 pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
+    let tls = match Tls::new(
+        args.executor.tls_fingerprint.as_deref(),
+        args.executor.tls_ca.as_deref(),
+    ) {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("agent exec: {e}");
+            return Ok(EXEC_FAILED);
+        }
+    };
     let here = std::env::current_dir().context("cannot read the current directory")?;
     let resolve = Target::resolve(
         args.executor.executor.clone(),
@@ -36,7 +47,7 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
         },
         _ = interrupts.recv() => return Ok(INTERRUPTED),
     };
-    let result = exec_with(&args, &target, &mut interrupts).await;
+    let result = exec_with(&args, &target, &tls, &mut interrupts).await;
     target.stop().await;
     match result {
         Ok(code) => Ok(code),
@@ -50,6 +61,7 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
 async fn exec_with(
     args: &ExecArgs,
     target: &Target,
+    tls: &Tls,
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<u8> {
     let mut env = BTreeMap::new();
@@ -75,7 +87,7 @@ async fn exec_with(
         }
         None => None,
     };
-    let (mut ws, _hello) = environment::connect(&target.url, target.token.as_deref())
+    let (mut ws, _hello) = environment::connect(&target.url, target.token.as_deref(), tls)
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to the executor at {}: {e}", target.url))?;
     let request = ExecRequest {

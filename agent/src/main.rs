@@ -12,6 +12,7 @@ mod exec;
 mod local;
 mod model;
 mod templates;
+mod tls;
 mod trajectory;
 
 use std::process::ExitCode;

@@ -58,6 +58,18 @@ enum Command {
     Run(RunArgs),
     /// Show which isolation layers and profiles work on this host, and why others do not.
     Check,
+    /// Print the SHA-256 fingerprint of the daemon's TLS certificate, for clients to pin.
+    TlsFingerprint(TlsFingerprintArgs),
+}
+
+#[derive(Args)]
+struct TlsFingerprintArgs {
+    /// State directory of the daemon whose generated certificate to read.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// A PEM certificate file to read instead (as given to `serve --tls-cert`).
+    #[arg(long, value_name = "PATH", conflicts_with = "state_dir")]
+    tls_cert: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -72,9 +84,26 @@ struct CommonArgs {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Address to listen on. Non-loopback addresses need an existing --token-file.
+    /// Address to listen on. Non-loopback addresses need an existing --token-file, and --tls
+    /// (or --allow-plaintext).
     #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)))]
     listen: SocketAddr,
+    /// Serve wss:// (TLS). Without --tls-cert, a self-signed certificate is generated on first
+    /// start in <state-dir>/tls/ and reused later; its SHA-256 fingerprint is printed for
+    /// clients to pin.
+    #[arg(long)]
+    tls: bool,
+    /// PEM certificate (chain) to serve; implies --tls and needs --tls-key.
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert; refused if group or others can read it.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plain ws:// on a non-loopback address: only behind a trusted proxy that
+    /// terminates TLS, since the token and every command would otherwise cross the network
+    /// in clear.
+    #[arg(long, conflicts_with_all = ["tls", "tls_cert"])]
+    allow_plaintext: bool,
     /// Directory for the token, the audit log and the default workspace.
     #[arg(long)]
     state_dir: Option<PathBuf>,
@@ -178,6 +207,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(*args).map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run_local(args),
         Command::Check => check(),
+        Command::TlsFingerprint(args) => tls_fingerprint(args),
     };
     result.unwrap_or_else(|err| {
         eprintln!("executor: {err:#}");
@@ -351,6 +381,20 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         bail!("--resume-grace must be 0 to 86400 seconds");
     }
     let loopback = args.listen.ip().is_loopback();
+    let want_tls = args.tls || args.tls_cert.is_some();
+    // Off loopback, plain ws:// would show the token and every command and its output to
+    // anyone on the path.
+    if !loopback && !want_tls && !args.allow_plaintext {
+        bail!(
+            "refusing to serve plaintext ws:// on non-loopback address {}: the token and every \
+             command would cross the network in clear. Add --tls (a self-signed certificate \
+             whose fingerprint clients pin, or --tls-cert/--tls-key), or keep the daemon on \
+             127.0.0.1 and reach it through an SSH tunnel (ssh -N -L {port}:127.0.0.1:{port} \
+             HOST); --allow-plaintext only behind a trusted proxy that terminates TLS",
+            args.listen,
+            port = args.listen.port()
+        );
+    }
     // Either named clients, or one token (read, or created on loopback).
     let (credentials, token_created) = match &args.clients {
         Some(path) => (path.clone(), false),
@@ -373,6 +417,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             (token_path, created)
         }
     };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(server::tls::load(cert, key)?),
+        _ if want_tls => {
+            let hostname = nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok());
+            let names = server::tls::subject_names(args.listen, hostname);
+            Some(server::tls::load_or_generate(&state_dir, &names)?)
+        }
+        _ => None,
+    };
+    let tls_key = tls.as_ref().map(|identity| identity.key_path.clone());
 
     let audit_path = args
         .audit_log
@@ -393,11 +449,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             interpreter.clone(),
             workspace.clone(),
             state_dir.clone(),
-            vec![
+            // The TLS key is a secret like the token: covered wherever it is.
+            [
                 credentials.clone(),
                 audit_path.clone(),
                 workspaces_root.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(tls_key)
+            .collect(),
             ProfileChoice {
                 dir: args.profiles_dir.as_deref(),
                 allow: &args.allow_profiles,
@@ -469,8 +529,21 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        let (scheme, fingerprint) = match &tls {
+            Some(identity) => ("wss", Some(identity.fingerprint.as_str())),
+            None => ("ws", None),
+        };
+        if let Some(identity) = &tls {
+            tracing::info!(
+                certificate = %identity.cert_path.display(),
+                generated = identity.generated,
+                fingerprint = %identity.fingerprint,
+                "TLS certificate (clients pin this fingerprint)"
+            );
+        }
         tracing::info!(
             %addr,
+            tls = tls.is_some(),
             credentials = %credentials.display(),
             token_created,
             clients = %client_names.join(","),
@@ -479,11 +552,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             default_profile = %daemon.engine.default_profile,
             "executor ready"
         );
-        // One line on stdout for scripts and tests that start us on port 0.
+        // One line on stdout for scripts and tests that start us on port 0: the URL, then with
+        // TLS the certificate's fingerprint, as `tls-fingerprint sha256:<hex>`.
         let mut stdout = std::io::stdout();
+        let pin = fingerprint
+            .map(|f| format!(" tls-fingerprint {f}"))
+            .unwrap_or_default();
         let _ = writeln!(
             stdout,
-            "executor listening on ws://{addr}{}",
+            "executor listening on {scheme}://{addr}{}{pin}",
             protocol::WS_PATH
         );
         let _ = stdout.flush();
@@ -503,7 +580,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 })
                 .context("cannot start the stdin watcher")?;
         }
-        server::serve(listener, daemon).await;
+        server::serve(listener, daemon, tls.map(|identity| identity.acceptor)).await;
         for hierarchy in cgroups.all() {
             cgroup::remove(&hierarchy.parent);
         }
@@ -839,6 +916,23 @@ fn check() -> anyhow::Result<ExitCode> {
     for hierarchy in cgroups.all() {
         cgroup::remove(&hierarchy.parent);
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `executor tls-fingerprint`: the fingerprint of the certificate `serve --tls` uses.
+fn tls_fingerprint(args: TlsFingerprintArgs) -> anyhow::Result<ExitCode> {
+    let cert = match args.tls_cert {
+        Some(cert) => cert,
+        None => server::tls::generated_cert(&args.state_dir.unwrap_or_else(default_state_dir)),
+    };
+    if !cert.exists() {
+        bail!(
+            "no certificate at {} (`executor serve --tls` generates one there on its first start)",
+            cert.display()
+        );
+    }
+    let fingerprint = server::tls::fingerprint_of_file(&cert)?;
+    println!("{fingerprint}");
     Ok(ExitCode::SUCCESS)
 }
 

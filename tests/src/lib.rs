@@ -70,7 +70,28 @@ pub struct Daemon {
     pub token: String,
     pub state: tempfile::TempDir,
     pub workspace: PathBuf,
+    /// With `--tls`: the certificate fingerprint from the ready line (`sha256:<hex>`).
+    pub fingerprint: Option<String>,
     stderr_log: PathBuf,
+}
+
+/// The daemon's ready line, `executor listening on <url>[ tls-fingerprint sha256:<hex>]`, as
+/// (url, address, fingerprint).
+pub fn parse_ready_line(line: &str) -> Option<(String, SocketAddr, Option<String>)> {
+    let rest = line.trim().strip_prefix("executor listening on ")?;
+    let mut words = rest.split_whitespace();
+    let url = words.next()?.to_string();
+    let fingerprint = match (words.next(), words.next()) {
+        (Some("tls-fingerprint"), Some(f)) => Some(f.to_string()),
+        _ => None,
+    };
+    let addr = url
+        .trim_start_matches("wss://")
+        .trim_start_matches("ws://")
+        .trim_end_matches(protocol::WS_PATH)
+        .parse()
+        .ok()?;
+    Some((url, addr, fingerprint))
 }
 
 impl Daemon {
@@ -124,21 +145,12 @@ impl Daemon {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("executor listening on ")
-            .unwrap_or_else(|| {
-                panic!(
-                    "daemon did not start: {line:?}\n{}",
-                    std::fs::read_to_string(&stderr_log).unwrap_or_default()
-                )
-            })
-            .to_string();
-        let addr: SocketAddr = url
-            .trim_start_matches("ws://")
-            .trim_end_matches(protocol::WS_PATH)
-            .parse()
-            .unwrap();
+        let (url, addr, fingerprint) = parse_ready_line(&line).unwrap_or_else(|| {
+            panic!(
+                "daemon did not start: {line:?}\n{}",
+                std::fs::read_to_string(&stderr_log).unwrap_or_default()
+            )
+        });
         let token = std::fs::read_to_string(state.path().join("token"))
             .unwrap_or_default()
             .trim()
@@ -150,6 +162,7 @@ impl Daemon {
             token,
             state,
             workspace,
+            fingerprint,
             stderr_log,
         }
     }
@@ -158,8 +171,14 @@ impl Daemon {
         self.child.id()
     }
 
+    /// A client with the token (pinning the daemon's certificate when it serves TLS).
     pub async fn connect(&self) -> Client {
-        Client::connect(&self.url, Some(&self.token)).await.unwrap()
+        match &self.fingerprint {
+            Some(pin) => Client::connect_pinned(&self.url, Some(&self.token), pin)
+                .await
+                .unwrap(),
+            None => Client::connect(&self.url, Some(&self.token)).await.unwrap(),
+        }
     }
 
     /// The daemon's log so far (stderr).
@@ -195,11 +214,13 @@ impl Daemon {
         }
     }
 
-    /// Whether the daemon answers `/healthz`.
+    /// Whether the daemon answers `/healthz` (over TLS, pinned, when it serves TLS).
     pub async fn healthy(&self) -> bool {
-        http_get(self.addr, "/healthz", None)
-            .await
-            .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+        let response = match &self.fingerprint {
+            Some(pin) => https_get(self.addr, "/healthz", pin).await,
+            None => http_get(self.addr, "/healthz", None).await,
+        };
+        response.is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
     }
 }
 
@@ -224,6 +245,118 @@ pub async fn http_get(addr: SocketAddr, path: &str, auth: Option<&str>) -> std::
         .await
         .map_err(|_| std::io::Error::other("timeout"))??;
     Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// A raw HTTP/1.1 GET over TLS, accepting only the certificate with fingerprint `pin`.
+pub async fn https_get(addr: SocketAddr, path: &str, pin: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = TcpStream::connect(addr).await?;
+    let connector = tokio_rustls::TlsConnector::from(pinned_config(pin));
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut stream = connector.connect(name, tcp).await?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await?;
+    let mut out = Vec::new();
+    // The daemon closes without a TLS close_notify; what arrived before counts.
+    let _ = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut out))
+        .await
+        .map_err(|_| std::io::Error::other("timeout"))?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// `sha256:` and lowercase hex of the SHA-256 of a DER certificate, as the daemon prints it.
+pub fn fingerprint_of_der(der: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, der);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// The fingerprint of the first certificate of a PEM file.
+pub fn fingerprint_of_pem_file(path: &std::path::Path) -> String {
+    use rustls::pki_types::pem::PemObject;
+    let cert = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    fingerprint_of_der(&cert)
+}
+
+/// A rustls client configuration that accepts exactly the certificate with fingerprint `pin`
+/// (and still checks the handshake signatures). The agent has its own; this one is the tests'.
+pub fn pinned_config(pin: &str) -> std::sync::Arc<rustls::ClientConfig> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(PinnedVerifier {
+            pin: pin.to_string(),
+            provider,
+        }))
+        .with_no_client_auth();
+    std::sync::Arc::new(config)
+}
+
+#[derive(Debug)]
+struct PinnedVerifier {
+    pin: String,
+    provider: std::sync::Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let presented = fingerprint_of_der(end_entity);
+        if presented == self.pin {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(format!(
+                "pinned {} but the server presented {presented}",
+                self.pin
+            )))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -256,12 +389,47 @@ impl Client {
         Ok(ws)
     }
 
+    /// Connect over TLS with `Authorization: <auth>`, accepting only the certificate with
+    /// fingerprint `pin`.
+    pub async fn connect_raw_pinned(
+        url: &str,
+        auth: Option<&str>,
+        pin: &str,
+    ) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
+        let mut req = url.into_client_request()?;
+        if let Some(auth) = auth {
+            req.headers_mut()
+                .insert("Authorization", HeaderValue::from_str(auth).unwrap());
+        }
+        let connector = tokio_tungstenite::Connector::Rustls(pinned_config(pin));
+        let (ws, _) =
+            tokio_tungstenite::connect_async_tls_with_config(req, None, false, Some(connector))
+                .await?;
+        Ok(ws)
+    }
+
+    /// [`Client::connect`] over TLS, pinning the certificate's fingerprint.
+    pub async fn connect_pinned(
+        url: &str,
+        token: Option<&str>,
+        pin: &str,
+    ) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let ws = Self::connect_raw_pinned(url, auth.as_deref(), pin).await?;
+        Self::after_connect(ws).await
+    }
+
     pub async fn connect(
         url: &str,
         token: Option<&str>,
     ) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
         let auth = token.map(|t| format!("Bearer {t}"));
         let ws = Self::connect_raw(url, auth.as_deref()).await?;
+        Self::after_connect(ws).await
+    }
+
+    /// Read the hello.
+    async fn after_connect(ws: Ws) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
         let mut client = Self {
             ws,
             hello: placeholder_hello(),
@@ -488,6 +656,8 @@ pub struct DaemonOptions {
     pub user: Option<u32>,
     /// Run this copy of the executor binary instead of the built one.
     pub binary: Option<PathBuf>,
+    /// `--listen` address (default: `127.0.0.1:0`).
+    pub listen: Option<String>,
 }
 
 impl Daemon {
@@ -530,7 +700,9 @@ impl Daemon {
         };
         command
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .arg("--listen")
+            .arg(opts.listen.as_deref().unwrap_or("127.0.0.1:0"))
+            .arg("--state-dir")
             .arg(state.path())
             .args(&opts.extra)
             .env("RUST_LOG", "debug")
@@ -544,17 +716,11 @@ impl Daemon {
         let mut child = command.spawn().unwrap();
         let mut line = String::new();
         let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
-        let Some(url) = line.trim().strip_prefix("executor listening on ") else {
+        let Some((url, addr, fingerprint)) = parse_ready_line(&line) else {
             let _ = child.kill();
             let _ = child.wait();
             return Err(std::fs::read_to_string(&stderr_log).unwrap_or_default());
         };
-        let url = url.to_string();
-        let addr: SocketAddr = url
-            .trim_start_matches("ws://")
-            .trim_end_matches(protocol::WS_PATH)
-            .parse()
-            .unwrap();
         let token = std::fs::read_to_string(state.path().join("token"))
             .unwrap_or_default()
             .trim()
@@ -566,6 +732,7 @@ impl Daemon {
             token,
             state,
             workspace,
+            fingerprint,
             stderr_log,
         })
     }

@@ -6,6 +6,7 @@
 
 mod connection;
 mod session;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +19,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use protocol::{Hello, WS_PATH};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -165,8 +167,14 @@ impl Daemon {
     }
 }
 
-/// Accept connections until `daemon.shutdown` is cancelled, then drain.
-pub async fn serve(listener: TcpListener, daemon: Arc<Daemon>) {
+/// Accept connections until `daemon.shutdown` is cancelled, then drain. With `tls`, every
+/// connection starts with a TLS handshake (bounded by [`tls::HANDSHAKE_TIMEOUT`]) and holds its
+/// connection slot from the moment it is accepted.
+pub async fn serve(
+    listener: TcpListener,
+    daemon: Arc<Daemon>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     let tracker = daemon.tasks.clone();
     let slots = Arc::new(Semaphore::new(daemon.max_connections));
     loop {
@@ -189,8 +197,17 @@ pub async fn serve(listener: TcpListener, daemon: Arc<Daemon>) {
         };
         let _ = stream.set_nodelay(true);
         let daemon = daemon.clone();
+        let tls = tls.clone();
         tracker.spawn(async move {
-            serve_http(stream, peer, daemon).await;
+            match tls {
+                Some(acceptor) => {
+                    let handshake = tls::handshake(&acceptor, stream, peer, &daemon.shutdown);
+                    if let Some(stream) = handshake.await {
+                        serve_http(stream, peer, daemon).await;
+                    }
+                }
+                None => serve_http(stream, peer, daemon).await,
+            }
             drop(slot);
         });
     }
@@ -204,7 +221,10 @@ pub async fn serve(listener: TcpListener, daemon: Arc<Daemon>) {
     }
 }
 
-async fn serve_http(stream: tokio::net::TcpStream, peer: SocketAddr, daemon: Arc<Daemon>) {
+async fn serve_http<S>(stream: S, peer: SocketAddr, daemon: Arc<Daemon>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |req| {
         let daemon = daemon.clone();
         async move { Ok::<_, std::convert::Infallible>(route(req, peer, daemon)) }

@@ -11,3 +11,4 @@ mod output;
 mod profiles;
 mod protocol_errors;
 mod resume;
+mod tls;
