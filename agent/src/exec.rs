@@ -106,8 +106,8 @@ async fn run_command(
         .await
         .context("cannot send the command")?;
     let mut stdout = std::io::stdout();
-    let deadline = tokio::time::Instant::now()
-        + std::time::Duration::from_secs_f64(timeout.max(0.0) + 30.0);
+    let deadline =
+        tokio::time::Instant::now() + std::time::Duration::from_secs_f64(timeout.max(0.0) + 30.0);
     let mut cancelled = false;
     loop {
         let frame = tokio::select! {

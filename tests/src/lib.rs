@@ -596,3 +596,92 @@ pub fn namespace_of(pid: i32, kind: &str) -> Option<String> {
 pub fn fd_count(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
+
+// ---------------------------------------------------------------------------------------------
+// A TCP proxy whose connections a test can cut, to simulate a network outage.
+// ---------------------------------------------------------------------------------------------
+
+/// Forwards every connection it accepts on a loopback port to `target`, and can cut all
+/// current connections abruptly (both sockets dropped, no WebSocket close frame), as a network
+/// failure would, while it goes on accepting new ones. While `refusing`, new connections are
+/// dropped as soon as they are accepted (an outage that lasts).
+pub struct Proxy {
+    pub addr: SocketAddr,
+    inner: std::sync::Arc<ProxyState>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    /// Forwarding tasks of the live connections; aborting one drops both of its sockets.
+    links: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    accepted: std::sync::atomic::AtomicUsize,
+    refusing: std::sync::atomic::AtomicBool,
+}
+
+impl Proxy {
+    pub async fn start(target: SocketAddr) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let inner = std::sync::Arc::new(ProxyState::default());
+        let state = inner.clone();
+        let acceptor = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                state.accepted.fetch_add(1, Ordering::SeqCst);
+                if state.refusing.load(Ordering::SeqCst) {
+                    continue; // dropped: the client sees its connection closed
+                }
+                let link = tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                let mut links = state.links.lock().unwrap();
+                links.retain(|l| !l.is_finished());
+                links.push(link.abort_handle());
+            }
+        });
+        Self {
+            addr,
+            inner,
+            acceptor,
+        }
+    }
+
+    /// The WebSocket URL of the executor behind this proxy.
+    pub fn url(&self) -> String {
+        format!("ws://{}{}", self.addr, protocol::WS_PATH)
+    }
+
+    /// Cut every current connection; returns how many were live.
+    pub fn cut(&self) -> usize {
+        let links = std::mem::take(&mut *self.inner.links.lock().unwrap());
+        let live = links.iter().filter(|l| !l.is_finished()).count();
+        for link in links {
+            link.abort();
+        }
+        live
+    }
+
+    /// Drop new connections at once (`true`) or forward them again (`false`).
+    pub fn refuse(&self, refusing: bool) {
+        self.inner
+            .refusing
+            .store(refusing, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Connections accepted so far (forwarded or refused).
+    pub fn accepted(&self) -> usize {
+        self.inner
+            .accepted
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+        self.cut();
+    }
+}

@@ -7,6 +7,7 @@ mod exits;
 mod interactive;
 mod mock;
 mod models;
+mod resume;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
