@@ -364,6 +364,8 @@ impl Environment {
         // After a resume in which the request was not running: the id of a sync message whose
         // answer comes after everything the executor replayed (see `Environment::recover`).
         let mut sync: Option<String> = None;
+        // Whether the deadline already sent us to a new connection for the result.
+        let mut asked_again = false;
         loop {
             if must_send {
                 sends += 1;
@@ -396,6 +398,13 @@ impl Environment {
             };
             let frame = match tokio::time::timeout_at(deadline, ws.next()).await {
                 Ok(frame) => frame,
+                Err(_) if !asked_again && !self.resume_grace.is_zero() => {
+                    // The connection may have died silently (an outage that delivers no FIN
+                    // or RST is noticed by neither side) with the result written into it:
+                    // ask for the session on a new connection, whose replay has the result.
+                    asked_again = true;
+                    None
+                }
                 Err(_) => {
                     // Unresponsive: end the session (a close frame kills its commands) rather
                     // than leave it running for a resume nobody will ask for.

@@ -221,6 +221,42 @@ async fn an_outage_longer_than_the_reconnect_attempts_but_within_the_grace_is_br
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_connection_is_given_up_at_the_deadline_and_the_result_replayed() {
+    // The wait is the command's timeout plus the agent's 30 s of slack: the grace outlasts it.
+    let daemon = Daemon::start_with(&["--resume-grace", "120"]);
+    let proxy = Proxy::start(daemon.addr).await;
+    let s = Scratch::new();
+    let marker = format!("survived-{}", marker());
+    let child = spawn_agent(
+        &s,
+        &daemon,
+        &proxy,
+        &format!("sleep 1; echo {marker}"),
+        &["--timeout", "3"],
+    );
+    wait_for_command(&marker).await;
+    assert_eq!(proxy.stall(), 1, "the agent's connection was not live");
+    // The result is written into the stalled connection, and never arrives through it.
+    let records = audit_records(&daemon, &marker, 1).await;
+    assert_eq!(records[0]["ended"], "exited", "{records:?}");
+    let run = s.finish(child).await;
+
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_complete_trajectory(&run, "Submitted");
+    let (content, extra) = first_observation(&run);
+    assert!(content.contains(&marker), "{content}");
+    assert_eq!(extra["returncode"], 0);
+    assert_eq!(audit_records(&daemon, &marker, 1).await.len(), 1);
+    assert!(run.stderr.contains("resumed session"), "{}", run.stderr);
+    // The executor never saw the old connection end: the resume took the session from it.
+    let log = plain_log(&daemon);
+    assert!(
+        log.contains("session taken over by a new connection"),
+        "daemon log: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deliberate_end_kills_the_running_command_at_once_despite_a_grace_period() {
     let daemon = Daemon::start_with(&["--resume-grace", "30"]);
     let proxy = Proxy::start(daemon.addr).await;
