@@ -321,8 +321,10 @@ async fn run_with(
     };
     eprintln!("trajectory: {}", output.display());
     let mut agent = Agent::new(model, env, settings, console, interrupts);
-    let outcome = agent.run(task).await?;
+    let outcome = agent.run(task).await;
+    // However the run ended: the close frame makes the executor end our session at once.
     agent.environment().close().await;
+    let outcome = outcome?;
     let (calls, cost) = agent.stats();
 
     if let Some(instance_id) = &args.instance_id {
@@ -388,10 +390,17 @@ async fn start_environment(
             layers.join(", ")
         );
     }
-    if let Some(dir) = demo_dir {
-        demo::setup(&mut env, dir).await?;
+    let prepared = async {
+        if let Some(dir) = demo_dir {
+            demo::setup(&mut env, dir).await?;
+        }
+        env.prepare().await.map_err(|e| anyhow::anyhow!("{e}"))
     }
-    env.prepare().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    .await;
+    if let Err(e) = prepared {
+        env.close().await;
+        return Err(e);
+    }
     Ok(env)
 }
 

@@ -100,12 +100,26 @@ async fn exec_with(
         stream: true,
     };
     let text = serde_json::to_string(&ClientMessage::Exec(request))?;
+    let outcome = run_command(&mut ws, text, args.timeout, interrupts).await;
+    // A close frame, whatever happened: the executor ends the session at once. A socket that
+    // is merely dropped would leave the command running for the executor's resume grace.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), ws.close(None)).await;
+    outcome
+}
+
+/// Send the command and stream its output until its result.
+async fn run_command(
+    ws: &mut environment::Ws,
+    text: String,
+    timeout: f64,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<u8> {
     ws.send(Message::text(text))
         .await
         .context("cannot send the command")?;
     let mut stdout = std::io::stdout();
-    let deadline = tokio::time::Instant::now()
-        + std::time::Duration::from_secs_f64(args.timeout.max(0.0) + 30.0);
+    let deadline =
+        tokio::time::Instant::now() + std::time::Duration::from_secs_f64(timeout.max(0.0) + 30.0);
     let mut cancelled = false;
     loop {
         let frame = tokio::select! {
@@ -139,7 +153,6 @@ async fn exec_with(
                 if !result.exception_info.is_empty() {
                     eprintln!("agent exec: {}", result.exception_info);
                 }
-                let _ = ws.close(None).await;
                 return Ok(match result.extra.ended {
                     Ending::TimedOut => 124,
                     Ending::Cancelled | Ending::Disconnected | Ending::Shutdown => 130,

@@ -14,6 +14,8 @@ use tokio::process::{Child, Command};
 const START_PATIENCE: Duration = Duration::from_secs(20);
 /// How long a stopping executor may drain before it is killed.
 const STOP_PATIENCE: Duration = Duration::from_secs(5);
+/// Seconds the local executor keeps our commands running after a dropped connection.
+const LOCAL_RESUME_GRACE: &str = "30";
 
 /// Variables a local executor inherits from the agent. Everything else, API keys above all,
 /// stays with the agent: the executor and its commands never see the model's credentials.
@@ -102,6 +104,11 @@ impl LocalExecutor {
             // Our end of this pipe is the executor's lifeline: when we die, even by SIGKILL,
             // it drains and exits.
             .arg("--exit-on-stdin-eof")
+            // A loopback connection rarely breaks, but if ours does (a WebSocket error on
+            // either side), the running command survives and we resume it. It costs nothing:
+            // every deliberate end of ours sends a close frame (commands killed at once), and
+            // if we die the executor does too, killing everything.
+            .args(["--resume-grace", LOCAL_RESUME_GRACE])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)

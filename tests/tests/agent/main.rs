@@ -7,6 +7,7 @@ mod exits;
 mod interactive;
 mod mock;
 mod models;
+mod resume;
 mod tls;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,292 @@
+//! A dropped connection to the executor: the agent resumes its session when the executor keeps
+//! it (`--resume-grace`), so the command in flight finishes as if nothing happened; without a
+//! grace period the model learns the command was cut short. The connection goes through a TCP
+//! proxy that the test cuts, as a network failure would (no WebSocket close frame).
+
+use std::time::Duration;
+
+use executor_tests::{
+    eventually, marked_sleep, marker, processes_matching, Daemon, Proxy, PATIENCE,
+};
+use serde_json::Value;
+
+use crate::{assert_complete_trajectory, Run, Scratch};
+
+/// Start the agent against `proxy` with a two-turn script: `first`, then a submission.
+fn spawn_agent(
+    s: &Scratch,
+    daemon: &Daemon,
+    proxy: &Proxy,
+    first: &str,
+    extra: &[&str],
+) -> tokio::process::Child {
+    let script = s
+        .write(
+            "s.yaml",
+            &format!(
+                "- command: {first}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo submitted\n"
+            ),
+        )
+        .display()
+        .to_string();
+    let token = daemon.state.path().join("token");
+    let url = proxy.url();
+    let mut args = vec![
+        "--model",
+        "scripted",
+        "--script",
+        &script,
+        "--task",
+        "t",
+        "--executor",
+        &url,
+        "--token-file",
+        token.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    s.agent(&args).spawn().unwrap()
+}
+
+/// Wait until the shell running the command that contains `needle` is up on the host.
+async fn wait_for_command(needle: &str) {
+    assert!(
+        eventually(PATIENCE, || !processes_matching(needle).is_empty()).await,
+        "the command with {needle} never started"
+    );
+}
+
+/// The audit records of commands containing `needle`, once there are `n` of them.
+async fn audit_records(daemon: &Daemon, needle: &str, n: usize) -> Vec<Value> {
+    let matching = || {
+        daemon
+            .audit()
+            .into_iter()
+            .filter(|r| r["command"].as_str().is_some_and(|c| c.contains(needle)))
+            .collect::<Vec<_>>()
+    };
+    eventually(PATIENCE, || matching().len() >= n).await;
+    matching()
+}
+
+/// The daemon's log without the terminal colours its text format writes.
+fn plain_log(daemon: &Daemon) -> String {
+    let log = daemon.log();
+    let mut plain = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI sequence: ESC [ parameters, ended by a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+/// The first observation the model got, as the trajectory stores it.
+fn first_observation(run: &Run) -> (String, Value) {
+    let tool = run.with_role("tool")[0];
+    (
+        tool["content"].as_str().unwrap().to_string(),
+        tool["extra"].clone(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_survives_a_cut_connection_when_the_executor_keeps_the_session() {
+    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
+    let proxy = Proxy::start(daemon.addr).await;
+    let s = Scratch::new();
+    let marker = format!("survived-{}", marker());
+    let child = spawn_agent(&s, &daemon, &proxy, &format!("sleep 2; echo {marker}"), &[]);
+    wait_for_command(&marker).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(proxy.cut(), 1, "the agent's connection was not live");
+    let run = s.finish(child).await;
+
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_complete_trajectory(&run, "Submitted");
+    assert_eq!(run.traj["info"]["submission"], "submitted\n");
+    // The model saw the command's whole output and its real return code.
+    let (content, extra) = first_observation(&run);
+    assert!(content.contains(&marker), "{content}");
+    assert!(content.contains("\"returncode\": 0"), "{content}");
+    assert_eq!(extra["returncode"], 0);
+    assert_eq!(extra["raw_output"], format!("{marker}\n"));
+    assert_eq!(extra["executor"]["ended"], "exited");
+    // It ran once, to its end, and the session went on: the next command ran in it too.
+    let records = audit_records(&daemon, &marker, 1).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["ended"], "exited", "{records:?}");
+    assert_eq!(records[0]["returncode"], 0, "{records:?}");
+    let next = audit_records(&daemon, "echo submitted", 1).await;
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(next[0]["session"], records[0]["session"], "{next:?}");
+    assert_ne!(next[0]["connection"], records[0]["connection"], "{next:?}");
+    // Both sides say what happened; the agent reconnected through the proxy.
+    assert!(proxy.accepted() >= 2);
+    assert!(
+        run.stderr.contains("resumed session"),
+        "agent stderr: {}",
+        run.stderr
+    );
+    let log = plain_log(&daemon);
+    assert!(log.contains("session resumed"), "daemon log: {log}");
+    assert!(
+        log.contains("connection dropped; session kept for a resume"),
+        "daemon log: {log}"
+    );
+    // The agent ended with a close frame, which ends the session (not kept for a resume).
+    assert!(
+        eventually(PATIENCE, || plain_log(&daemon).contains("ending=Closed")).await,
+        "daemon log: {}",
+        plain_log(&daemon)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_grace_period_a_cut_connection_kills_the_command_and_the_model_is_told() {
+    let daemon = Daemon::start_with(&["--resume-grace", "0"]);
+    let proxy = Proxy::start(daemon.addr).await;
+    let s = Scratch::new();
+    let marker = format!("survived-{}", marker());
+    let child = spawn_agent(&s, &daemon, &proxy, &format!("sleep 2; echo {marker}"), &[]);
+    wait_for_command(&marker).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(proxy.cut(), 1, "the agent's connection was not live");
+    let run = s.finish(child).await;
+
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_complete_trajectory(&run, "Submitted");
+    let (content, extra) = first_observation(&run);
+    assert!(
+        content.contains("connection to the executor was lost"),
+        "{content}"
+    );
+    assert!(content.contains("\"returncode\": -1"), "{content}");
+    assert_eq!(extra["raw_output"], "");
+    let records = audit_records(&daemon, &marker, 1).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["ended"], "disconnected", "{records:?}");
+    assert!(
+        processes_matching(&marker).is_empty(),
+        "the command survived"
+    );
+    assert!(run.stderr.contains("reconnected"), "{}", run.stderr);
+    assert!(!run.stderr.contains("resumed session"), "{}", run.stderr);
+    assert!(!plain_log(&daemon).contains("session resumed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_the_reconnect_attempts_but_within_the_grace_is_bridged() {
+    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
+    let proxy = Proxy::start(daemon.addr).await;
+    let s = Scratch::new();
+    let marker = format!("survived-{}", marker());
+    // One reconnect attempt alone would give up at once; the grace period keeps it trying.
+    let child = spawn_agent(
+        &s,
+        &daemon,
+        &proxy,
+        &format!("sleep 1; echo {marker}"),
+        &["-c", "environment.reconnect_attempts=1"],
+    );
+    wait_for_command(&marker).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.refuse(true);
+    assert_eq!(proxy.cut(), 1, "the agent's connection was not live");
+    // The command finishes while nobody is connected: its result waits in the session.
+    let records = audit_records(&daemon, &marker, 1).await;
+    assert_eq!(records[0]["ended"], "exited", "{records:?}");
+    assert!(
+        eventually(PATIENCE, || proxy.accepted() >= 3).await,
+        "the agent stopped trying"
+    );
+    proxy.refuse(false);
+    let run = s.finish(child).await;
+
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_complete_trajectory(&run, "Submitted");
+    let (content, extra) = first_observation(&run);
+    assert!(content.contains(&marker), "{content}");
+    assert_eq!(extra["returncode"], 0);
+    let records = audit_records(&daemon, &marker, 1).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(run.stderr.contains("resumed session"), "{}", run.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_connection_is_given_up_at_the_deadline_and_the_result_replayed() {
+    // The wait is the command's timeout plus the agent's 30 s of slack: the grace outlasts it.
+    let daemon = Daemon::start_with(&["--resume-grace", "120"]);
+    let proxy = Proxy::start(daemon.addr).await;
+    let s = Scratch::new();
+    let marker = format!("survived-{}", marker());
+    let child = spawn_agent(
+        &s,
+        &daemon,
+        &proxy,
+        &format!("sleep 1; echo {marker}"),
+        &["--timeout", "3"],
+    );
+    wait_for_command(&marker).await;
+    assert_eq!(proxy.stall(), 1, "the agent's connection was not live");
+    // The result is written into the stalled connection, and never arrives through it.
+    let records = audit_records(&daemon, &marker, 1).await;
+    assert_eq!(records[0]["ended"], "exited", "{records:?}");
+    let run = s.finish(child).await;
+
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_complete_trajectory(&run, "Submitted");
+    let (content, extra) = first_observation(&run);
+    assert!(content.contains(&marker), "{content}");
+    assert_eq!(extra["returncode"], 0);
+    assert_eq!(audit_records(&daemon, &marker, 1).await.len(), 1);
+    assert!(run.stderr.contains("resumed session"), "{}", run.stderr);
+    // The executor never saw the old connection end: the resume took the session from it.
+    let log = plain_log(&daemon);
+    assert!(
+        log.contains("session taken over by a new connection"),
+        "daemon log: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deliberate_end_kills_the_running_command_at_once_despite_a_grace_period() {
+    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
+    let proxy = Proxy::start(daemon.addr).await;
+    let s = Scratch::new();
+    let marker = marker();
+    let child = spawn_agent(
+        &s,
+        &daemon,
+        &proxy,
+        &marked_sleep(&marker),
+        &["-c", "agent.wall_time_limit=2"],
+    );
+    wait_for_command(&marker).await;
+    let run = s.finish(child).await;
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    assert_complete_trajectory(&run, "TimeExceeded");
+    // Killed because the agent closed the connection, not 30 s later when the grace ends.
+    assert!(
+        eventually(Duration::from_secs(5), || processes_matching(&marker)
+            .is_empty())
+        .await,
+        "the command outlived the agent"
+    );
+    let records = audit_records(&daemon, &marker, 1).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["ended"], "disconnected", "{records:?}");
+    assert!(
+        plain_log(&daemon).contains("ending=Closed"),
+        "{}",
+        plain_log(&daemon)
+    );
+    assert!(!plain_log(&daemon).contains("session kept for a resume"));
+}
