@@ -1,7 +1,9 @@
 //! cgroups: one cgroup per command in each usable hierarchy.
 //!
-//! The daemon owns `<its cgroup>/executor-<pid>/` in each hierarchy; each command gets
-//! `cmd-<serial>/` below it. cgroup v2 gives placement and `cgroup.kill` (Linux 5.14), which
+//! The daemon owns `<its cgroup>/executor-<pid>-ns<pid namespace>/` in each hierarchy; each
+//! command gets `cmd-<serial>/` below it. The pid namespace is in the name because daemons in
+//! different pid namespaces (containers sharing a cgroup tree, CI running in one) may have the
+//! same pid: without it they would share, kill and remove each other's cgroups. cgroup v2 gives placement and `cgroup.kill` (Linux 5.14), which
 //! work without any controller; the v1 `pids` and `memory` controllers, where that is what the
 //! host has (hybrid hosts such as this project's CI), give the process and memory limits.
 
@@ -14,7 +16,7 @@ use std::time::Duration;
 pub struct Hierarchy {
     /// The daemon's own cgroup, which helpers return to after placing their payload.
     pub home: PathBuf,
-    /// `<home>/executor-<pid>`, parent of every command cgroup of this daemon.
+    /// `<home>/executor-<pid>-ns<inode>`, parent of every command cgroup of this daemon.
     pub parent: PathBuf,
 }
 
@@ -160,7 +162,7 @@ fn prepare_one(
     let own = own_path(own, kind).ok_or(CgroupError::UnknownOwnCgroup(kind.name()))?;
     let home = mount.join(own.trim_start_matches('/'));
     remove_stale(&home);
-    let parent = home.join(format!("executor-{daemon_pid}"));
+    let parent = home.join(format!("executor-{daemon_pid}-ns{}", pid_namespace()));
     match std::fs::create_dir(&parent) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -210,15 +212,26 @@ fn own_path(proc_cgroup: &str, kind: Kind) -> Option<String> {
 
 /// Kill and remove `executor-<pid>` cgroups of daemons that no longer run (a daemon killed
 /// with SIGKILL cannot clean up; its helpers kill their trees, but may have died too).
+/// Inode of our pid namespace: pids are only comparable within one.
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// Remove the cgroups of dead daemons of our pid namespace (a daemon killed by SIGKILL cannot
+/// remove its own; its commands died with it). Those of other namespaces are not ours to
+/// judge: their pids mean nothing here.
 fn remove_stale(home: &Path) {
     let Ok(entries) = std::fs::read_dir(home) else {
         return;
     };
+    let ours = format!("-ns{}", pid_namespace());
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = name
             .to_str()
             .and_then(|n| n.strip_prefix("executor-"))
+            .and_then(|rest| rest.strip_suffix(ours.as_str()))
             .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;

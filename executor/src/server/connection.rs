@@ -83,13 +83,18 @@ pub async fn run(
     // The writer: the only code that sends on the socket. A failed send ends the connection.
     // Queued replies go first (biased), so a requested close frame follows every result.
     let writer_gone = CancellationToken::new();
+    // Cancelled when the connection dropped: stop writing to the dead socket, and hand what
+    // is still queued back to the session instead of losing it.
+    let writer_stop = CancellationToken::new();
     let mut writer = tokio::spawn({
         let gone = writer_gone.clone();
+        let stop = writer_stop.clone();
         async move {
             let mut close_pending = true;
             loop {
                 let (frame, msg) = tokio::select! {
                     biased;
+                    () = stop.cancelled() => break,
                     msg = rx.recv() => match msg {
                         Some(msg) => match serde_json::to_string(&msg) {
                             Ok(text) => (Message::text(text), Some(msg)),
@@ -106,27 +111,32 @@ pub async fn run(
                     },
                 };
                 let closing = matches!(frame, Message::Close(_));
-                if sink.send(frame).await.is_err() {
+                let sent = tokio::select! {
+                    sent = sink.send(frame) => Some(sent.is_ok()),
+                    () = stop.cancelled() => None,
+                };
+                let session = current.borrow().clone();
+                match (sent, msg) {
+                    (Some(true), Some(msg)) => session.written(&msg),
+                    (Some(true), None) => {}
                     // Not delivered: the session keeps it for a resume.
-                    if let Some(msg) = msg {
-                        current.borrow().keep(msg);
-                    }
-                    break;
+                    (Some(false), Some(msg)) => session.keep(msg),
+                    // Cut off mid-write: a result may or may not have arrived, which is
+                    // what `written` is for (sent again only if the client awaits it).
+                    (None, Some(msg @ ServerMessage::Result(_))) => session.written(&msg),
+                    (None, Some(msg)) => session.keep(msg),
+                    (_, None) => {}
                 }
-                if let Some(msg) = &msg {
-                    current.borrow().written(msg);
-                }
-                if closing {
+                if sent != Some(true) || closing {
                     break;
                 }
             }
             // Whatever is still queued was never sent.
-            rx.close();
             let session = current.borrow().clone();
-            while let Ok(msg) = rx.try_recv() {
-                session.keep(msg);
+            session.keep_queue(&mut rx);
+            if !stop.is_cancelled() {
+                let _ = sink.close().await;
             }
-            let _ = sink.close().await;
             gone.cancel();
         }
     });
@@ -198,9 +208,23 @@ pub async fn run(
     let session = conn.session.clone();
     let keep_session =
         ending == Ending::TakenOver || (ending == Ending::Dropped && !session.grace.is_zero());
-    if ending == Ending::Dropped || ending == Ending::Closed {
+    let mut writer_done = false;
+    match ending {
         // Nobody reads this socket any more: do not let replies wait on it.
-        writer.abort();
+        Ending::Closed => writer.abort(),
+        Ending::Dropped => {
+            // Its queue goes back to the session before anything newer does, so a resumed
+            // client gets the replies in order. It does not write any more: this is quick.
+            writer_stop.cancel();
+            if tokio::time::timeout(FLUSH_TIMEOUT, &mut writer)
+                .await
+                .is_err()
+            {
+                writer.abort();
+            }
+            writer_done = true;
+        }
+        _ => {}
     }
     let generation = session.detach(connection);
     if keep_session {
@@ -222,9 +246,10 @@ pub async fn run(
     }
     drop(conn);
     drop(tx);
-    if tokio::time::timeout(FLUSH_TIMEOUT, &mut writer)
-        .await
-        .is_err()
+    if !writer_done
+        && tokio::time::timeout(FLUSH_TIMEOUT, &mut writer)
+            .await
+            .is_err()
     {
         writer.abort();
     }

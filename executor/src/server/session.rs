@@ -159,10 +159,25 @@ impl Session {
     /// Keep a reply that a connection could not take, for the next one (or hand it to the
     /// connection that took over meanwhile), if anyone may still come for it.
     pub fn keep(&self, msg: ServerMessage) {
+        let mut link = self.link();
+        self.keep_locked(&mut link, msg);
+    }
+
+    /// Take back everything still queued for a connection that is going away, oldest first.
+    /// Under the lock: a reply that fails to enter the closed queue meanwhile (its sender then
+    /// calls `keep`) lands after them.
+    pub fn keep_queue(&self, rx: &mut mpsc::Receiver<ServerMessage>) {
+        let mut link = self.link();
+        rx.close();
+        while let Ok(msg) = rx.try_recv() {
+            self.keep_locked(&mut link, msg);
+        }
+    }
+
+    fn keep_locked(&self, link: &mut Link, msg: ServerMessage) {
         if self.ended.is_cancelled() {
             return;
         }
-        let mut link = self.link();
         let msg = match &link.attached {
             Some(a) if !a.replaying => match a.tx.try_send(msg) {
                 Ok(()) => return,

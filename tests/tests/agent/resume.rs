@@ -238,7 +238,12 @@ async fn a_silently_dead_connection_is_given_up_at_the_deadline_and_the_result_r
     assert_eq!(proxy.stall(), 1, "the agent's connection was not live");
     // The result is written into the stalled connection, and never arrives through it.
     let records = audit_records(&daemon, &marker, 1).await;
-    assert_eq!(records[0]["ended"], "exited", "{records:?}");
+    assert_eq!(
+        records[0]["ended"],
+        "exited",
+        "{records:?}\n{}",
+        plain_log(&daemon)
+    );
     let run = s.finish(child).await;
 
     assert_eq!(run.code, 0, "{}", run.stderr);

@@ -634,7 +634,7 @@ async fn an_abusive_client_cannot_starve_another() {
     );
     assert_eq!(alice_running.iter().max(), Some(&2), "{alice_running:?}");
     assert!(
-        alice_running.iter().filter(|n| **n == 2).count() >= 10,
+        alice_running.iter().filter(|n| **n == 2).count() >= 5,
         "{alice_running:?}"
     );
     assert!(

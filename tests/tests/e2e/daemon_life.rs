@@ -222,7 +222,14 @@ async fn all_commands_together_stay_under_the_daemons_total_process_limit() {
         )
     };
     let bounded = Daemon::start_with(&["--max-total-processes", "40"]);
-    let pids_max = format!("/sys/fs/cgroup/pids/executor-{}/pids.max", bounded.pid());
+    let prefix = format!("executor-{}-ns", bounded.pid());
+    let parent = std::fs::read_dir("/sys/fs/cgroup/pids")
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .expect("the daemon's pids cgroup")
+        .path();
+    let pids_max = parent.join("pids.max");
     assert_eq!(std::fs::read_to_string(&pids_max).unwrap().trim(), "40");
     let mut client = bounded.connect().await;
     let m = marker();

@@ -49,7 +49,7 @@ async fn writing_own_pid_into_another_cgroup_is_denied() {
             Denied => {
                 assert_eq!(field(&out, "moved"), Some("0"), "{l} {out}");
                 assert!(
-                    now.contains(&format!("executor-{}", daemon.pid())),
+                    now.contains(&format!("executor-{}-ns", daemon.pid())),
                     "{l} the process left the daemon's command cgroup: {now} ({out})"
                 );
             }
