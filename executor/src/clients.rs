@@ -90,6 +90,11 @@ pub struct ClientLimits {
 }
 
 impl Client {
+    /// Same name and same token: the same client, whatever a reload changed in between.
+    pub fn same_identity(&self, other: &Client) -> bool {
+        self.name == other.name && bool::from(self.digest.ct_eq(&other.digest))
+    }
+
     pub fn may_use(&self, profile: &str) -> bool {
         self.profiles
             .as_ref()
@@ -107,6 +112,8 @@ pub enum ClientsError {
     },
     #[error("clients file {path} holds plain tokens and is readable by group or others; chmod 600 it (or store token_sha256 instead)")]
     Permissions { path: PathBuf },
+    #[error("clients file {path} may be changed by someone other than root or the daemon's user (owner or group/other write permission); whoever can write it can add a client")]
+    Writable { path: PathBuf },
     #[error("clients file {path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }
@@ -140,8 +147,21 @@ impl ClientTable {
             path: path.to_path_buf(),
             source,
         };
-        let mode = std::fs::metadata(path).map_err(read)?.permissions().mode();
-        let text = std::fs::read_to_string(path).map_err(read)?;
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        // One open file for both the checks and the contents, so they are about the same file.
+        let mut file = std::fs::File::open(path).map_err(read)?;
+        let meta = file.metadata().map_err(read)?;
+        let mode = meta.permissions().mode();
+        let owner_ok = meta.uid() == 0 || meta.uid() == nix::unistd::geteuid().as_raw();
+        if !owner_ok || mode & 0o022 != 0 {
+            // Whoever can write it can add a client of their own.
+            return Err(ClientsError::Writable {
+                path: path.to_path_buf(),
+            });
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(read)?;
         let invalid = |message: String| ClientsError::Invalid {
             path: path.to_path_buf(),
             message,
@@ -283,8 +303,20 @@ impl ClientTable {
     pub fn current(&self, client: &Client) -> Option<Arc<Client>> {
         self.clients
             .iter()
-            .find(|c| c.name == client.name && bool::from(c.digest.ct_eq(&client.digest)))
+            .find(|c| c.same_identity(client))
             .cloned()
+    }
+
+    /// Whether any client has a workspace of its own (which other clients must not reach).
+    pub fn any_private_workspace(&self) -> bool {
+        self.clients
+            .iter()
+            .any(|c| c.workspace != WorkspacePolicy::Shared)
+    }
+
+    #[cfg(test)]
+    pub fn current_by_name(&self, name: &str) -> Option<Arc<Client>> {
+        self.clients.iter().find(|c| c.name == name).cloned()
     }
 
     pub fn names(&self) -> Vec<String> {

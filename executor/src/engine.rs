@@ -182,6 +182,7 @@ impl Engine {
                     cwd: Some("/".into()),
                     env: BTreeMap::new(),
                     workspace: None,
+                    private_root: None,
                 },
                 timeout: std::time::Duration::from_secs(10),
                 profile: Some(name.clone()),

@@ -369,6 +369,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let state_dir = args.state_dir.clone().unwrap_or_else(default_state_dir);
     create_private_dir(&state_dir)?;
+    // Absolute and free of symlinks: workspaces below it are compared with mount points.
+    let state_dir = std::fs::canonicalize(&state_dir)
+        .with_context(|| format!("cannot resolve state directory {}", state_dir.display()))?;
     let workspace = args
         .workspace
         .clone()
@@ -479,6 +482,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         };
         let client_names = clients.names();
         let workspaces = workspaces::Workspaces::new(workspaces_root, workspace_owner(&engine));
+        // Scratch of sessions a previous daemon could not end (it was killed).
+        workspaces::remove(&workspaces.scratch_root())
+            .context("cannot remove the scratch workspaces a previous daemon left")?;
         let mut totals = cgroup::TotalLimits::host_default();
         if let Some(n) = args.max_total_processes {
             totals.processes = n;

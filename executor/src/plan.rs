@@ -167,6 +167,9 @@ pub struct CommandSpec {
     pub env: BTreeMap<String, String>,
     /// The client's workspace, when it is not the daemon's shared one.
     pub workspace: Option<PathBuf>,
+    /// Where clients' private workspaces live, while any client has one: no command of any
+    /// client may reach it (but through its own workspace).
+    pub private_root: Option<PathBuf>,
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -215,8 +218,8 @@ pub fn plan_command(
     let cgroups = plan_cgroups(profile, &settings.cgroups, serial);
     let sandbox = plan_sandbox(profile, settings, workspace, &cgroups);
     check_daemon_files(profile, settings, &sandbox)?;
-    if spec.workspace.is_some() {
-        check_private_workspace(profile, workspace, &sandbox)?;
+    if let Some(root) = &spec.private_root {
+        check_private_workspaces(profile, root, &sandbox)?;
     }
     let layers = layers(&cgroups, &sandbox);
     Ok(Plan {
@@ -264,29 +267,27 @@ fn check_daemon_files(
     Ok(())
 }
 
-/// A client's private workspace sits next to other clients' ones. Without a mount namespace
-/// to cover them, a landlock rule above them (say `/tmp`, when the daemon's state is there)
-/// would open all of them, and every client's commands run as the same uid: refuse.
-fn check_private_workspace(
+/// Clients' private workspaces all live under one root. Without a mount namespace to cover
+/// it, a landlock rule above it (say `/tmp`, when the daemon's state is there) would open all
+/// of them to any client's command, and every client's commands run as the same uid: refuse.
+/// (A command's own workspace is beneath the root, so its rule does not match.)
+fn check_private_workspaces(
     profile: &Profile,
-    workspace: &Path,
+    root: &Path,
     sandbox: &SandboxPlan,
 ) -> Result<(), PlanError> {
     let (Some(rules), None) = (&sandbox.landlock, &sandbox.mounts) else {
-        return Ok(());
-    };
-    let Some(siblings) = workspace.parent() else {
         return Ok(());
     };
     match rules
         .read
         .iter()
         .chain(&rules.write)
-        .find(|r| siblings.starts_with(r))
+        .find(|r| root.starts_with(r))
     {
         Some(rule) => Err(PlanError::PrivateWorkspaceExposed {
             profile: profile.name.clone(),
-            dir: siblings.to_path_buf(),
+            dir: root.to_path_buf(),
             rule: rule.clone(),
         }),
         None => Ok(()),
@@ -543,6 +544,7 @@ mod tests {
             cwd: None,
             env: BTreeMap::new(),
             workspace: None,
+            private_root: None,
         }
     }
 
@@ -722,7 +724,16 @@ mod tests {
         s.state_dir = "/tmp/executor-state".into();
         let mut request = spec("ls");
         request.workspace = Some("/tmp/executor-state/workspaces/client/alice".into());
+        request.private_root = Some("/tmp/executor-state/workspaces".into());
         let err = plan_command(&request, &builtin("landlock"), &s, 1).unwrap_err();
+        assert!(
+            matches!(err, PlanError::PrivateWorkspaceExposed { .. }),
+            "{err}"
+        );
+        // A shared client's command (no workspace of its own) is refused as well.
+        let mut shared = spec("ls");
+        shared.private_root = request.private_root.clone();
+        let err = plan_command(&shared, &builtin("landlock"), &s, 1).unwrap_err();
         assert!(
             matches!(err, PlanError::PrivateWorkspaceExposed { .. }),
             "{err}"
@@ -735,6 +746,7 @@ mod tests {
             PathBuf::from("/tmp/executor-state/workspaces/client/alice")
         );
         request.workspace = Some("/var/lib/executor/workspaces/client/alice".into());
+        request.private_root = Some("/var/lib/executor/workspaces".into());
         let plan = plan_command(&request, &builtin("landlock"), &s, 1).unwrap();
         assert_eq!(
             plan.cwd,

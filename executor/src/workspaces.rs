@@ -7,7 +7,7 @@
 //! anything mounted beneath is detached first, so the removal cannot descend into a bind
 //! mount and delete what it shows.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -23,6 +23,11 @@ pub struct Workspaces {
 impl Workspaces {
     pub fn new(root: PathBuf, owner: Option<(u32, u32)>) -> Self {
         Self { root, owner }
+    }
+
+    /// Where every private workspace lives.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     pub fn of_client(&self, name: &str) -> PathBuf {
@@ -96,17 +101,42 @@ pub fn remove(dir: &Path) -> anyhow::Result<()> {
 }
 
 fn open_up_dirs(dir: &Path) {
-    let Ok(meta) = std::fs::symlink_metadata(dir) else {
-        return;
-    };
-    if !meta.is_dir() {
+    if let Ok(fd) = open_dir(None, dir) {
+        open_up(&fd, 0);
+    }
+}
+
+/// Open a directory without following a symlink in its last component (relative to `parent`
+/// when given), so nothing can be swapped in under our feet.
+fn open_dir(
+    parent: Option<&std::os::fd::OwnedFd>,
+    path: &Path,
+) -> nix::Result<std::os::fd::OwnedFd> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match parent {
+        Some(fd) => nix::fcntl::openat(fd, path, flags, Mode::empty()),
+        None => nix::fcntl::open(path, flags, Mode::empty()),
+    }
+}
+
+/// `chmod 700` the directory open as `fd` and every directory below it, through descriptors.
+fn open_up(fd: &std::os::fd::OwnedFd, depth: u32) {
+    use std::os::fd::AsRawFd;
+    if depth > 512 {
         return;
     }
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                open_up_dirs(&entry.path());
+    let _ = nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::S_IRWXU);
+    // The descriptor's own entry in /proc lists this very directory, wherever it is now.
+    let Ok(entries) = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        // The entry's type as stored: a symlink is never taken for a directory.
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            if let Ok(child) = open_dir(Some(fd), Path::new(&entry.file_name())) {
+                open_up(&child, depth + 1);
             }
         }
     }
@@ -153,6 +183,7 @@ fn unescape_mount_path(field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn mount_paths_are_unescaped() {

@@ -9,7 +9,6 @@
 //! just drops leaves them running for the grace period, for the client to resume.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +26,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
-use super::session::Session;
+use super::session::{Attached, Session};
 use super::Daemon;
 use crate::audit::{now_rfc3339, AuditRecord};
 use crate::clients::{Client, Slot, WorkspacePolicy};
@@ -91,6 +90,8 @@ pub async fn run(
         let stop = writer_stop.clone();
         async move {
             let mut close_pending = true;
+            // The reply being written when the connection was found dead, if any.
+            let mut unsent = None;
             loop {
                 let (frame, msg) = tokio::select! {
                     biased;
@@ -117,23 +118,24 @@ pub async fn run(
                 };
                 let session = current.borrow().clone();
                 match (sent, msg) {
-                    (Some(true), Some(msg)) => session.written(&msg),
-                    (Some(true), None) => {}
-                    // Not delivered: the session keeps it for a resume.
-                    (Some(false), Some(msg)) => session.keep(msg),
-                    // Cut off mid-write: a result may or may not have arrived, which is
+                    (Some(true), Some(msg)) => session.written(msg),
+                    // Not delivered: kept for a resume, ahead of the queue.
+                    (Some(false), Some(msg)) => unsent = Some(msg),
+                    // Cut off mid-write: a final reply may or may not have arrived, which is
                     // what `written` is for (sent again only if the client awaits it).
-                    (None, Some(msg @ ServerMessage::Result(_))) => session.written(&msg),
-                    (None, Some(msg)) => session.keep(msg),
+                    (None, Some(msg @ (ServerMessage::Result(_) | ServerMessage::Error(_)))) => {
+                        session.written(msg)
+                    }
+                    (None, Some(msg)) => unsent = Some(msg),
                     (_, None) => {}
                 }
                 if sent != Some(true) || closing {
                     break;
                 }
             }
-            // Whatever is still queued was never sent.
+            // Whatever is still queued was never sent: it goes back to the session, in order.
             let session = current.borrow().clone();
-            session.keep_queue(&mut rx);
+            session.keep_queue(unsent, &mut rx);
             if !stop.is_cancelled() {
                 let _ = sink.close().await;
             }
@@ -151,9 +153,14 @@ pub async fn run(
         tx: tx.clone(),
         peer,
         connection,
-        evicted: fresh.attach(connection, tx.clone(), &[]),
+        evicted: CancellationToken::new(),
+        writer_gone: writer_gone.clone(),
         first: true,
     };
+    if let Attached::Yes { evicted, .. } = fresh.attach(connection, tx.clone(), writer_gone.clone())
+    {
+        conn.evicted = evicted;
+    }
     conn.reply(ServerMessage::Hello(conn.hello.clone())).await;
     conn.replay().await;
 
@@ -206,15 +213,14 @@ pub async fn run(
     };
 
     let session = conn.session.clone();
-    let keep_session =
-        ending == Ending::TakenOver || (ending == Ending::Dropped && !session.grace.is_zero());
     let mut writer_done = false;
     match ending {
         // Nobody reads this socket any more: do not let replies wait on it.
         Ending::Closed => writer.abort(),
-        Ending::Dropped => {
-            // Its queue goes back to the session before anything newer does, so a resumed
-            // client gets the replies in order. It does not write any more: this is quick.
+        Ending::Dropped | Ending::TakenOver => {
+            // Its queue goes back to the session before anything newer does, so the client
+            // gets the replies in order when it resumes (or is resuming: the new connection
+            // waits for this). It writes nothing more: this is quick.
             writer_stop.cancel();
             if tokio::time::timeout(FLUSH_TIMEOUT, &mut writer)
                 .await
@@ -226,18 +232,18 @@ pub async fn run(
         }
         _ => {}
     }
-    let generation = session.detach(connection);
-    if keep_session {
-        if ending == Ending::Dropped {
+    match session.detach(connection) {
+        // Another connection holds the session now: not ours to end.
+        None => {}
+        Some(generation) if ending == Ending::Dropped && !session.grace.is_zero() => {
             tracing::info!(%peer, connection, session = %session.id, grace = ?session.grace, running = session.running.len(), "connection dropped; session kept for a resume");
-            tokio::spawn(expire_after_grace(
+            daemon.tasks.spawn(expire_after_grace(
                 daemon.clone(),
                 session.clone(),
                 generation,
             ));
         }
-    } else {
-        end_session(&daemon, &session).await;
+        Some(_) => end_session(&daemon, &session).await,
     }
     if ending == Ending::Shutdown {
         if let Some(close) = close_tx.take() {
@@ -280,7 +286,7 @@ async fn expire_after_grace(daemon: Arc<Daemon>, session: Arc<Session>, generati
         () = session.ended.cancelled() => return,
         () = daemon.shutdown.cancelled() => {}
     }
-    if session.still_detached(generation) || daemon.shutdown.is_cancelled() {
+    if daemon.shutdown.is_cancelled() || session.expire(generation) {
         tracing::info!(session = %session.id, running = session.running.len(), "grace period over; ending the session");
         end_session(&daemon, &session).await;
     }
@@ -297,6 +303,8 @@ struct Connection {
     connection: u64,
     /// Cancelled when another connection resumes our session.
     evicted: CancellationToken,
+    /// Cancelled when this connection's writer is done (for a connection that takes over).
+    writer_gone: CancellationToken,
     /// No message read yet (only then may it be `resume`).
     first: bool,
 }
@@ -347,7 +355,7 @@ impl Connection {
                     self.error(Some(id), ErrorCode::NotFound, &message).await;
                 }
             },
-            ClientMessage::Resume(req) if first => self.resume(req).await,
+            ClientMessage::Resume(req) if first => self.resume(req, draining).await,
             ClientMessage::Resume(_) => {
                 self.error(
                     None,
@@ -359,9 +367,43 @@ impl Connection {
         }
     }
 
-    /// Take over a session whose connection dropped.
-    async fn resume(&mut self, req: ResumeRequest) {
-        let Some(old) = self.daemon.sessions.find(&req.session, &self.client.name) else {
+    /// Take over a session whose connection dropped (or is about to be found dead).
+    async fn resume(&mut self, req: ResumeRequest, draining: bool) {
+        if draining {
+            self.error(
+                None,
+                ErrorCode::ShuttingDown,
+                "the executor is shutting down",
+            )
+            .await;
+            return;
+        }
+        if req.session == self.session.id {
+            self.error(
+                None,
+                ErrorCode::BadRequest,
+                "that is this connection's own session",
+            )
+            .await;
+            return;
+        }
+        let attached = self
+            .daemon
+            .sessions
+            .find(&req.session, &self.client)
+            .map(|old| {
+                let attached =
+                    old.attach(self.connection, self.tx.clone(), self.writer_gone.clone());
+                (old, attached)
+            });
+        let Some((
+            old,
+            Attached::Yes {
+                evicted,
+                previous_writer,
+            },
+        )) = attached
+        else {
             let message = format!(
                 "no session {:?} to resume: unknown, or its grace period ran out and its commands were killed",
                 req.session
@@ -369,16 +411,26 @@ impl Connection {
             self.error(None, ErrorCode::NotFound, &message).await;
             return;
         };
-        // The session made for this connection never ran anything: drop it.
+        // The session made for this connection never ran anything: end it.
         let fresh = std::mem::replace(&mut self.session, old.clone());
+        self.current.send_replace(old.clone());
+        self.evicted = evicted;
         fresh.detach(self.connection);
         end_session(&self.daemon, &fresh).await;
-        self.evicted = old.attach(self.connection, self.tx.clone(), &req.awaiting);
-        self.current.send_replace(old.clone());
-        tracing::info!(connection = self.connection, session = %old.id, client = %self.client.name, "session resumed");
+        // A connection it was taken from first hands back what it still had queued.
+        if let Some(previous) = previous_writer {
+            if tokio::time::timeout(FLUSH_TIMEOUT, previous.cancelled())
+                .await
+                .is_err()
+            {
+                tracing::warn!(session = %old.id, "the previous connection did not hand back its queue in time");
+            }
+        }
+        let running = old.resend_written(&req.awaiting);
+        tracing::info!(connection = self.connection, session = %old.id, client = %self.client.name, running = running.len(), "session resumed");
         let resumed = ServerMessage::Resumed(Resumed {
             session: old.id.clone(),
-            running: old.running.ids(),
+            running,
         });
         if self.tx.send(resumed).await.is_ok() {
             self.replay().await;
@@ -390,7 +442,7 @@ impl Connection {
         // What the audit log keeps of a refused request.
         let asked = (req.command.clone(), req.cwd.clone(), req.profile.clone());
         match self.admit(req, draining) {
-            Ok((valid, permit, slot, workspace)) => {
+            Ok((valid, permit, slot)) => {
                 let cancel = CancellationToken::new();
                 self.session
                     .running
@@ -405,7 +457,7 @@ impl Connection {
                     in_flight: self.daemon.metrics.command_started(&self.client.name),
                 };
                 let task = self.session.tasks.track_future(async move {
-                    job.run(valid, workspace).await;
+                    job.run(valid).await;
                     drop((permit, slot));
                 });
                 self.daemon.tasks.spawn(task);
@@ -445,15 +497,7 @@ impl Connection {
         &self,
         req: ExecRequest,
         draining: bool,
-    ) -> Result<
-        (
-            ValidRequest,
-            tokio::sync::OwnedSemaphorePermit,
-            Slot,
-            Option<PathBuf>,
-        ),
-        ExecError,
-    > {
+    ) -> Result<(ValidRequest, tokio::sync::OwnedSemaphorePermit, Slot), ExecError> {
         let limits = &self.daemon.engine.limits;
         if draining {
             return Err(ExecError::new(
@@ -503,16 +547,6 @@ impl Connection {
                 ),
             ));
         }
-        let slot = self
-            .daemon
-            .clients
-            .usage(&client.name)
-            .admit(&client.name, &client.limits)
-            .map_err(|refusal| {
-                tracing::info!(client = %client.name, limit = refusal.limit, "command refused by a client limit");
-                self.daemon.metrics.limit_hit(&client.name, refusal.limit);
-                ExecError::new(refusal.code, refusal.message)
-            })?;
         let permit = self
             .daemon
             .commands
@@ -527,18 +561,34 @@ impl Connection {
                     ),
                 )
             })?;
-        let workspace = match client.workspace {
+        // The policy the session started with: a reload does not move a session's files.
+        valid.spec.workspace = match self.session.client.workspace {
             WorkspacePolicy::Shared => None,
             WorkspacePolicy::PerClient => Some(self.daemon.workspaces.of_client(&client.name)),
             WorkspacePolicy::PerConnection => self.session.scratch.clone(),
         };
-        if let Some(dir) = &workspace {
+        if let Some(dir) = &valid.spec.workspace {
             self.daemon
                 .workspaces
                 .ensure(dir)
                 .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, format!("{err:#}")))?;
         }
-        Ok((valid, permit, slot, workspace))
+        // While any client has a workspace of its own, no command may reach the others'.
+        if self.daemon.clients.table().any_private_workspace() {
+            valid.spec.private_root = Some(self.daemon.workspaces.root().to_path_buf());
+        }
+        // Last, so that the rate is charged only for a command that will run.
+        let slot = self
+            .daemon
+            .clients
+            .usage(&client.name)
+            .admit(&client.name, &client.limits)
+            .map_err(|refusal| {
+                tracing::info!(client = %client.name, limit = refusal.limit, "command refused by a client limit");
+                self.daemon.metrics.limit_hit(&client.name, refusal.limit);
+                ExecError::new(refusal.code, refusal.message)
+            })?;
+        Ok((valid, permit, slot))
     }
 }
 
@@ -554,8 +604,7 @@ struct Job {
 }
 
 impl Job {
-    async fn run(self, mut req: ValidRequest, workspace: Option<PathBuf>) {
-        req.spec.workspace = workspace;
+    async fn run(self, req: ValidRequest) {
         let stop = async {
             tokio::select! {
                 () = self.cancel.cancelled() => StopReason::Cancelled,
@@ -612,21 +661,21 @@ impl Job {
                     .usage(&self.client)
                     .add_output(extra.output_bytes);
                 tracing::debug!(id = %req.id, rc = result.returncode, ended = %record.ended, "command finished");
-                self.session.running.remove(&req.id);
                 self.daemon
                     .metrics
                     .command_finished(self.in_flight, &record.profile, &result);
+                self.session.running.finishing(&req.id);
                 self.session.send(ServerMessage::Result(result)).await;
+                self.session.running.finished(&req.id);
                 self.daemon.audit.record(record).await;
             }
             Err(err) => {
                 tracing::warn!(id = %req.id, code = %err.code, message = %err.message, "command failed to run");
                 record.error = Some(format!("{}: {}", err.code, err.message));
-                self.session.running.remove(&req.id);
                 self.daemon
                     .metrics
                     .command_failed(self.in_flight, &record.profile, err.code);
-                self.daemon.audit.record(record).await;
+                self.session.running.finishing(&req.id);
                 self.session
                     .send(ServerMessage::Error(ErrorMessage {
                         id: Some(req.id.clone()),
@@ -634,6 +683,8 @@ impl Job {
                         message: err.message,
                     }))
                     .await;
+                self.session.running.finished(&req.id);
+                self.daemon.audit.record(record).await;
             }
         }
     }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use protocol::{ExecResult, ServerMessage};
+use protocol::ServerMessage;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -56,12 +56,12 @@ impl Sessions {
         session
     }
 
-    /// The session `id` if it exists, belongs to `client` and has not ended. Another
-    /// client's session is reported exactly like a missing one.
-    pub fn find(&self, id: &str, client: &str) -> Option<Arc<Session>> {
+    /// The session `id` if it exists, belongs to `client` (same name and token) and has not
+    /// ended. Another client's session is reported exactly like a missing one.
+    pub fn find(&self, id: &str, client: &Client) -> Option<Arc<Session>> {
         self.lock()
             .get(id)
-            .filter(|s| s.client.name == client && !s.ended.is_cancelled())
+            .filter(|s| s.client.same_identity(client) && !s.ended.is_cancelled())
             .cloned()
     }
 
@@ -81,18 +81,23 @@ impl Sessions {
 }
 
 fn new_session_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static FALLBACK: AtomicU64 = AtomicU64::new(0);
     let mut bytes = [0u8; 16];
     if getrandom::fill(&mut bytes).is_err() {
-        // Unguessability is what makes a session private; without randomness, make it
-        // unusable rather than predictable.
-        return format!("unresumable-{}", std::process::id());
+        // Without randomness the id is only unique, not secret; `find` still checks that the
+        // session is the asking client's own.
+        let n = FALLBACK.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("no randomness for a session id; using a counter");
+        return format!("{:016x}{:016x}", std::process::id(), n);
     }
     hex::encode(bytes)
 }
 
 pub struct Session {
     pub id: String,
-    /// The client as it authenticated; its current limits come from the registry.
+    /// The client as it authenticated (its workspace policy holds for the session's life;
+    /// its current limits come from the registry).
     pub client: Arc<Client>,
     /// How long commands outlive a dropped connection (0: killed at once).
     pub grace: Duration,
@@ -115,8 +120,9 @@ struct Link {
     outbox: VecDeque<ServerMessage>,
     outbox_output_bytes: usize,
     dropped_output: bool,
-    /// Results written to a connection that may have broken before they arrived.
-    written: VecDeque<ExecResult>,
+    /// Results (and errors) written to a connection that may have broken before they arrived.
+    written: VecDeque<ServerMessage>,
+    written_bytes: usize,
 }
 
 struct Attachment {
@@ -124,8 +130,23 @@ struct Attachment {
     tx: mpsc::Sender<ServerMessage>,
     /// Cancelled when another connection takes the session over.
     evicted: CancellationToken,
+    /// Cancelled when the connection's writer has handed its queue back.
+    writer_done: CancellationToken,
     /// While the outbox is replayed, new replies queue behind it.
     replaying: bool,
+}
+
+/// What `attach` found.
+pub enum Attached {
+    /// The session is this connection's. `previous_writer` is cancelled once the connection
+    /// it was taken from has handed back what it had queued; `evicted` is cancelled if yet
+    /// another connection takes it.
+    Yes {
+        evicted: CancellationToken,
+        previous_writer: Option<CancellationToken>,
+    },
+    /// It ended meanwhile (grace period over, client revoked).
+    Ended,
 }
 
 impl Session {
@@ -137,57 +158,55 @@ impl Session {
         !self.grace.is_zero()
     }
 
-    /// Send a reply to the attached connection, or keep it for the next one.
+    /// Send a reply to the attached connection, or keep it for the next one. Gives up when
+    /// the session ends (nobody will read it).
     pub async fn send(&self, msg: ServerMessage) {
-        let tx = {
-            let link = self.link();
-            match &link.attached {
-                Some(a) if !a.replaying => Some(a.tx.clone()),
-                _ => None,
-            }
-        };
-        match tx {
-            Some(tx) => {
-                if let Err(mpsc::error::SendError(msg)) = tx.send(msg).await {
-                    self.keep(msg);
+        let mut msg = msg;
+        // At most twice: a connection that went away meanwhile may have been replaced.
+        for _ in 0..2 {
+            let tx = {
+                let link = self.link();
+                match &link.attached {
+                    Some(a) if !a.replaying => Some(a.tx.clone()),
+                    _ => None,
                 }
+            };
+            let Some(tx) = tx else {
+                break;
+            };
+            tokio::select! {
+                sent = tx.send(msg) => match sent {
+                    Ok(()) => return,
+                    Err(mpsc::error::SendError(back)) => msg = back,
+                },
+                () = self.ended.cancelled() => return,
             }
-            None => self.keep(msg),
         }
+        self.keep(msg);
     }
 
-    /// Keep a reply that a connection could not take, for the next one (or hand it to the
-    /// connection that took over meanwhile), if anyone may still come for it.
+    /// Keep a reply that no live connection took, for the next one.
     pub fn keep(&self, msg: ServerMessage) {
         let mut link = self.link();
         self.keep_locked(&mut link, msg);
     }
 
-    /// Take back everything still queued for a connection that is going away, oldest first.
-    /// Under the lock: a reply that fails to enter the closed queue meanwhile (its sender then
-    /// calls `keep`) lands after them.
-    pub fn keep_queue(&self, rx: &mut mpsc::Receiver<ServerMessage>) {
+    /// Take back what a connection that is going away had not sent, oldest first: `first`
+    /// (the message it was writing), then its queue. Under the lock, so a reply that fails
+    /// to enter the closed queue meanwhile (its sender then calls `keep`) lands after them.
+    pub fn keep_queue(&self, first: Option<ServerMessage>, rx: &mut mpsc::Receiver<ServerMessage>) {
         let mut link = self.link();
         rx.close();
+        if let Some(msg) = first {
+            self.keep_locked(&mut link, msg);
+        }
         while let Ok(msg) = rx.try_recv() {
             self.keep_locked(&mut link, msg);
         }
     }
 
     fn keep_locked(&self, link: &mut Link, msg: ServerMessage) {
-        if self.ended.is_cancelled() {
-            return;
-        }
-        let msg = match &link.attached {
-            Some(a) if !a.replaying => match a.tx.try_send(msg) {
-                Ok(()) => return,
-                Err(
-                    mpsc::error::TrySendError::Full(msg) | mpsc::error::TrySendError::Closed(msg),
-                ) => msg,
-            },
-            _ => msg,
-        };
-        if !self.resumable() && link.attached.is_none() {
+        if self.ended.is_cancelled() || (!self.resumable() && link.attached.is_none()) {
             return;
         }
         if let ServerMessage::Output(chunk) = &msg {
@@ -203,56 +222,78 @@ impl Session {
         link.outbox.push_back(msg);
     }
 
-    /// Remember a result the writer put on the wire (only sessions that can be resumed).
-    pub fn written(&self, msg: &ServerMessage) {
-        if let (true, ServerMessage::Result(result)) = (self.resumable(), msg) {
-            let mut link = self.link();
-            if link.written.len() == WRITTEN_RESULTS {
-                link.written.pop_front();
-            }
-            link.written.push_back(result.clone());
+    /// Remember a final reply (result, or error of a request) the writer put on the wire or
+    /// was cut off writing, in case it never arrived. Only sessions that can be resumed.
+    pub fn written(&self, msg: ServerMessage) {
+        let size = match &msg {
+            ServerMessage::Result(r) => r.output.len() + 256,
+            ServerMessage::Error(e) if e.id.is_some() => e.message.len() + 64,
+            _ => return,
+        };
+        if !self.resumable() {
+            return;
+        }
+        let mut link = self.link();
+        link.written.push_back(msg);
+        link.written_bytes += size;
+        while link.written.len() > WRITTEN_RESULTS || link.written_bytes > WRITTEN_BYTES {
+            let Some(old) = link.written.pop_front() else {
+                break;
+            };
+            link.written_bytes -= final_size(&old);
         }
     }
 
-    /// Attach a connection. Returns the token cancelled if another connection takes over.
-    /// Replies keep queueing in the outbox until `next_replay` drains it.
+    /// Attach a connection. Replies queue in the outbox until `next_replay` drains it (after
+    /// `resend_written`, once the previous connection handed back its queue).
     pub fn attach(
         &self,
         connection: u64,
         tx: mpsc::Sender<ServerMessage>,
-        awaiting: &[String],
-    ) -> CancellationToken {
-        let evicted = CancellationToken::new();
+        writer_done: CancellationToken,
+    ) -> Attached {
         let mut link = self.link();
-        if let Some(old) = link.attached.take() {
+        // Checked under the lock the grace timer ends the session under.
+        if self.ended.is_cancelled() {
+            return Attached::Ended;
+        }
+        let previous_writer = link.attached.take().map(|old| {
             tracing::info!(session = %self.id, old = old.connection, new = connection, "session taken over by a new connection");
             old.evicted.cancel();
-        }
-        // Results written to the old connection that the client says it never got go first.
-        let queued: Vec<String> = link
-            .outbox
-            .iter()
-            .filter_map(|m| match m {
-                ServerMessage::Result(r) => Some(r.id.clone()),
-                _ => None,
-            })
-            .collect();
-        let resend: Vec<ExecResult> = std::mem::take(&mut link.written)
-            .into_iter()
-            .filter(|r| awaiting.contains(&r.id) && !queued.contains(&r.id))
-            .collect();
-        for result in resend.into_iter().rev() {
-            link.outbox.push_front(ServerMessage::Result(result));
-        }
+            old.writer_done
+        });
+        let evicted = CancellationToken::new();
         link.generation += 1;
         link.dropped_output = false;
         link.attached = Some(Attachment {
             connection,
             tx,
             evicted: evicted.clone(),
+            writer_done,
             replaying: true,
         });
-        evicted
+        Attached::Yes {
+            evicted,
+            previous_writer,
+        }
+    }
+
+    /// Put the final replies written to the old connection whose ids the client awaits at the
+    /// front of the replay; forget the rest. Returns the ids still running (or finishing).
+    pub fn resend_written(&self, awaiting: &[String]) -> Vec<String> {
+        let mut link = self.link();
+        let queued: Vec<String> = link.outbox.iter().filter_map(final_id).collect();
+        let resend: Vec<ServerMessage> = std::mem::take(&mut link.written)
+            .into_iter()
+            .filter(|m| {
+                final_id(m).is_some_and(|id| awaiting.contains(&id) && !queued.contains(&id))
+            })
+            .collect();
+        link.written_bytes = 0;
+        for msg in resend.into_iter().rev() {
+            link.outbox.push_front(msg);
+        }
+        self.running.ids()
     }
 
     /// The next kept reply for the attached connection; `None` once the outbox is empty, and
@@ -275,24 +316,49 @@ impl Session {
         }
     }
 
-    /// Let go of `connection` (if it is still the attached one). Returns the attach
-    /// generation, for the grace timer.
-    pub fn detach(&self, connection: u64) -> u64 {
+    /// Let go of `connection`. Returns the attach generation, for the grace timer, or `None`
+    /// if another connection holds the session now (then it is not ours to end).
+    pub fn detach(&self, connection: u64) -> Option<u64> {
         let mut link = self.link();
-        if link
-            .attached
-            .as_ref()
-            .is_some_and(|a| a.connection == connection)
-        {
-            link.attached = None;
+        match &link.attached {
+            Some(a) if a.connection == connection => {
+                link.attached = None;
+                Some(link.generation)
+            }
+            Some(_) => None,
+            None => Some(link.generation),
         }
-        link.generation
     }
 
-    /// Whether nobody attached since `generation` was handed out.
-    pub fn still_detached(&self, generation: u64) -> bool {
+    /// End the session if nobody attached since `generation`: the check and the end happen
+    /// under the lock `attach` checks under, so a resume either wins or finds it ended.
+    pub fn expire(&self, generation: u64) -> bool {
         let link = self.link();
-        link.attached.is_none() && link.generation == generation
+        let expired = link.attached.is_none() && link.generation == generation;
+        if expired {
+            self.ended.cancel();
+        }
+        expired
+    }
+}
+
+/// Bytes of kept written replies per session, at most.
+const WRITTEN_BYTES: usize = 4 << 20;
+
+fn final_size(msg: &ServerMessage) -> usize {
+    match msg {
+        ServerMessage::Result(r) => r.output.len() + 256,
+        ServerMessage::Error(e) => e.message.len() + 64,
+        _ => 0,
+    }
+}
+
+/// The request id of a final reply (a result, or an error naming a request).
+fn final_id(msg: &ServerMessage) -> Option<String> {
+    match msg {
+        ServerMessage::Result(r) => Some(r.id.clone()),
+        ServerMessage::Error(e) => e.id.clone(),
+        _ => None,
     }
 }
 
@@ -302,34 +368,195 @@ impl crate::runner::Replies for Session {
     }
 }
 
-/// Cancel handles of a session's running commands, by client id. Shared with the jobs so that
-/// each removes its own id right before replying.
+/// Cancel handles of a session's running commands, by client id, and the ids whose reply is
+/// on its way. Shared with the jobs: each moves its id to `finishing` right before replying
+/// (so the id is free for a new command as soon as the result can arrive) and drops it once
+/// the reply is queued (so a resume in between still reports it as running).
 #[derive(Clone, Default)]
-pub struct Running(Arc<Mutex<HashMap<String, CancellationToken>>>);
+pub struct Running(Arc<Mutex<RunningIds>>);
+
+#[derive(Default)]
+pub struct RunningIds {
+    cancel: HashMap<String, CancellationToken>,
+    finishing: HashMap<String, usize>,
+}
 
 impl Running {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, CancellationToken>> {
+    fn lock(&self) -> MutexGuard<'_, RunningIds> {
         // A poisoned lock only means a job panicked while holding it; the map is still valid.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
     pub fn insert(&self, id: String, cancel: CancellationToken) {
-        self.lock().insert(id, cancel);
+        self.lock().cancel.insert(id, cancel);
     }
-    pub fn remove(&self, id: &str) {
-        self.lock().remove(id);
+    /// The command is done and its reply about to be queued.
+    pub fn finishing(&self, id: &str) {
+        let mut ids = self.lock();
+        ids.cancel.remove(id);
+        *ids.finishing.entry(id.to_string()).or_default() += 1;
+    }
+    /// Its reply is queued (or kept).
+    pub fn finished(&self, id: &str) {
+        let mut ids = self.lock();
+        if let Some(n) = ids.finishing.get_mut(id) {
+            *n -= 1;
+            if *n == 0 {
+                ids.finishing.remove(id);
+            }
+        }
     }
     pub fn get(&self, id: &str) -> Option<CancellationToken> {
-        self.lock().get(id).cloned()
+        self.lock().cancel.get(id).cloned()
     }
     pub fn contains_key(&self, id: &str) -> bool {
-        self.lock().contains_key(id)
+        self.lock().cancel.contains_key(id)
     }
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().cancel.len()
     }
+    /// Running and finishing ids, sorted.
     pub fn ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.lock().keys().cloned().collect();
-        ids.sort();
-        ids
+        let ids = self.lock();
+        let mut all: Vec<String> = ids
+            .cancel
+            .keys()
+            .chain(ids.finishing.keys())
+            .cloned()
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::{ExecResult, OutputChunk};
+
+    fn client() -> Arc<Client> {
+        crate::clients::ClientTable::single(b"token-token-token-token-token-token")
+            .current_by_name(crate::clients::DEFAULT_CLIENT)
+            .unwrap()
+    }
+
+    fn output(id: &str, seq: u64) -> ServerMessage {
+        ServerMessage::Output(OutputChunk {
+            id: id.into(),
+            seq,
+            data: format!("{seq}\n"),
+        })
+    }
+
+    fn result(id: &str) -> ServerMessage {
+        ServerMessage::Result(ExecResult {
+            id: id.into(),
+            output: String::new(),
+            returncode: 0,
+            exception_info: String::new(),
+            extra: serde_json::from_value(serde_json::json!({
+                "ended": "exited", "timed_out": false, "cancelled": false, "duration_ms": 1.0,
+                "output_bytes": 0, "truncated": false, "elided_bytes": 0, "killed_processes": 0,
+                "isolation": {"profile": "p", "layers": []}
+            }))
+            .unwrap(),
+        })
+    }
+
+    fn describe(msg: &ServerMessage) -> String {
+        match msg {
+            ServerMessage::Output(c) => format!("out {} {}", c.id, c.seq),
+            ServerMessage::Result(r) => format!("result {}", r.id),
+            other => format!("{other:?}"),
+        }
+    }
+
+    fn replay(session: &Session) -> Vec<String> {
+        std::iter::from_fn(|| session.next_replay())
+            .map(|m| describe(&m))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_dead_connections_queue_comes_back_in_order_and_replays_before_anything_newer() {
+        let sessions = Sessions::default();
+        let session = sessions.create(client(), Duration::from_secs(30), None);
+        let (tx, mut rx) = mpsc::channel(16);
+        assert!(matches!(
+            session.attach(1, tx, CancellationToken::new()),
+            Attached::Yes { .. }
+        ));
+        assert!(replay(&session).is_empty(), "nothing kept yet; now live");
+        session.send(output("a", 1)).await;
+        session.send(output("a", 2)).await;
+        // The writer was writing chunk 0 when the socket died; 1 and 2 are still queued.
+        session.keep_queue(Some(output("a", 0)), &mut rx);
+        // A reply sent after the queue closed lands behind them.
+        session.send(result("a")).await;
+        assert_eq!(session.detach(1), Some(1));
+        let (tx2, _rx2) = mpsc::channel(16);
+        let Attached::Yes {
+            previous_writer, ..
+        } = session.attach(2, tx2, CancellationToken::new())
+        else {
+            panic!("not attached")
+        };
+        assert!(previous_writer.is_none(), "the first connection had let go");
+        assert_eq!(session.resend_written(&[]), Vec::<String>::new());
+        assert_eq!(
+            replay(&session),
+            ["out a 0", "out a 1", "out a 2", "result a"]
+        );
+    }
+
+    #[tokio::test]
+    async fn written_results_are_sent_again_only_if_awaited() {
+        let sessions = Sessions::default();
+        let session = sessions.create(client(), Duration::from_secs(30), None);
+        session.written(result("got-it"));
+        session.written(result("lost"));
+        session.written(output("x", 0)); // not a final reply: never kept
+        let (tx, _rx) = mpsc::channel(16);
+        assert!(matches!(
+            session.attach(7, tx, CancellationToken::new()),
+            Attached::Yes { .. }
+        ));
+        session.resend_written(&["lost".to_string(), "still-running".to_string()]);
+        assert_eq!(replay(&session), ["result lost"]);
+        // Forgotten after one resume.
+        assert!(session.resend_written(&["lost".to_string()]).is_empty());
+        assert!(replay(&session).is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_expired_session_cannot_be_attached_and_a_resumed_one_does_not_expire() {
+        let sessions = Sessions::default();
+        let session = sessions.create(client(), Duration::from_secs(30), None);
+        let (tx, _rx) = mpsc::channel(16);
+        let _ = session.attach(1, tx.clone(), CancellationToken::new());
+        let generation = session.detach(1).unwrap();
+        // The client came back before the timer fired: the timer must not end it.
+        let _ = session.attach(2, tx.clone(), CancellationToken::new());
+        assert!(!session.expire(generation));
+        assert!(!session.ended.is_cancelled());
+        // The old connection's late detach does not let go of the new one.
+        assert_eq!(session.detach(1), None);
+        let generation = session.detach(2).unwrap();
+        assert!(session.expire(generation));
+        assert!(matches!(
+            session.attach(3, tx, CancellationToken::new()),
+            Attached::Ended
+        ));
+    }
+
+    #[test]
+    fn a_finishing_id_is_free_for_reuse_but_still_reported_running() {
+        let running = Running::default();
+        running.insert("a".into(), CancellationToken::new());
+        running.finishing("a");
+        assert!(!running.contains_key("a"), "the id may be used again");
+        assert_eq!(running.ids(), ["a"], "a resume still waits for its reply");
+        running.finished("a");
+        assert!(running.ids().is_empty());
     }
 }

@@ -222,6 +222,18 @@ async fn a_readable_clients_file_with_plain_tokens_is_refused() {
     let daemon = start(&file, &[]);
     let mut alice = connect(&daemon, ALICE).await;
     assert_eq!(alice.run("x", "echo hi").await.output, "hi\n");
+    // But a file others may write is refused whatever it holds: they could add a client.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let log = Daemon::try_start_opts(executor_tests::DaemonOptions {
+        extra: vec!["--clients".into(), file.display().to_string()],
+        ..Default::default()
+    })
+    .err()
+    .expect("refused");
+    assert!(
+        log.contains("may be changed by someone other than"),
+        "{log}"
+    );
 }
 
 #[tokio::test]
@@ -627,7 +639,7 @@ async fn an_abusive_client_cannot_starve_another() {
         totals.2 / 1_000_000
     );
     // Alice really flooded: she asked past her limit, and ran as many commands as she may
-    // (2, seen on the host) all along, never more.
+    // (2, seen on the host) most of the time, never more.
     assert!(
         totals.0 > 0 && totals.2 >= 20_000_000,
         "alice did not really flood: {totals:?}"
