@@ -26,7 +26,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
-use super::session::{Attached, Session};
+use super::session::{Attached, Session, WriterControl};
 use super::Daemon;
 use crate::audit::{now_rfc3339, AuditRecord};
 use crate::clients::{Client, Slot, WorkspacePolicy};
@@ -154,10 +154,13 @@ pub async fn run(
         peer,
         connection,
         evicted: CancellationToken::new(),
-        writer_gone: writer_gone.clone(),
+        writer: WriterControl {
+            stop: writer_stop.clone(),
+            done: writer_gone.clone(),
+        },
         first: true,
     };
-    if let Attached::Yes { evicted, .. } = fresh.attach(connection, tx.clone(), writer_gone.clone())
+    if let Attached::Yes { evicted, .. } = fresh.attach(connection, tx.clone(), conn.writer.clone())
     {
         conn.evicted = evicted;
     }
@@ -303,8 +306,8 @@ struct Connection {
     connection: u64,
     /// Cancelled when another connection resumes our session.
     evicted: CancellationToken,
-    /// Cancelled when this connection's writer is done (for a connection that takes over).
-    writer_gone: CancellationToken,
+    /// This connection's writer, for a session it attaches to.
+    writer: WriterControl,
     /// No message read yet (only then may it be `resume`).
     first: bool,
 }
@@ -392,8 +395,7 @@ impl Connection {
             .sessions
             .find(&req.session, &self.client)
             .map(|old| {
-                let attached =
-                    old.attach(self.connection, self.tx.clone(), self.writer_gone.clone());
+                let attached = old.attach(self.connection, self.tx.clone(), self.writer.clone());
                 (old, attached)
             });
         let Some((

@@ -130,10 +130,19 @@ struct Attachment {
     tx: mpsc::Sender<ServerMessage>,
     /// Cancelled when another connection takes the session over.
     evicted: CancellationToken,
+    /// Stops the connection's writer (it hands its queue back to the session).
+    writer_stop: CancellationToken,
     /// Cancelled when the connection's writer has handed its queue back.
     writer_done: CancellationToken,
     /// While the outbox is replayed, new replies queue behind it.
     replaying: bool,
+}
+
+/// A connection's writer, as `attach` needs it: how to stop it and how to know it is done.
+#[derive(Clone, Default)]
+pub struct WriterControl {
+    pub stop: CancellationToken,
+    pub done: CancellationToken,
 }
 
 /// What `attach` found.
@@ -250,7 +259,7 @@ impl Session {
         &self,
         connection: u64,
         tx: mpsc::Sender<ServerMessage>,
-        writer_done: CancellationToken,
+        writer: WriterControl,
     ) -> Attached {
         let mut link = self.link();
         // Checked under the lock the grace timer ends the session under.
@@ -260,6 +269,8 @@ impl Session {
         let previous_writer = link.attached.take().map(|old| {
             tracing::info!(session = %self.id, old = old.connection, new = connection, "session taken over by a new connection");
             old.evicted.cancel();
+            // Its writer may be stuck on a dead socket: stop it now, whatever its reader does.
+            old.writer_stop.cancel();
             old.writer_done
         });
         let evicted = CancellationToken::new();
@@ -269,7 +280,8 @@ impl Session {
             connection,
             tx,
             evicted: evicted.clone(),
-            writer_done,
+            writer_stop: writer.stop,
+            writer_done: writer.done,
             replaying: true,
         });
         Attached::Yes {
@@ -483,7 +495,7 @@ mod tests {
         let session = sessions.create(client(), Duration::from_secs(30), None);
         let (tx, mut rx) = mpsc::channel(16);
         assert!(matches!(
-            session.attach(1, tx, CancellationToken::new()),
+            session.attach(1, tx, WriterControl::default()),
             Attached::Yes { .. }
         ));
         assert!(replay(&session).is_empty(), "nothing kept yet; now live");
@@ -497,7 +509,7 @@ mod tests {
         let (tx2, _rx2) = mpsc::channel(16);
         let Attached::Yes {
             previous_writer, ..
-        } = session.attach(2, tx2, CancellationToken::new())
+        } = session.attach(2, tx2, WriterControl::default())
         else {
             panic!("not attached")
         };
@@ -518,7 +530,7 @@ mod tests {
         session.written(output("x", 0)); // not a final reply: never kept
         let (tx, _rx) = mpsc::channel(16);
         assert!(matches!(
-            session.attach(7, tx, CancellationToken::new()),
+            session.attach(7, tx, WriterControl::default()),
             Attached::Yes { .. }
         ));
         session.resend_written(&["lost".to_string(), "still-running".to_string()]);
@@ -533,10 +545,10 @@ mod tests {
         let sessions = Sessions::default();
         let session = sessions.create(client(), Duration::from_secs(30), None);
         let (tx, _rx) = mpsc::channel(16);
-        let _ = session.attach(1, tx.clone(), CancellationToken::new());
+        let _ = session.attach(1, tx.clone(), WriterControl::default());
         let generation = session.detach(1).unwrap();
         // The client came back before the timer fired: the timer must not end it.
-        let _ = session.attach(2, tx.clone(), CancellationToken::new());
+        let _ = session.attach(2, tx.clone(), WriterControl::default());
         assert!(!session.expire(generation));
         assert!(!session.ended.is_cancelled());
         // The old connection's late detach does not let go of the new one.
@@ -544,7 +556,7 @@ mod tests {
         let generation = session.detach(2).unwrap();
         assert!(session.expire(generation));
         assert!(matches!(
-            session.attach(3, tx, CancellationToken::new()),
+            session.attach(3, tx, WriterControl::default()),
             Attached::Ended
         ));
     }
