@@ -164,16 +164,18 @@ impl Runner {
         self.spawner = Some(Arc::new(spawner));
     }
 
-    fn start_helper(&self) -> Result<Helper, RunError> {
+    /// Start a helper for `plan` (one JSON line). Returns it and how much of the plan is in
+    /// its stdin already.
+    fn start_helper(&self, plan: &[u8]) -> Result<(Helper, usize), RunError> {
         if let Some(spawner) = &self.spawner {
-            match fork_helper(spawner) {
-                Ok(helper) => return Ok(helper),
+            match fork_helper(spawner, plan) {
+                Ok(started) => return Ok(started),
                 Err(err) => {
                     tracing::warn!(%err, "fork server failed; starting the helper by exec");
                 }
             }
         }
-        self.exec_helper()
+        Ok((self.exec_helper()?, 0))
     }
 
     fn exec_helper(&self) -> Result<Helper, RunError> {
@@ -216,14 +218,19 @@ impl Runner {
         let mut line = serde_json::to_vec(plan).map_err(RunError::Plan)?;
         line.push(b'\n');
 
-        let Helper {
-            mut lifeline,
-            output: out_pipe,
-            status: status_pipe,
-            mut process,
-        } = self.start_helper()?;
+        let (
+            Helper {
+                mut lifeline,
+                output: out_pipe,
+                status: status_pipe,
+                mut process,
+            },
+            written,
+        ) = self.start_helper(&line)?;
         // A failed write means the helper already died; its report (or its absence) says why.
-        let _ = lifeline.write_all(&line).await;
+        if let Some(rest) = line.get(written..).filter(|rest| !rest.is_empty()) {
+            let _ = lifeline.write_all(rest).await;
+        }
 
         let drain_stop = CancellationToken::new();
         let reader = tokio::spawn(read_output(
@@ -379,23 +386,32 @@ fn stop_message(ending: Ending, timeout: Duration) -> String {
 }
 
 /// Fork a helper from the fork server, wired to three fresh pipes.
-fn fork_helper(spawner: &Spawner) -> std::io::Result<Helper> {
+fn fork_helper(spawner: &Spawner, plan: &[u8]) -> std::io::Result<(Helper, usize)> {
     let pipe = || -> std::io::Result<(OwnedFd, OwnedFd)> {
         Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
     };
     let (stdin_r, stdin_w) = pipe()?;
     let (out_r, out_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
+    // The plan goes into the pipe before the helper exists, so it finds it there at once
+    // instead of waiting for us to be scheduled again: one wake-up fewer per command. The
+    // write end is non-blocking (as tokio wants it anyway): what does not fit follows later.
+    nix::fcntl::fcntl(
+        &stdin_w,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )?;
+    let written = nix::unistd::write(&stdin_w, plan).unwrap_or(0);
     let pid = spawner.spawn([&stdin_r, &out_w, &status_w])?;
     // The helper has its copies now; ours would hold its pipes open.
     drop((stdin_r, out_w, status_w));
     use tokio::net::unix::pipe;
-    Ok(Helper {
+    let helper = Helper {
         lifeline: Box::new(pipe::Sender::from_owned_fd(stdin_w)?),
         output: Box::new(pipe::Receiver::from_owned_fd(out_r)?),
         status: Box::new(pipe::Receiver::from_owned_fd(status_r)?),
         process: HelperProcess::Forked(pid),
-    })
+    };
+    Ok((helper, written))
 }
 
 /// Read the helper's report: the last line it wrote before closing its stderr.

@@ -3,8 +3,11 @@
 //!
 //! Denied syscalls fail with EPERM (programs handle that; a kill would look like a crash).
 //! The i386 ABI (int 0x80) fails the architecture check of seccompiler's filter and kills the
-//! process; the x32 ABI shares x86_64's audit architecture, so a second filter kills any
-//! syscall number with the x32 bit set.
+//! process; the x32 ABI shares x86_64's audit architecture, so a short prologue kills any
+//! syscall number with the x32 bit set, and makes clone3 fail with ENOSYS.
+//!
+//! It is one program, installed once: every installed filter is verified and JIT-compiled by
+//! the kernel per command, which made three filters a large part of a command's setup.
 
 use std::collections::BTreeMap;
 
@@ -186,24 +189,17 @@ fn deny_list(extra: Extra) -> Result<BpfProgram, SeccompError> {
     Ok(filter.try_into()?)
 }
 
-/// clone3 passes its flags in memory, where seccomp cannot look: make it ENOSYS so libc falls
-/// back to clone(2), which the deny list inspects.
-fn clone3_fallback() -> Result<BpfProgram, SeccompError> {
-    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        TargetArch::x86_64,
-    )?;
-    Ok(filter.try_into()?)
-}
-
-/// Kill any syscall number with the x32 bit (same audit arch as x86_64, so the architecture
-/// check does not catch it).
-fn kill_x32() -> BpfProgram {
+/// What runs before the deny list (whose own first step, the architecture check, follows):
+/// - kill any syscall number with the x32 bit (same audit arch as x86_64, so the architecture
+///   check does not catch it);
+/// - clone3 passes its flags in memory, where seccomp cannot look: make it ENOSYS so libc falls
+///   back to clone(2), which the deny list inspects.
+///
+/// Jumps are relative, so the deny list's program works unchanged after it.
+fn prologue() -> BpfProgram {
     const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
     const BPF_JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+    const BPF_JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
     const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
     let insn = |code, jt, jf, k| sock_filter { code, jt, jf, k };
     vec![
@@ -211,16 +207,26 @@ fn kill_x32() -> BpfProgram {
         insn(BPF_LD_W_ABS, 0, 0, 0),
         insn(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT),
         insn(BPF_RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
-        insn(BPF_RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+        insn(BPF_JEQ_K, 0, 1, libc::SYS_clone3 as u32),
+        insn(
+            BPF_RET_K,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | (libc::ENOSYS as u32 & libc::SECCOMP_RET_DATA),
+        ),
     ]
 }
 
-/// Install the filters on the calling thread (no_new_privs must already be set).
+/// The whole program: the prologue, then the deny list.
+fn program(extra: Extra) -> Result<BpfProgram, SeccompError> {
+    let mut program = prologue();
+    program.extend(deny_list(extra)?);
+    Ok(program)
+}
+
+/// Install the filter on the calling thread (no_new_privs must already be set).
 pub fn install(extra: Extra) -> Result<(), SeccompError> {
-    let programs = [kill_x32(), clone3_fallback()?, deny_list(extra)?];
-    for program in &programs {
-        seccompiler::apply_filter(program)?;
-    }
+    seccompiler::apply_filter(&program(extra)?)?;
     Ok(())
 }
 
@@ -237,8 +243,12 @@ mod tests {
             deny_sysv_ipc: true,
         };
         assert!(deny_list(strictest).unwrap().len() > base);
-        assert!(!clone3_fallback().unwrap().is_empty());
-        assert_eq!(kill_x32().len(), 4);
+        assert_eq!(
+            program(Extra::default()).unwrap().len(),
+            base + prologue().len()
+        );
+        // The kernel's limit on one program.
+        assert!(program(strictest).unwrap().len() < 4096);
         for (nr, reason) in DENIED {
             assert!(!reason.is_empty(), "syscall {nr}");
         }

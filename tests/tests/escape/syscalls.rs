@@ -259,3 +259,30 @@ async fn the_x32_syscall_abi_kills_the_process() {
     }
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn clone3_is_answered_enosys_so_that_libc_falls_back_to_the_inspected_clone() {
+    // clone3 passes its flags in memory, where seccomp cannot look: the filter makes it
+    // ENOSYS (glibc then uses clone(2), whose namespace flags the deny list checks).
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let mut client = daemon.connect().await;
+    let probe = python("r, e = sc(435, 0, 0)\nprint(f'clone3={r} errno={e}')");
+    for (profile, expect) in [
+        (STRICT, Denied),
+        (LANDLOCK, Denied),
+        (TASK, Denied),
+        (TRUSTED, Allowed),
+    ] {
+        let l = label(profile, expect);
+        let out = run_in(&mut client, profile, "clone3", &probe).await.output;
+        assert_eq!(field(&out, "clone3"), Some("-1"), "{l} {out}");
+        match expect {
+            Denied => assert_eq!(field(&out, "errno"), Some("38"), "{l} {out}"),
+            // The kernel itself refuses a null, zero-sized argument (EINVAL), not ENOSYS.
+            Allowed => assert_eq!(field(&out, "errno"), Some("22"), "{l} control: {out}"),
+        }
+    }
+    assert_daemon_intact(&daemon).await;
+}
