@@ -215,6 +215,13 @@ pub async fn run(
         }
     };
 
+    // Evicted while something else woke us: the session is another connection's now, and
+    // what our writer still holds is owed to it.
+    let ending = if conn.evicted.is_cancelled() {
+        Ending::TakenOver
+    } else {
+        ending
+    };
     let session = conn.session.clone();
     let mut writer_done = false;
     match ending {
