@@ -615,9 +615,11 @@ impl Environment {
                         self.session,
                         running.len()
                     );
-                    // The new hello's own session was discarded by the executor.
+                    // The new hello's own session (and its workspace, for per-connection
+                    // clients) was discarded by the executor: ours goes on.
                     self.hello = Hello {
                         session: self.session.clone(),
+                        workspace: self.hello.workspace.clone(),
                         ..hello
                     };
                     self.ws = Some(ws);
@@ -657,11 +659,11 @@ impl Environment {
     }
 
     /// Whether the executor may still keep the session of the connection we lost.
+    /// Whether to ask for the session back. Only the executor knows whether its grace period
+    /// is over (it starts when the executor notices the drop, which may be much later than we
+    /// did), so we always ask when there is one, and its `not_found` decides.
     fn may_resume(&self) -> bool {
-        !self.session.is_empty()
-            && self
-                .lost_at
-                .is_some_and(|t| t.elapsed() < self.resume_grace)
+        !self.session.is_empty() && !self.resume_grace.is_zero() && self.lost_at.is_some()
     }
 
     /// The connection broke (no close frame either way): the executor keeps the session for

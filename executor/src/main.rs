@@ -460,6 +460,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ]
             .into_iter()
             .chain(tls_key)
+            .map(|path| resolved(&path))
             .collect(),
             ProfileChoice {
                 dir: args.profiles_dir.as_deref(),
@@ -656,6 +657,15 @@ fn link_dirs(path: &Path, dirs: &mut Vec<PathBuf>, depth: u32) {
         link_dirs(&resolved.join(rest), dirs, depth + 1);
         return;
     }
+}
+
+/// Absolute and, where it exists, free of symlinks: sandbox rules and covers compare paths by
+/// prefix, so a relative `--tls-key key.pem` or a symlinked certificate directory would slip
+/// past them.
+fn resolved(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// The state directory holds the token and the audit log: only the daemon's user may enter.

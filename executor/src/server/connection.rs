@@ -175,6 +175,10 @@ pub async fn run(
         }
         let evicted = conn.evicted.clone();
         tokio::select! {
+            // Eviction first: a request still buffered on a connection whose session was
+            // taken over must not run (its client resends it on the new connection).
+            biased;
+            () = evicted.cancelled() => break Ending::TakenOver,
             frame = stream.next() => match frame {
                 Some(Ok(Message::Text(text))) => conn.handle_text(text.as_str(), draining).await,
                 Some(Ok(Message::Binary(_))) => {
@@ -202,7 +206,6 @@ pub async fn run(
                 draining = true;
                 conn.session.tasks.close();
             }
-            () = evicted.cancelled() => break Ending::TakenOver,
             changed = reloads.changed() => {
                 if changed.is_ok() && daemon.clients.table().current(&conn.client).is_none() {
                     if let Some(close) = close_tx.take() {
@@ -343,6 +346,9 @@ impl Connection {
     }
 
     async fn handle_text(&mut self, text: &str, draining: bool) {
+        if self.evicted.is_cancelled() {
+            return;
+        }
         let first = std::mem::replace(&mut self.first, false);
         let msg = match serde_json::from_str::<ClientMessage>(text) {
             Ok(msg) => msg,

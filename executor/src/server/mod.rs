@@ -198,17 +198,19 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let daemon = daemon.clone();
         let tls = tls.clone();
+        // Shared with a WebSocket the connection upgrades to, which outlives the HTTP task:
+        // the slot is free only when both are done.
+        let slot = Arc::new(slot);
         tracker.spawn(async move {
             match tls {
                 Some(acceptor) => {
                     let handshake = tls::handshake(&acceptor, stream, peer, &daemon.shutdown);
                     if let Some(stream) = handshake.await {
-                        serve_http(stream, peer, daemon).await;
+                        serve_http(stream, peer, daemon, slot).await;
                     }
                 }
-                None => serve_http(stream, peer, daemon).await,
+                None => serve_http(stream, peer, daemon, slot).await,
             }
-            drop(slot);
         });
     }
     drop(listener);
@@ -221,13 +223,14 @@ pub async fn serve(
     }
 }
 
-async fn serve_http<S>(stream: S, peer: SocketAddr, daemon: Arc<Daemon>)
+async fn serve_http<S>(stream: S, peer: SocketAddr, daemon: Arc<Daemon>, slot: Slot)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |req| {
         let daemon = daemon.clone();
-        async move { Ok::<_, std::convert::Infallible>(route(req, peer, daemon)) }
+        let slot = slot.clone();
+        async move { Ok::<_, std::convert::Infallible>(route(req, peer, daemon, slot)) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -246,14 +249,22 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     resp
 }
 
-fn route(req: Request<Incoming>, peer: SocketAddr, daemon: Arc<Daemon>) -> Response<Full<Bytes>> {
+/// A connection's place under `--max-connections`.
+type Slot = Arc<tokio::sync::OwnedSemaphorePermit>;
+
+fn route(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    daemon: Arc<Daemon>,
+    slot: Slot,
+) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") if daemon.shutdown.is_cancelled() => {
             text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
         }
         (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
-        (&Method::GET, WS_PATH) => upgrade(req, peer, daemon),
+        (&Method::GET, WS_PATH) => upgrade(req, peer, daemon, slot),
         (&Method::GET, "/metrics") => scrape(&req, peer, &daemon),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
@@ -307,6 +318,7 @@ fn upgrade(
     mut req: Request<Incoming>,
     peer: SocketAddr,
     daemon: Arc<Daemon>,
+    slot: Slot,
 ) -> Response<Full<Bytes>> {
     let client = req
         .headers()
@@ -343,6 +355,8 @@ fn upgrade(
     let upgraded = hyper::upgrade::on(&mut req);
     let connection = daemon.next_connection.fetch_add(1, Ordering::Relaxed);
     daemon.tasks.clone().spawn(async move {
+        // Held for the WebSocket's life.
+        let _slot = slot;
         let io = match upgraded.await {
             Ok(io) => TokioIo::new(io),
             Err(err) => {

@@ -172,3 +172,30 @@ async fn global_command_limit_applies_across_connections() {
     );
     assert_eq!(second.run("y", "echo second").await.output, "second\n");
 }
+
+#[tokio::test]
+async fn open_websockets_count_against_the_connection_limit() {
+    let daemon = executor_tests::Daemon::start_with(&["--max-connections", "2"]);
+    let first = daemon.connect().await;
+    let mut second = daemon.connect().await;
+    // Both are WebSockets now, past their HTTP upgrade: a third connection has no slot.
+    let third = executor_tests::Client::connect(&daemon.url, Some(&daemon.token)).await;
+    assert!(
+        third.is_err(),
+        "a third connection was accepted over the limit"
+    );
+    assert_eq!(second.run("alive", "echo yes").await.output, "yes\n");
+    // Control: closing one frees its slot.
+    drop(first);
+    let mut again = None;
+    for _ in 0..50 {
+        if let Ok(client) = executor_tests::Client::connect(&daemon.url, Some(&daemon.token)).await
+        {
+            again = Some(client);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let mut again = again.expect("no slot after a connection closed");
+    assert_eq!(again.run("x", "echo ok").await.output, "ok\n");
+}
