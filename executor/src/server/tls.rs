@@ -311,11 +311,14 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         source,
     };
     // The key's mode, as for the token: a key others can read is a key others may hold.
-    let meta = std::fs::metadata(path).map_err(read_err)?;
+    // Checked on the file we then read (one open), so it cannot be swapped in between.
+    let mut file = std::fs::File::open(path).map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
     if meta.permissions().mode() & 0o077 != 0 {
         return Err(TlsError::Permissions(path.to_path_buf()));
     }
-    let pem = std::fs::read(path).map_err(read_err)?;
+    let mut pem = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut pem).map_err(read_err)?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| TlsError::NoKey {
         path: path.to_path_buf(),
         reason: e.to_string(),
