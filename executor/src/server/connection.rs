@@ -39,6 +39,9 @@ type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
 /// Messages queued for the writer; a stalled client fills it and then slows its own commands.
 const OUTBOUND_QUEUE: usize = 16;
+/// Sessions of one client kept for a resume at once; past it the oldest ends (its commands
+/// are killed), so a client dropping connections over and over cannot pile them up.
+const MAX_DETACHED_PER_CLIENT: usize = 32;
 /// Time the writer gets to flush results and a close frame when the connection ends normally.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -255,6 +258,13 @@ pub async fn run(
                 session.clone(),
                 generation,
             ));
+            for old in daemon
+                .sessions
+                .excess_detached(&session.client, MAX_DETACHED_PER_CLIENT)
+            {
+                tracing::info!(session = %old.id, client = %old.client.name, "too many detached sessions; ending the oldest");
+                end_session(&daemon, &old).await;
+            }
         }
         Some(_) => end_session(&daemon, &session).await,
     }

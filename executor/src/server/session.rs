@@ -65,6 +65,21 @@ impl Sessions {
             .cloned()
     }
 
+    /// Detached sessions of `client` beyond `keep`, oldest first: the ones to end so that a
+    /// client dropping connections over and over cannot pile up sessions (and what they keep)
+    /// for the length of the grace period.
+    pub fn excess_detached(&self, client: &Client, keep: usize) -> Vec<Arc<Session>> {
+        let mut detached: Vec<(std::time::Instant, Arc<Session>)> = self
+            .lock()
+            .values()
+            .filter(|s| s.client.same_identity(client) && !s.ended.is_cancelled())
+            .filter_map(|s| s.detached_since().map(|at| (at, s.clone())))
+            .collect();
+        detached.sort_by_key(|(at, _)| *at);
+        let excess = detached.len().saturating_sub(keep);
+        detached.into_iter().take(excess).map(|(_, s)| s).collect()
+    }
+
     pub fn all(&self) -> Vec<Arc<Session>> {
         self.lock().values().cloned().collect()
     }
@@ -116,6 +131,8 @@ struct Link {
     attached: Option<Attachment>,
     /// Bumped on every attach, so a grace timer knows whether the client came back.
     generation: u64,
+    /// When the last connection let go (none attached since).
+    detached_at: Option<std::time::Instant>,
     /// Replies no connection took, oldest first.
     outbox: VecDeque<ServerMessage>,
     outbox_output_bytes: usize,
@@ -275,6 +292,7 @@ impl Session {
         });
         let evicted = CancellationToken::new();
         link.generation += 1;
+        link.detached_at = None;
         link.dropped_output = false;
         link.attached = Some(Attachment {
             connection,
@@ -335,11 +353,21 @@ impl Session {
         match &link.attached {
             Some(a) if a.connection == connection => {
                 link.attached = None;
+                link.detached_at = Some(std::time::Instant::now());
                 Some(link.generation)
             }
             Some(_) => None,
             None => Some(link.generation),
         }
+    }
+
+    /// Since when no connection is attached, if none is.
+    fn detached_since(&self) -> Option<std::time::Instant> {
+        let link = self.link();
+        link.attached
+            .is_none()
+            .then_some(link.detached_at)
+            .flatten()
     }
 
     /// End the session if nobody attached since `generation`: the check and the end happen

@@ -223,3 +223,52 @@ async fn without_a_grace_period_a_drop_kills_at_once_and_resume_must_come_first(
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_client_that_keeps_dropping_connections_keeps_at_most_32_sessions_for_a_resume() {
+    let daemon = Daemon::start_with(&["--resume-grace", "120"]);
+    let m = marker();
+    let mut sessions = Vec::new();
+    for i in 0..34 {
+        let mut client = daemon.connect().await;
+        sessions.push(client.hello.session.clone());
+        let mut r = req("job", &marked_sleep(&m));
+        r.timeout = Some(120.0);
+        client.send(&ClientMessage::Exec(r)).await;
+        // Earlier sessions past the 32 kept ones have been ended already.
+        let expected = i.min(32) + 1;
+        assert!(
+            eventually(PATIENCE, || sleepers(&m).len() == expected).await,
+            "command {i}: {} running",
+            sleepers(&m).len()
+        );
+        cut(client);
+        // Wait for the daemon to see the drop before the next one.
+        assert!(
+            eventually(PATIENCE, || daemon
+                .log()
+                .matches("session kept for a resume")
+                .count()
+                > i)
+            .await
+        );
+    }
+    // The two oldest sessions were ended, their commands killed on the host.
+    assert!(
+        eventually(PATIENCE, || sleepers(&m).len() == 32).await,
+        "{} commands left",
+        sleepers(&m).len()
+    );
+    let mut late = daemon.connect().await;
+    late.send(&ClientMessage::Resume(ResumeRequest {
+        session: sessions[0].clone(),
+        awaiting: vec!["job".into()],
+    }))
+    .await;
+    assert!(
+        matches!(late.recv().await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::NotFound)
+    );
+    // Control: the newest is still there, its command running.
+    let (_client, running) = resume(&daemon, &sessions[33], &["job"]).await;
+    assert_eq!(running, vec!["job".to_string()]);
+}
