@@ -232,17 +232,27 @@ pub fn plan_command(
     })
 }
 
-/// Landlock rules are an allow-list: a path beneath an allowed one cannot be carved out. When
-/// commands would run as the daemon's own user (so file modes do not protect its files either)
-/// and without a mount namespace (so nothing is covered), refuse rather than expose them.
+/// The landlock rule that opens `path`, for a sandbox that relies on landlock alone (no mount
+/// namespace covers anything). Landlock rules are an allow-list: a path beneath an allowed
+/// one cannot be carved out.
+fn landlock_rule_opening<'a>(sandbox: &'a SandboxPlan, path: &Path) -> Option<&'a PathBuf> {
+    let (Some(rules), None) = (&sandbox.landlock, &sandbox.mounts) else {
+        return None;
+    };
+    rules
+        .read
+        .iter()
+        .chain(&rules.write)
+        .find(|r| path.starts_with(r))
+}
+
+/// When commands would run as the daemon's own user (so file modes do not protect its files
+/// either) and only landlock confines them, refuse rather than expose the daemon's files.
 fn check_daemon_files(
     profile: &Profile,
     settings: &PlanSettings,
     sandbox: &SandboxPlan,
 ) -> Result<(), PlanError> {
-    let (Some(rules), None) = (&sandbox.landlock, &sandbox.mounts) else {
-        return Ok(());
-    };
     let same_user = sandbox
         .user
         .is_none_or(|(uid, _)| uid == settings.daemon_uid);
@@ -251,12 +261,7 @@ fn check_daemon_files(
     }
     let files = std::iter::once(&settings.state_dir).chain(&settings.daemon_files);
     for file in files {
-        if let Some(rule) = rules
-            .read
-            .iter()
-            .chain(&rules.write)
-            .find(|r| file.starts_with(r))
-        {
+        if let Some(rule) = landlock_rule_opening(sandbox, file) {
             return Err(PlanError::DaemonFilesExposed {
                 profile: profile.name.clone(),
                 file: file.clone(),
@@ -276,15 +281,7 @@ fn check_private_workspaces(
     root: &Path,
     sandbox: &SandboxPlan,
 ) -> Result<(), PlanError> {
-    let (Some(rules), None) = (&sandbox.landlock, &sandbox.mounts) else {
-        return Ok(());
-    };
-    match rules
-        .read
-        .iter()
-        .chain(&rules.write)
-        .find(|r| root.starts_with(r))
-    {
+    match landlock_rule_opening(sandbox, root) {
         Some(rule) => Err(PlanError::PrivateWorkspaceExposed {
             profile: profile.name.clone(),
             dir: root.to_path_buf(),
