@@ -323,8 +323,9 @@ async fn only_stdio_descriptors_reach_a_sandboxed_command() {
             fds
         };
         // The new command line shows before execve(2) has closed the close-on-exec
-        // descriptors, so give the exec a moment; a real leak stays.
-        executor_tests::eventually(PATIENCE_SHORT, || fds() == vec![0, 1, 2]).await;
+        // descriptors, so give the exec a moment (a loaded machine may take seconds); a real
+        // leak stays.
+        executor_tests::eventually(executor_tests::PATIENCE, || fds() == vec![0, 1, 2]).await;
         assert_eq!(fds(), vec![0, 1, 2], "[{profile}] host view; inside: {out}");
         // Inside, `ls` sees its own 0-2 plus the directory it reads.
         assert_eq!(out.trim(), "0 1 2 3", "[{profile}] inside view");
