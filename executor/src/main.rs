@@ -270,6 +270,8 @@ struct Setup {
     engine: Engine,
     probe: BTreeMap<String, Result<Vec<String>, String>>,
     cgroups: cgroup::CgroupRoot,
+    /// Profiles loaded but not offered, with the reason (for the hello).
+    not_offered: Vec<protocol::NotOffered>,
 }
 
 /// Which profiles the engine offers and which one it uses by default.
@@ -277,8 +279,11 @@ struct Setup {
 struct ProfileChoice<'a> {
     /// Directory of extra profiles.
     dir: Option<&'a std::path::Path>,
-    /// Only these may be used (empty: all).
+    /// Only these may be used (empty: all, or with `safe_default` those offered by default).
     allow: &'a [String],
+    /// Without an allow list, offer only the profiles that confine commands and write nothing
+    /// other profiles run (`serve`); `run` and `check` are the operator's own and see all.
+    safe_default: bool,
     /// Default profile instead of the strongest available.
     default: Option<String>,
     /// Probe every profile (for the hello and `check`), or only what choosing a default needs.
@@ -301,11 +306,35 @@ async fn setup(
             profiles.insert(profile.name.clone(), profile);
         }
     }
+    let mut not_offered = Vec::new();
     if !choice.allow.is_empty() {
         if let Some(unknown) = choice.allow.iter().find(|n| !profiles.contains_key(*n)) {
             bail!("--allow-profile {unknown}: no such profile");
         }
+        for name in profiles.keys().filter(|n| !choice.allow.contains(n)) {
+            not_offered.push(protocol::NotOffered {
+                name: name.clone(),
+                reason: "not in the operator's --allow-profile list".into(),
+            });
+        }
         profiles.retain(|name, _| choice.allow.contains(name));
+    } else if choice.safe_default {
+        let all: Vec<Profile> = profiles.values().cloned().collect();
+        profiles.retain(|name, profile| {
+            let offered = profile.offered_by_default(&all);
+            if !offered {
+                let why = if profile.confines_filesystem() {
+                    "it writes files that other profiles' commands run (the host's system directories)"
+                } else {
+                    "it does not confine the filesystem"
+                };
+                not_offered.push(protocol::NotOffered {
+                    name: name.clone(),
+                    reason: format!("offered only when the operator names it with --allow-profile: {why}"),
+                });
+            }
+            offered
+        });
     }
     let default_profile = choice.default;
     let plan_settings = PlanSettings {
@@ -347,6 +376,7 @@ async fn setup(
         engine,
         probe,
         cgroups,
+        not_offered,
     })
 }
 
@@ -447,6 +477,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             engine,
             probe,
             cgroups,
+            not_offered,
         } = setup(
             limits.clone(),
             interpreter.clone(),
@@ -467,6 +498,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 allow: &args.allow_profiles,
                 default: args.default_profile.clone(),
                 probe_all: true,
+                safe_default: true,
             },
             spawner,
         )
@@ -483,9 +515,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         };
         let client_names = clients.names();
         let workspaces = workspaces::Workspaces::new(workspaces_root, workspace_owner(&engine));
-        // Scratch of sessions a previous daemon could not end (it was killed).
-        workspaces::remove(&workspaces.scratch_root())
-            .context("cannot remove the scratch workspaces a previous daemon left")?;
+        // Scratch of sessions a previous daemon could not end (it was killed). Whatever
+        // cannot be removed is set aside and logged: it never stops a start.
+        workspaces.clear_leftovers();
         let mut totals = cgroup::TotalLimits::host_default();
         if let Some(n) = args.max_total_processes {
             totals.processes = n;
@@ -519,6 +551,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             limits,
             interpreter,
             workspace: workspace.display().to_string(),
+            not_offered,
             ..protocol::Hello::default()
         };
         let daemon = Arc::new(server::Daemon::new(
@@ -890,6 +923,7 @@ fn check() -> anyhow::Result<ExitCode> {
         engine,
         probe,
         cgroups,
+        ..
     } = rt.block_on(setup(
         default_limits(),
         vec!["bash".into(), "-c".into()],

@@ -295,7 +295,7 @@ pub async fn end_session(daemon: &Daemon, session: &Session) {
         match removed {
             Ok(Ok(())) => {}
             Ok(Err((dir, err))) => {
-                tracing::error!(dir = %dir.display(), err = format!("{err:#}"), "cannot remove a session's scratch workspace")
+                tracing::error!(dir = %dir.display(), %err, "cannot remove a session's scratch workspace; the next start removes it")
             }
             Err(err) => tracing::error!(%err, "scratch removal panicked"),
         }
