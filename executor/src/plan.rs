@@ -65,6 +65,9 @@ pub struct SandboxPlan {
     pub deny_inet: bool,
     /// seccomp also refuses SysV IPC (no IPC namespace: its keys would reach the host's).
     pub deny_sysv_ipc: bool,
+    /// seccomp allows limits, priorities and scheduling changes on the caller only (no pid
+    /// namespace: other processes of the same uid are reachable by pid).
+    pub own_process_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -345,46 +348,42 @@ fn plan_sandbox(
         .filesystem
         .as_ref()
         .filter(|_| has(Namespace::Mount))
-        .map(|fs| MountPlan {
-            root: fs.root,
-            read_only: fs
-                .read_only
-                .iter()
-                .map(|g| expand(&g.path))
-                .chain(
-                    settings
-                        .loader_files
-                        .iter()
-                        .filter(|_| fs.root == RootMode::Host)
-                        .cloned(),
-                )
-                .collect(),
-            writable: fs.writable.iter().map(|g| expand(&g.path)).collect(),
-            pins: if fs.root == RootMode::Host {
-                ancestors(&settings.loader_files)
-            } else {
-                Vec::new()
-            },
-            hidden: fs
+        .map(|fs| {
+            let host = fs.root == RootMode::Host;
+            let hidden: Vec<PathBuf> = fs
                 .hidden
                 .iter()
                 .map(|g| expand(&g.path))
-                .chain(
-                    // The host's root shows the daemon's files wherever they are: cover them.
-                    settings
-                        .daemon_files
-                        .iter()
-                        .filter(|_| fs.root == RootMode::Host)
-                        .cloned(),
-                )
-                .collect(),
-            // A writable path wins over a tmpfs at the same place (`executor run` in /tmp).
-            tmpfs: fs
-                .tmpfs
-                .iter()
-                .map(|t| (expand(&t.path), t.size_mb * MIB))
-                .filter(|(path, _)| !fs.writable.iter().any(|w| expand(&w.path) == *path))
-                .collect(),
+                // The host's root shows the daemon's files wherever they are: cover them.
+                .chain(settings.daemon_files.iter().filter(|_| host).cloned())
+                .collect();
+            MountPlan {
+                root: fs.root,
+                read_only: fs
+                    .read_only
+                    .iter()
+                    .map(|g| expand(&g.path))
+                    .chain(settings.loader_files.iter().filter(|_| host).cloned())
+                    .collect(),
+                writable: fs.writable.iter().map(|g| expand(&g.path)).collect(),
+                // A cover protects a path, not what lies there: renaming a directory above it
+                // would move the real file out from under the cover (and a new, empty
+                // directory would take its place). Every directory above a covered or
+                // read-only file is pinned.
+                pins: if host {
+                    ancestors(settings.loader_files.iter().chain(&hidden))
+                } else {
+                    Vec::new()
+                },
+                hidden,
+                // A writable path wins over a tmpfs at the same place (`executor run` in /tmp).
+                tmpfs: fs
+                    .tmpfs
+                    .iter()
+                    .map(|t| (expand(&t.path), t.size_mb * MIB))
+                    .filter(|(path, _)| !fs.writable.iter().any(|w| expand(&w.path) == *path))
+                    .collect(),
+            }
         });
 
     let landlock = profile
@@ -461,14 +460,14 @@ fn plan_sandbox(
         seccomp: profile.seccomp,
         deny_inet: profile.seccomp && profile.network == Network::None && !has(Namespace::Net),
         deny_sysv_ipc: profile.seccomp && !has(Namespace::Ipc),
+        own_process_only: profile.seccomp && !has(Namespace::Pid),
         namespaces,
     }
 }
 
 /// Every directory above `paths`, except the root, parents first, without repeats.
-fn ancestors(paths: &[PathBuf]) -> Vec<PathBuf> {
+fn ancestors<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = paths
-        .iter()
         .flat_map(|p| p.ancestors().skip(1))
         .filter(|d| d.parent().is_some())
         .map(PathBuf::from)
@@ -649,7 +648,7 @@ mod tests {
         // A root daemon runs landlock commands as nobody; no network means no IP sockets, no
         // IPC namespace means no SysV IPC.
         assert_eq!(sandbox.user, Some((65534, 65534)));
-        assert!(sandbox.deny_inet && sandbox.deny_sysv_ipc);
+        assert!(sandbox.deny_inet && sandbox.deny_sysv_ipc && sandbox.own_process_only);
         assert_eq!(sandbox.capabilities, Some(vec![]));
         let landlock = sandbox.landlock.as_ref().unwrap();
         assert!(landlock.read.contains(&PathBuf::from("/proc")));
@@ -685,12 +684,22 @@ mod tests {
             mounts.read_only,
             [PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6")]
         );
+        // Every directory above a covered or read-only path, so none can be renamed away
+        // from under its cover.
         assert_eq!(
             mounts.pins,
             [
-                PathBuf::from("/usr"),
+                PathBuf::from("/srv"),
+                "/sys".into(),
+                "/usr".into(),
+                "/var".into(),
+                "/srv/state".into(),
+                "/sys/fs".into(),
                 "/usr/lib".into(),
-                "/usr/lib/x86_64-linux-gnu".into()
+                "/usr/local".into(),
+                "/var/log".into(),
+                "/usr/lib/x86_64-linux-gnu".into(),
+                "/usr/local/bin".into(),
             ]
         );
         let caps = sandbox.capabilities.as_ref().unwrap();
