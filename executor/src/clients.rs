@@ -282,6 +282,7 @@ impl ClientTable {
                 metrics: entry.metrics,
             }));
         }
+        check_isolation(&clients, profiles)?;
         Ok(Self { clients })
     }
 
@@ -322,6 +323,45 @@ impl ClientTable {
     pub fn names(&self) -> Vec<String> {
         self.clients.iter().map(|c| c.name.clone()).collect()
     }
+}
+
+/// Clients with a private workspace are promised isolation from every other client. A profile
+/// that writes files other profiles' commands run (task-container writes the host's `/usr`,
+/// which strict and landlock execute from; `trusted` writes anything) would let its client
+/// plant code that runs in theirs: no client may be allowed one while any client has a
+/// private workspace.
+fn check_isolation(
+    clients: &[Arc<Client>],
+    profiles: &BTreeMap<String, Profile>,
+) -> Result<(), String> {
+    let Some(private) = clients
+        .iter()
+        .find(|c| c.workspace != WorkspacePolicy::Shared)
+    else {
+        return Ok(());
+    };
+    for client in clients {
+        let writer = profiles
+            .values()
+            .filter(|p| client.may_use(&p.name))
+            .find(|p| p.writes_shared_files(profiles.values()));
+        if let Some(writer) = writer {
+            return Err(format!(
+                "client {:?} may use profile {:?}, which writes files that other clients' \
+                 commands run, while client {:?} has a private workspace: {:?} could plant code \
+                 that runs in {:?}'s commands. List {:?}'s profiles without {:?}, or serve it \
+                 from a daemon of its own",
+                client.name,
+                writer.name,
+                private.name,
+                client.name,
+                private.name,
+                client.name,
+                writer.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
@@ -584,6 +624,40 @@ mod tests {
         // Control: private workspaces with confining profiles only are fine.
         table(&format!(
             r#"{{"clients":[{{"name":"a","token":"{A}","workspace":"per_client","profiles":["strict","landlock"]}}]}}"#
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn a_profile_that_writes_what_others_run_cannot_share_a_daemon_with_a_private_workspace() {
+        let private = r#"{"name":"p","token":"PPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPP","workspace":"per_client","profiles":["strict","landlock"]}"#;
+        for other in ["task-container", "trusted"] {
+            let err = table(&format!(
+                r#"{{"clients":[{private},{{"name":"w","token":"{A}","profiles":["strict","{other}"]}}]}}"#
+            ))
+            .err()
+            .unwrap_or_default();
+            assert!(
+                err.contains(&format!("client \"w\" may use profile \"{other}\""))
+                    && err.contains("private workspace"),
+                "{other}: {err}"
+            );
+        }
+        // A client with no profiles list may use every profile, task-container included.
+        let err = table(&format!(
+            r#"{{"clients":[{private},{{"name":"w","token":"{A}"}}]}}"#
+        ))
+        .err()
+        .unwrap_or_default();
+        assert!(err.contains("may use profile"), "{err}");
+        // Controls: the same writer without any private workspace, and the private client with
+        // a neighbour confined to filtered profiles.
+        table(&format!(
+            r#"{{"clients":[{{"name":"w","token":"{A}","profiles":["task-container"]}},{{"name":"s","token":"{B}"}}]}}"#
+        ))
+        .unwrap();
+        table(&format!(
+            r#"{{"clients":[{private},{{"name":"w","token":"{A}","profiles":["strict","landlock"]}}]}}"#
         ))
         .unwrap();
     }
