@@ -181,6 +181,7 @@ pub fn confine_process(plan: &SandboxPlan) -> Result<(), SandboxError> {
         seccomp::install(seccomp::Extra {
             deny_inet: plan.deny_inet,
             deny_sysv_ipc: plan.deny_sysv_ipc,
+            own_process_only: plan.own_process_only,
         })?;
     }
     Ok(())
