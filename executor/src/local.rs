@@ -13,10 +13,52 @@ use tokio::sync::mpsc;
 use crate::engine::default_limits;
 use crate::runner::{OutputSink, StopReason};
 use crate::serve::host_facts;
-use crate::setup::{setup, ProfileChoice, Setup};
+use crate::setup::{setup, Paths, ProfileChoice, Setup};
 use crate::{
-    cgroup, default_state_dir, interpreter, request, runtime, server, RunArgs, TlsFingerprintArgs,
+    cgroup, default_state_dir, interpreter, request, runtime, server, workspaces, RunArgs,
+    TlsFingerprintArgs,
 };
+
+/// The home directory of one `executor run`: private to the command's identity, removed when
+/// the run ends.
+struct TempHome(std::path::PathBuf);
+
+impl TempHome {
+    fn create(owner: Option<(u32, u32)>) -> anyhow::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        for _ in 0..16 {
+            let mut bytes = [0u8; 8];
+            getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no random bytes: {e}"))?;
+            let dir = std::env::temp_dir().join(format!("executor-home-{}", hex::encode(bytes)));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(err) => {
+                    return Err(err).with_context(|| format!("cannot create {}", dir.display()))
+                }
+            }
+            let home = Self(dir);
+            if let Some((uid, gid)) = owner {
+                nix::unistd::chown(
+                    &home.0,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                )
+                .with_context(|| format!("cannot hand {} to uid {uid}", home.0.display()))?;
+            }
+            return Ok(home);
+        }
+        bail!("cannot find a free name for a home directory in the temporary directory")
+    }
+}
+
+impl Drop for TempHome {
+    fn drop(&mut self) {
+        if let Err(err) = workspaces::remove(&self.0) {
+            eprintln!("executor: cannot remove {}: {err}", self.0.display());
+        }
+    }
+}
 
 /// `executor run`: one command, output streamed to stdout, exit code passed on.
 pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -49,19 +91,33 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     let interpreter = interpreter(&args.common.interpreter)?;
     let rt = runtime()?;
     let Setup {
-        engine, cgroups, ..
+        mut engine,
+        cgroups,
+        ..
     } = rt.block_on(setup(
         limits,
         interpreter,
-        cwd.clone(),
-        default_state_dir(),
-        Vec::new(),
+        Paths {
+            workspace: cwd.clone(),
+            home: std::env::temp_dir(),
+            state_dir: default_state_dir(),
+            daemon_files: Vec::new(),
+        },
         ProfileChoice {
             default: valid.profile.clone(),
             ..ProfileChoice::default()
         },
         None,
     ))?;
+    // `{home}`: a directory of this run's own, as the command's identity, gone afterwards.
+    let owner = engine
+        .profiles
+        .get(valid.profile.as_deref().unwrap_or(&engine.default_profile))
+        .and_then(|p| p.user.as_ref())
+        .filter(|_| nix::unistd::geteuid().is_root())
+        .map(|u| (u.uid, u.gid));
+    let home = TempHome::create(owner)?;
+    engine.plan_settings.home = home.0.clone();
     let kept = engine.limits.max_output_bytes;
     let code = rt.block_on(async move {
         let (tx, mut rx) = mpsc::channel::<ServerMessage>(16);
@@ -114,9 +170,12 @@ pub(crate) fn check() -> anyhow::Result<ExitCode> {
     } = rt.block_on(setup(
         default_limits(),
         vec!["bash".into(), "-c".into()],
-        workspace,
-        default_state_dir(),
-        Vec::new(),
+        Paths {
+            workspace: workspace.clone(),
+            home: workspace,
+            state_dir: default_state_dir(),
+            daemon_files: Vec::new(),
+        },
         ProfileChoice {
             probe_all: true,
             ..ProfileChoice::default()

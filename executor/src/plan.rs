@@ -142,7 +142,7 @@ pub enum HelperReport {
 pub struct PlanSettings {
     pub interpreter: Vec<String>,
     pub workspace: PathBuf,
-    /// `HOME` of commands unless the profile or the request sets it.
+    /// `{home}` of commands whose request brings none of its own (probes, `executor run`).
     pub home: PathBuf,
     /// Substituted for `{state_dir}` in profiles.
     pub state_dir: PathBuf,
@@ -162,8 +162,8 @@ pub struct PlanSettings {
     pub cgroups: CgroupRoot,
 }
 
-/// What the client asked for, already validated by `crate::request`.
-#[derive(Debug, Clone, PartialEq)]
+/// What the client asked for, already validated by `crate::request`, and who asks.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CommandSpec {
     pub command: String,
     pub cwd: Option<PathBuf>,
@@ -173,6 +173,11 @@ pub struct CommandSpec {
     /// Where clients' private workspaces live, while any client has one: no command of any
     /// client may reach it (but through its own workspace).
     pub private_root: Option<PathBuf>,
+    /// The client's own uid and gid, replacing the unprivileged identity of profiles that
+    /// switch to one (so that clients' commands cannot reach each other's files and processes).
+    pub identity: Option<(u32, u32)>,
+    /// The client's home directory (`{home}` in profiles), writable by its commands only.
+    pub home: Option<PathBuf>,
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -212,14 +217,31 @@ pub fn plan_command(
     let mut argv = settings.interpreter.clone();
     argv.push(spec.command.clone());
 
+    let workspace = spec.workspace.as_ref().unwrap_or(&settings.workspace);
+    let home = spec.home.as_ref().unwrap_or(&settings.home);
+    let expand = |text: &str| -> String {
+        text.replace("{workspace}", &workspace.display().to_string())
+            .replace("{home}", &home.display().to_string())
+            .replace("{state_dir}", &settings.state_dir.display().to_string())
+            .replace(
+                "{executor_bin}",
+                &settings.executor_bin.display().to_string(),
+            )
+    };
     // Cleared environment, then HOME, the profile's defaults, the request: the request wins.
-    let mut env = BTreeMap::from([("HOME".to_string(), settings.home.display().to_string())]);
-    env.extend(profile.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut env = BTreeMap::from([("HOME".to_string(), home.display().to_string())]);
+    env.extend(profile.env.iter().map(|(k, v)| (k.clone(), expand(v))));
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 
-    let workspace = spec.workspace.as_ref().unwrap_or(&settings.workspace);
     let cgroups = plan_cgroups(profile, &settings.cgroups, serial);
-    let sandbox = plan_sandbox(profile, settings, workspace, &cgroups);
+    let mut sandbox = plan_sandbox(profile, settings, &expand, &cgroups);
+    // A client of its own identity runs as it wherever the profile would run an unprivileged
+    // uid (never in place of root, which the profile asks for, nor of the daemon's own).
+    if let (Some((uid, _)), Some(identity)) = (sandbox.user, spec.identity) {
+        if uid != 0 {
+            sandbox.user = Some(identity);
+        }
+    }
     check_daemon_files(profile, settings, &sandbox)?;
     if let Some(root) = &spec.private_root {
         check_private_workspaces(profile, root, &sandbox)?;
@@ -327,19 +349,10 @@ fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<Cgroup
 fn plan_sandbox(
     profile: &Profile,
     settings: &PlanSettings,
-    workspace: &Path,
+    expand_text: &dyn Fn(&str) -> String,
     cgroups: &[CgroupDir],
 ) -> SandboxPlan {
-    let expand = |path: &str| -> PathBuf {
-        PathBuf::from(
-            path.replace("{workspace}", &workspace.display().to_string())
-                .replace("{state_dir}", &settings.state_dir.display().to_string())
-                .replace(
-                    "{executor_bin}",
-                    &settings.executor_bin.display().to_string(),
-                ),
-        )
-    };
+    let expand = |path: &str| PathBuf::from(expand_text(path));
     let mut namespaces = profile.namespaces.clone();
     namespaces.sort();
     let has = |ns: Namespace| namespaces.contains(&ns);
@@ -539,8 +552,7 @@ mod tests {
             command: command.into(),
             cwd: None,
             env: BTreeMap::new(),
-            workspace: None,
-            private_root: None,
+            ..Default::default()
         }
     }
 

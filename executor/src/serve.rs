@@ -9,10 +9,10 @@ use anyhow::{bail, Context};
 use protocol::{HostFacts, Limits, ProfileSummary};
 
 use crate::engine::{default_limits, Engine};
-use crate::setup::{helper_exe, resolved, setup, ProfileChoice, Setup};
+use crate::setup::{helper_exe, resolved, setup, Paths, ProfileChoice, Setup};
 use crate::{
-    audit, cgroup, clients, default_state_dir, interpreter, runtime, server, spawner, sys,
-    token, workspaces, LogFormat, ServeArgs,
+    audit, cgroup, clients, default_state_dir, interpreter, runtime, server, spawner, sys, token,
+    workspaces, LogFormat, ServeArgs,
 };
 
 pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -42,8 +42,15 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| state_dir.join("workspace"));
     let workspace_created = !workspace.exists();
-    std::fs::create_dir_all(&workspace)
-        .with_context(|| format!("cannot create workspace {}", workspace.display()))?;
+    if workspace_created {
+        use std::os::unix::fs::DirBuilderExt;
+        // Closed to other users of the host; handed to the commands' identity below.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&workspace)
+            .with_context(|| format!("cannot create workspace {}", workspace.display()))?;
+    }
 
     if !(0.0..=86_400.0).contains(&args.resume_grace) {
         bail!("--resume-grace must be 0 to 86400 seconds");
@@ -97,6 +104,7 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let tls_key = tls.as_ref().map(|identity| identity.key_path.clone());
+    let tls_cert = tls.as_ref().map(|identity| identity.cert_path.clone());
 
     let audit_path = args
         .audit_log
@@ -116,18 +124,28 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
         } = setup(
             limits.clone(),
             interpreter.clone(),
-            workspace.clone(),
-            state_dir.clone(),
-            // The TLS key is a secret like the token: covered wherever it is.
-            [
-                credentials.clone(),
-                audit_path.clone(),
-                workspaces_root.clone(),
-            ]
-            .into_iter()
-            .chain(tls_key)
-            .map(|path| resolved(&path))
-            .collect(),
+            Paths {
+                workspace: workspace.clone(),
+                // Every command through the server has its client's home; probes get the
+                // directory holding them, which they cannot write.
+                home: workspaces_root.join("home"),
+                state_dir: state_dir.clone(),
+                // The TLS key is a secret like the token: covered wherever it is. The profiles
+                // directory and the certificate are not secret, but a command that rewrote
+                // them would weaken the next start.
+                daemon_files: [
+                    Some(credentials.clone()),
+                    Some(audit_path.clone()),
+                    Some(workspaces_root.clone()),
+                    tls_key,
+                    tls_cert,
+                    args.profiles_dir.clone(),
+                ]
+                .into_iter()
+                .flatten()
+                .map(|path| resolved(&path))
+                .collect(),
+            },
             ProfileChoice {
                 dir: args.profiles_dir.as_deref(),
                 allow: &args.allow_profiles,
@@ -264,17 +282,24 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// The state directory holds the token and the audit log: only the daemon's user may enter.
+/// The state directory holds the token, the audit log and the workspaces.
 fn create_private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .with_context(|| format!("cannot create state directory {}", dir.display()))?;
-    let mode = std::fs::metadata(dir)?.permissions().mode();
-    if mode & 0o077 != 0 {
-        tracing::warn!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777), "state directory is open to other users");
+    let meta = std::fs::metadata(dir)?;
+    let mode = meta.permissions().mode() & 0o777;
+    let root = nix::unistd::geteuid().is_root();
+    // A root daemon runs commands as other uids, whose paths to their workspaces and homes
+    // lead through here: they may enter (0711) but not list. Everything secret in it is 0600.
+    if root && meta.uid() == 0 && mode != 0o711 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+            .with_context(|| format!("cannot set the mode of state directory {}", dir.display()))?;
+    } else if mode & 0o066 != 0 {
+        tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"), "state directory is open to other users");
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use protocol::Limits;
 use crate::engine::Engine;
 use crate::plan::PlanSettings;
 use crate::profile::Profile;
-use crate::{cgroup, home_dir, spawner};
+use crate::{cgroup, spawner};
 
 /// Where the executor binary lies, for profiles that hide it.
 pub(crate) fn executor_bin() -> anyhow::Result<PathBuf> {
@@ -59,12 +59,22 @@ pub(crate) struct ProfileChoice<'a> {
     pub(crate) probe_all: bool,
 }
 
+/// Where commands work and what the sandbox must keep from them.
+pub(crate) struct Paths {
+    /// Default working directory.
+    pub(crate) workspace: PathBuf,
+    /// `{home}` of commands whose client brings none (probes, `executor run`).
+    pub(crate) home: PathBuf,
+    pub(crate) state_dir: PathBuf,
+    /// The daemon's files outside the state directory: covered, and never opened by landlock
+    /// rules (see [`PlanSettings::daemon_files`]).
+    pub(crate) daemon_files: Vec<PathBuf>,
+}
+
 pub(crate) async fn setup(
     limits: Limits,
     interpreter: Vec<String>,
-    workspace: PathBuf,
-    state_dir: PathBuf,
-    daemon_files: Vec<PathBuf>,
+    paths: Paths,
     choice: ProfileChoice<'_>,
     spawner: Option<spawner::Spawner>,
 ) -> anyhow::Result<Setup> {
@@ -108,11 +118,11 @@ pub(crate) async fn setup(
     let default_profile = choice.default;
     let plan_settings = PlanSettings {
         interpreter,
-        workspace,
-        home: home_dir(),
-        state_dir,
+        workspace: paths.workspace,
+        home: paths.home,
+        state_dir: paths.state_dir,
         executor_bin: executor_bin()?,
-        daemon_files,
+        daemon_files: paths.daemon_files,
         daemon_uid: nix::unistd::geteuid().as_raw(),
         loader_files: loader_files(),
         cgroups: cgroups.clone(),

@@ -1,5 +1,6 @@
-//! Private workspaces: one per client, or scratch per session, under one root in the state
-//! directory (which every profile that shows the host's root covers, and landlock never opens).
+//! Private workspaces and homes: one per client, or scratch per session, under one root in the
+//! state directory (which every profile that shows the host's root covers, and landlock never
+//! opens but for the client's own).
 //! Removing one is `removal.rs`.
 
 mod removal;
@@ -30,6 +31,13 @@ impl Workspaces {
 
     pub fn of_client(&self, name: &str) -> PathBuf {
         self.root.join("client").join(name)
+    }
+
+    /// A client's home directory (`HOME` in profiles that use `{home}`): private to the
+    /// client, so no other client can plant configuration its programs read (`.gitconfig`,
+    /// Python's user site-packages).
+    pub fn home_of(&self, name: &str) -> PathBuf {
+        self.root.join("home").join(name)
     }
 
     /// Where sessions' scratch directories go (each named by its session id).
@@ -83,10 +91,33 @@ impl Workspaces {
         }
     }
 
-    /// Create `dir` (a client's or a session's) if it is missing, owned by the commands'
-    /// identity and closed to everyone else.
-    pub fn ensure(&self, dir: &Path) -> anyhow::Result<()> {
-        if dir.is_dir() {
+    /// Who owns a directory made for a client: its own identity when it has one, else the
+    /// default profile's; nobody (the daemon's user) when the daemon is not root.
+    pub fn owner_for(&self, identity: Option<(u32, u32)>) -> Option<(u32, u32)> {
+        self.owner.map(|default| identity.unwrap_or(default))
+    }
+
+    /// Create `dir` (a client's workspace or home, a session's scratch) if it is missing,
+    /// owned by `owner` (see [`Self::owner_for`]) and closed to everyone else. One that exists
+    /// must belong to `owner` already: its commands could not write it otherwise (a client's
+    /// uid changed in the clients file, say), and the daemon does not chown trees a command
+    /// wrote.
+    pub fn ensure(&self, dir: &Path, owner: Option<(u32, u32)>) -> anyhow::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(meta) = std::fs::symlink_metadata(dir) {
+            if !meta.is_dir() {
+                anyhow::bail!("{} is not a directory", dir.display());
+            }
+            if let Some((uid, _)) = owner {
+                if meta.uid() != uid {
+                    anyhow::bail!(
+                        "{} belongs to uid {}, but this client's commands run as uid {uid}; \
+                         chown -R {uid}:{uid} it (or remove it)",
+                        dir.display(),
+                        meta.uid()
+                    );
+                }
+            }
             return Ok(());
         }
         if let Some(parent) = dir.parent() {
@@ -98,19 +129,20 @@ impl Workspaces {
         }
         match std::fs::DirBuilder::new().mode(0o700).create(dir) {
             Ok(()) => {}
-            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+                return self.ensure(dir, owner)
+            }
             Err(err) => {
-                return Err(err)
-                    .with_context(|| format!("cannot create workspace {}", dir.display()))
+                return Err(err).with_context(|| format!("cannot create {}", dir.display()))
             }
         }
-        if let Some((uid, gid)) = self.owner {
+        if let Some((uid, gid)) = owner {
             nix::unistd::chown(
                 dir,
                 Some(nix::unistd::Uid::from_raw(uid)),
                 Some(nix::unistd::Gid::from_raw(gid)),
             )
-            .with_context(|| format!("cannot hand workspace {} to uid {uid}", dir.display()))?;
+            .with_context(|| format!("cannot hand {} to uid {uid}", dir.display()))?;
         }
         Ok(())
     }
