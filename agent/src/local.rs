@@ -101,6 +101,13 @@ impl LocalExecutor {
             .arg(state.path())
             .arg("--workspace")
             .arg(workspace)
+            // We are its only client and the user's own: every profile is ours to choose from
+            // (a shared executor offers only the filtered ones unless its operator says so).
+            .args(
+                crate::environment::PROFILE_PREFERENCE
+                    .iter()
+                    .flat_map(|name| ["--allow-profile", name]),
+            )
             // Our end of this pipe is the executor's lifeline: when we die, even by SIGKILL,
             // it drains and exits.
             .arg("--exit-on-stdin-eof")

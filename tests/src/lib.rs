@@ -21,6 +21,19 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+/// `serve` flags that offer every built-in profile: `trusted` and `task-container` (which writes
+/// the host's system files) are offered only when the operator names them.
+pub const ALLOW_ALL_PROFILES: [&str; 8] = [
+    "--allow-profile",
+    "strict",
+    "--allow-profile",
+    "landlock",
+    "--allow-profile",
+    "task-container",
+    "--allow-profile",
+    "trusted",
+];
+
 /// How long any single wait in a test may take before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -910,5 +923,55 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.acceptor.abort();
         self.cut();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clients files and scratch filesystems for the suites.
+// ---------------------------------------------------------------------------------------------
+
+/// Write `json` as a private clients file (mode 0600) in a directory of its own.
+pub fn clients_file(json: &serde_json::Value) -> (tempfile::TempDir, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clients.json");
+    std::fs::write(&path, serde_json::to_string_pretty(json).unwrap()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (dir, path)
+}
+
+/// A tmpfs mounted on a directory of its own (needs root), unmounted when dropped: for state
+/// directories whose trees a case makes huge (the test machines' disks discard on every
+/// removal, at milliseconds a directory).
+pub struct Tmpfs {
+    pub dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn mount() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("executor-tmpfs-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=0755,size=1g", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount tmpfs on {}", dir.path().display());
+        Self { dir }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }

@@ -81,7 +81,7 @@ async fn a_same_uid_command_cannot_read_the_daemons_memory_or_environment() {
     // Run the daemon as an unprivileged user, so its commands share its uid and hold no
     // capability: only the daemon's non-dumpable flag stands between them and its memory.
     const NOBODY: u32 = 65534;
-    let daemon = executor_tests::Daemon::start_as_user(NOBODY, &[]);
+    let daemon = executor_tests::Daemon::start_as_user(NOBODY, &executor_tests::ALLOW_ALL_PROFILES);
     let mut client = daemon.connect().await;
     let pid = daemon.pid();
     let probe = |target: u32| {

@@ -1,11 +1,11 @@
 //! Ordinary commands: output, exit codes, cwd, env, stdin, sessions.
 
-use executor_tests::{req, Daemon};
+use executor_tests::{req, Daemon, ALLOW_ALL_PROFILES};
 use protocol::{Ending, PROTOCOL_VERSION};
 
 #[tokio::test]
 async fn hello_describes_the_daemon() {
-    let daemon = Daemon::start();
+    let daemon = Daemon::start_with(&ALLOW_ALL_PROFILES);
     let client = daemon.connect().await;
     let hello = &client.hello;
     assert_eq!(hello.protocol, PROTOCOL_VERSION);
@@ -31,6 +31,43 @@ async fn hello_describes_the_daemon() {
     assert_eq!(hello.interpreter, vec!["bash", "-c"]);
     assert_eq!(hello.workspace, daemon.workspace.display().to_string());
     assert!(hello.limits.max_command_bytes > 0);
+    assert!(hello.not_offered.is_empty(), "{:?}", hello.not_offered);
+}
+
+#[tokio::test]
+async fn by_default_only_the_filtered_profiles_are_offered_and_the_hello_says_why() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let offered: Vec<&str> = client
+        .hello
+        .profiles
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(offered, ["landlock", "strict"]);
+    let not_offered: Vec<&str> = client
+        .hello
+        .not_offered
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(not_offered, ["task-container", "trusted"]);
+    for p in &client.hello.not_offered {
+        assert!(p.reason.contains("--allow-profile"), "{p:?}");
+    }
+    // Asking for one is refused, and nothing ran on the host.
+    for profile in ["trusted", "task-container"] {
+        let m = executor_tests::marker();
+        let mut r = req(profile, &format!("touch /tmp/ran-{m}"));
+        r.profile = Some(profile.into());
+        let err = client.exec(r).await.result.unwrap_err();
+        assert_eq!(err.code, protocol::ErrorCode::ProfileDenied, "{err:?}");
+        assert!(!std::path::Path::new(&format!("/tmp/ran-{m}")).exists());
+    }
+    // Control: a filtered profile runs.
+    let mut r = req("l", "id -u");
+    r.profile = Some("landlock".into());
+    assert_eq!(client.exec(r).await.result.unwrap().output, "65534\n");
 }
 
 #[tokio::test]
@@ -239,7 +276,7 @@ async fn only_stdio_descriptors_reach_the_command() {
 async fn commands_start_with_default_signal_dispositions_and_an_empty_mask() {
     // Rust ignores SIGPIPE and the helper blocks SIGCHLD; neither may leak into a command, or
     // `yes | head` never stops and shells misbehave. Checked on the host, in /proc.
-    let daemon = Daemon::start();
+    let daemon = Daemon::start_with(&ALLOW_ALL_PROFILES);
     let mut client = daemon.connect().await;
     for profile in ["strict", "landlock", "task-container", "trusted"] {
         let m = executor_tests::marker();

@@ -168,6 +168,10 @@ async fn metrics_count_every_outcome_connection_byte_and_limit_exactly() {
     let daemon = Daemon::start_with(&[
         "--profiles-dir",
         profiles.path().to_str().unwrap(),
+        "--allow-profile",
+        "strict",
+        "--allow-profile",
+        "few",
         "--max-output-bytes",
         "1000",
     ]);

@@ -12,7 +12,19 @@ async fn a_profile_from_a_directory_is_offered_and_applied() {
     custom["name"] = "custom".into();
     custom["env"]["CUSTOM_MARK"] = "from-the-profile-dir".into();
     std::fs::write(dir.path().join("custom.json"), custom.to_string()).unwrap();
-    let daemon = Daemon::start_with(&["--profiles-dir", dir.path().to_str().unwrap()]);
+    // Like trusted, it confines nothing: offered only when named.
+    let unnamed = Daemon::start_with(&["--profiles-dir", dir.path().to_str().unwrap()]);
+    let hello = unnamed.connect().await.hello;
+    assert!(!hello.profiles.iter().any(|p| p.name == "custom"));
+    assert!(hello.not_offered.iter().any(|p| p.name == "custom"));
+    let daemon = Daemon::start_with(&[
+        "--profiles-dir",
+        dir.path().to_str().unwrap(),
+        "--allow-profile",
+        "custom",
+        "--allow-profile",
+        "trusted",
+    ]);
     let mut client = daemon.connect().await;
     let offered = client.hello.profiles.iter().find(|p| p.name == "custom");
     assert!(
@@ -54,7 +66,14 @@ async fn an_invalid_profile_file_stops_the_daemon_from_starting() {
 
 #[tokio::test]
 async fn only_allowed_profiles_can_be_used() {
-    let daemon = Daemon::start_with(&["--allow-profile", "strict", "--allow-profile", "landlock"]);
+    let daemon = Daemon::start_with(&[
+        "--allow-profile",
+        "strict",
+        "--allow-profile",
+        "landlock",
+        "--allow-profile",
+        "task-container",
+    ]);
     let mut client = daemon.connect().await;
     let names: Vec<&str> = client
         .hello
@@ -62,7 +81,7 @@ async fn only_allowed_profiles_can_be_used() {
         .iter()
         .map(|p| p.name.as_str())
         .collect();
-    assert_eq!(names, ["landlock", "strict"]);
+    assert_eq!(names, ["landlock", "strict", "task-container"]);
     let mut r = req("t", "id -u");
     r.profile = Some("trusted".into());
     let err = client.exec(r).await.result.unwrap_err();

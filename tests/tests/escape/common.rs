@@ -258,6 +258,12 @@ pub fn daemon_with(mut opts: DaemonOptions) -> Option<TestDaemon> {
     let workspace = root.path().join("workspace");
     opts.extra
         .extend(["--workspace".to_string(), workspace.display().to_string()]);
+    // The suite attacks every profile, trusted and task-container included, unless a case
+    // names its own.
+    if !opts.extra.iter().any(|a| a == "--allow-profile") {
+        opts.extra
+            .extend(executor_tests::ALLOW_ALL_PROFILES.map(String::from));
+    }
     // A token file named by the case replaces the one in the state directory.
     let token_file = opts
         .extra

@@ -118,7 +118,7 @@ async fn landlock_never_exposes_a_token_whose_state_dir_lies_under_writable_tmp(
     // The harness's usual state directory is under /tmp, which landlock's profile makes
     // writable, and landlock cannot carve an exception out of an allowed tree. The daemon must
     // then refuse the profile (fail closed) rather than run the command next to its token.
-    let daemon = Daemon::start();
+    let daemon = Daemon::start_with(&executor_tests::ALLOW_ALL_PROFILES);
     assert!(daemon.state.path().starts_with("/tmp"));
     let mut client = daemon.connect().await;
     let s = daemon.state.path().display();

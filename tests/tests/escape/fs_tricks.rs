@@ -25,6 +25,9 @@ async fn a_symlink_planted_at_the_audit_log_is_not_followed() {
     std::fs::write(&victim, "victim\n").unwrap();
     let target = victim.clone();
     let started = Daemon::try_start_opts(DaemonOptions {
+        extra: executor_tests::ALLOW_ALL_PROFILES
+            .map(String::from)
+            .to_vec(),
         prepare: Some(Box::new(move |state| {
             symlink(&target, state.join("audit.jsonl")).unwrap();
         })),
@@ -44,7 +47,7 @@ async fn a_symlink_planted_at_the_audit_log_is_not_followed() {
     );
     // Control: with a plain state directory the same command is audited, so the daemon does
     // write the audit log when it runs a command.
-    let daemon = Daemon::start();
+    let daemon = Daemon::start_with(&executor_tests::ALLOW_ALL_PROFILES);
     let mut client = daemon.connect().await;
     run_in(&mut client, TRUSTED, "audited", "echo audited").await;
     assert!(
@@ -59,6 +62,9 @@ async fn a_dangling_symlink_planted_at_the_token_does_not_receive_the_token() {
     let victim = victims.path().join("stolen-token");
     let target = victim.clone();
     let started = Daemon::try_start_opts(DaemonOptions {
+        extra: executor_tests::ALLOW_ALL_PROFILES
+            .map(String::from)
+            .to_vec(),
         prepare: Some(Box::new(move |state| {
             symlink(&target, state.join("token")).unwrap();
         })),
@@ -71,7 +77,7 @@ async fn a_dangling_symlink_planted_at_the_token_does_not_receive_the_token() {
         started.is_ok()
     );
     // Control: a plain state directory does get a token file.
-    let daemon = Daemon::start();
+    let daemon = Daemon::start_with(&executor_tests::ALLOW_ALL_PROFILES);
     assert!(daemon.state.path().join("token").is_file());
     assert!(!daemon.token.is_empty());
 }
@@ -84,6 +90,9 @@ async fn a_symlink_planted_at_the_token_does_not_choose_the_token() {
     std::fs::write(&planted, "attacker-chosen-token-0123456789abcdef\n").unwrap();
     let target = planted.clone();
     let started = Daemon::try_start_opts(DaemonOptions {
+        extra: executor_tests::ALLOW_ALL_PROFILES
+            .map(String::from)
+            .to_vec(),
         prepare: Some(Box::new(move |state| {
             symlink(&target, state.join("token")).unwrap();
         })),
@@ -98,7 +107,7 @@ async fn a_symlink_planted_at_the_token_does_not_choose_the_token() {
         );
     }
     // Control: the daemon's real token does authenticate.
-    let daemon = Daemon::start();
+    let daemon = Daemon::start_with(&executor_tests::ALLOW_ALL_PROFILES);
     assert!(Client::connect(&daemon.url, Some(&daemon.token))
         .await
         .is_ok());

@@ -370,7 +370,7 @@ async fn an_unprivileged_daemon_fails_closed_instead_of_downgrading() {
     ) {
         return;
     }
-    let daemon = Daemon::start_as_user(65534, &[]);
+    let daemon = Daemon::start_as_user(65534, &executor_tests::ALLOW_ALL_PROFILES);
     let mut client = daemon.connect().await;
     assert_ne!(
         client.hello.default_profile, TRUSTED,
@@ -467,7 +467,7 @@ async fn task_container_runs_in_the_default_layout_without_exposing_the_token() 
     if !executor_tests::require("root (task-container needs it)", executor_tests::is_root()) {
         return;
     }
-    let daemon = Daemon::start();
+    let daemon = Daemon::start_with(&executor_tests::ALLOW_ALL_PROFILES);
     assert!(daemon.workspace.starts_with(daemon.state.path()));
     let mut client = daemon.connect().await;
     let s = daemon.state.path().display();

@@ -20,6 +20,9 @@ const UID: u32 = 65_534;
 /// A daemon running as `uid` with its state directory outside every path landlock opens.
 fn daemon_as(uid: u32) -> Result<Daemon, String> {
     Daemon::try_start_opts(DaemonOptions {
+        extra: executor_tests::ALLOW_ALL_PROFILES
+            .map(String::from)
+            .to_vec(),
         user: Some(uid),
         state_parent: Some("/var/tmp".into()),
         env: vec![(
