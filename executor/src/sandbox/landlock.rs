@@ -42,8 +42,8 @@ pub enum LandlockError {
 pub struct Prepared(RulesetCreated);
 
 /// Create the ruleset and add a rule per path, opening each path now (with the caller's
-/// privileges). A path that does not exist is skipped (profiles list toolchain directories
-/// only some hosts have); any other failure to open one fails the layer.
+/// privileges). See [`open_rule_path`] for the paths that may be skipped; any other failure
+/// to make a rule fails the layer.
 pub fn prepare(plan: &LandlockPlan) -> Result<Prepared, LandlockError> {
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
@@ -54,14 +54,15 @@ pub fn prepare(plan: &LandlockPlan) -> Result<Prepared, LandlockError> {
         ruleset = ruleset.handle_access(AccessNet::from_all(ABI::V4))?;
     }
     let mut created = ruleset.create()?;
+    // (paths, rights, whether the daemon must be able to open every one that exists)
     let grants = [
-        (&plan.read, AccessFs::from_read(TARGET_ABI)),
-        (&plan.write, AccessFs::from_all(TARGET_ABI)),
-        (&plan.list, AccessFs::ReadDir.into()),
+        (&plan.read, AccessFs::from_read(TARGET_ABI), false),
+        (&plan.write, AccessFs::from_all(TARGET_ABI), true),
+        (&plan.list, AccessFs::ReadDir.into(), false),
     ];
-    for (paths, access) in grants {
+    for (paths, access, required) in grants {
         for path in paths {
-            let Some(fd) = open_rule_path(path)? else {
+            let Some(fd) = open_rule_path(path, required)? else {
                 continue;
             };
             // Directory-only rights (listing, creating, removing) cannot be granted on a file.
@@ -92,11 +93,17 @@ pub fn enforce(prepared: Prepared) -> Result<(), LandlockError> {
     }
 }
 
-fn open_rule_path(path: &Path) -> Result<Option<PathFd>, LandlockError> {
+/// Open a rule's path. One that does not exist is skipped (profiles list toolchain
+/// directories only some hosts have); so is a read-only one the daemon itself may not reach
+/// (a daemon of an ordinary user and `/root/.cargo`: its commands, of the same uid, could not
+/// read it either, and a missing allow rule only denies). A writable one that exists must be
+/// opened: a workspace without its rule would be silently read-only.
+fn open_rule_path(path: &Path, required: bool) -> Result<Option<PathFd>, LandlockError> {
     match PathFd::new(path) {
         Ok(fd) => Ok(Some(fd)),
         Err(PathFdError::OpenCall { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound =>
+            if source.kind() == std::io::ErrorKind::NotFound
+                || (!required && source.kind() == std::io::ErrorKind::PermissionDenied) =>
         {
             Ok(None)
         }

@@ -73,21 +73,36 @@ pub fn remove(dir: &Path) -> Result<(), RemoveError> {
         })?;
     }
     let top = open_dir(None, dir, dir)?;
+    let mut first_error = None;
     for _ in 0..MAX_PASSES {
-        empty(&top, dir)?;
-        match std::fs::remove_dir(dir) {
-            Ok(()) => return Ok(()),
-            // Subtrees moved up during the pass are still there: another pass.
-            Err(err) if err.raw_os_error() == Some(libc::ENOTEMPTY) => continue,
-            Err(err) => {
-                return Err(sys(
-                    "remove",
-                    Errno::from_raw(err.raw_os_error().unwrap_or(libc::EIO)),
-                ))
-            }
+        let pass = empty(&top, dir)?;
+        if let Some(err) = pass.error {
+            first_error.get_or_insert(err);
         }
+        // Subtrees moved up during the pass are still there: another pass, even after an
+        // error elsewhere, so that as much as can go does.
+        if pass.moved > 0 {
+            continue;
+        }
+        if let Some(err) = first_error {
+            return Err(err);
+        }
+        return std::fs::remove_dir(dir).map_err(|err| {
+            sys(
+                "remove",
+                Errno::from_raw(err.raw_os_error().unwrap_or(libc::EIO)),
+            )
+        });
     }
     Err(RemoveError::Unstable(dir.to_path_buf()))
+}
+
+/// What one pass over the tree did.
+struct Pass {
+    /// Subtrees moved up to the top, for the next pass.
+    moved: u64,
+    /// The first entry that could not be removed.
+    error: Option<RemoveError>,
 }
 
 /// One open directory of the walk.
@@ -103,59 +118,86 @@ struct Frame {
 }
 
 /// Remove everything in the directory open as `top`; subtrees deeper than the stack allows are
-/// moved up into `top` under fresh names (and removed by a later pass).
-fn empty(top: &OwnedFd, top_path: &Path) -> Result<(), RemoveError> {
+/// moved up into `top` under fresh names (and removed by a later pass). An entry that cannot
+/// be removed is left where it is and the walk goes on with the others: the first such error
+/// is kept for the caller, so one stuck file does not keep the rest of the tree on disk.
+fn empty(top: &OwnedFd, top_path: &Path) -> Result<Pass, RemoveError> {
     let mut moved: u64 = 0;
+    let mut first_error = None;
     let mut stack = vec![frame(top.try_clone(), None, top_path.to_path_buf())?];
     loop {
         let depth = stack.len();
         let Some(current) = stack.last_mut() else {
             break;
         };
-        let Some(entry) = current.entries.next() else {
-            // Listed to the end: empty now (nothing else writes here); remove it from its
-            // parent. The top is removed by the caller.
-            let Some(done) = stack.pop() else { break };
-            if let (Some(parent), Some(name)) = (stack.last(), done.name) {
-                unlink(&parent.fd, &name, true, &done.path)?;
+        let step = match current.entries.next() {
+            Some(entry) => visit(current, entry, depth, top, &mut moved),
+            None => {
+                // Listed to the end: empty now, unless something in it could not be
+                // removed; remove it from its parent. The top is removed by the caller.
+                let Some(done) = stack.pop() else { break };
+                match (stack.last(), done.name) {
+                    (Some(parent), Some(name)) => {
+                        unlink(&parent.fd, &name, true, &done.path).map(|()| None)
+                    }
+                    _ => Ok(None),
+                }
             }
-            continue;
         };
-        let entry = entry.map_err(|source| RemoveError::Sys {
-            op: "list",
-            path: current.path.clone(),
-            source,
-        })?;
-        let name = OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
-        if name == "." || name == ".." {
-            continue;
-        }
-        let path = current.path.join(&name);
-        if !is_dir(&current.fd, &name, entry.file_type(), &path)? {
-            unlink(&current.fd, &name, false, &path)?;
-            continue;
-        }
-        // An empty directory goes at once; only a full one needs opening.
-        match nix::unistd::unlinkat(&current.fd, name.as_os_str(), UnlinkatFlags::RemoveDir) {
-            Ok(()) | Err(Errno::ENOENT) => continue,
-            Err(Errno::ENOTEMPTY | Errno::EEXIST) => {}
-            Err(source) => {
-                return Err(RemoveError::Sys {
-                    op: "remove",
-                    path,
-                    source,
-                })
+        match step {
+            Ok(Some(child)) => stack.push(child),
+            Ok(None) => {}
+            Err(err) => {
+                first_error.get_or_insert(err);
             }
         }
-        if depth >= MAX_OPEN_DIRS {
-            move_up(&current.fd, &name, top, &mut moved, &path)?;
-            continue;
-        }
-        let child = open_dir(Some(&current.fd), Path::new(&name), &path)?;
-        let child = frame(Ok(child), Some(name), path)?;
-        stack.push(child);
     }
-    Ok(())
+    Ok(Pass {
+        moved,
+        error: first_error,
+    })
+}
+
+/// Remove one listed entry of `current`: unlink it, or return the frame to descend into.
+fn visit(
+    current: &Frame,
+    entry: nix::Result<nix::dir::Entry>,
+    depth: usize,
+    top: &OwnedFd,
+    moved: &mut u64,
+) -> Result<Option<Frame>, RemoveError> {
+    let entry = entry.map_err(|source| RemoveError::Sys {
+        op: "list",
+        path: current.path.clone(),
+        source,
+    })?;
+    let name = OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
+    if name == "." || name == ".." {
+        return Ok(None);
+    }
+    let path = current.path.join(&name);
+    if !is_dir(&current.fd, &name, entry.file_type(), &path)? {
+        unlink(&current.fd, &name, false, &path)?;
+        return Ok(None);
+    }
+    // An empty directory goes at once; only a full one needs opening.
+    match nix::unistd::unlinkat(&current.fd, name.as_os_str(), UnlinkatFlags::RemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => return Ok(None),
+        Err(Errno::ENOTEMPTY | Errno::EEXIST) => {}
+        Err(source) => {
+            return Err(RemoveError::Sys {
+                op: "remove",
+                path,
+                source,
+            })
+        }
+    }
+    if depth >= MAX_OPEN_DIRS {
+        move_up(&current.fd, &name, top, moved, &path)?;
+        return Ok(None);
+    }
+    let child = open_dir(Some(&current.fd), Path::new(&name), &path)?;
+    frame(Ok(child), Some(name), path).map(Some)
 }
 
 fn frame(

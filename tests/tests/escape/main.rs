@@ -19,6 +19,7 @@ mod fs_tricks;
 mod isolation;
 mod kernel_surfaces;
 mod kill;
+mod leftovers;
 mod network;
 mod privilege;
 mod syscalls;
