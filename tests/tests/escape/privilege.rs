@@ -520,3 +520,92 @@ for t in {targets:?}:
         "[task-container] can swap a directory the next helper loads from:\n{out}"
     );
 }
+
+#[tokio::test]
+async fn task_container_cannot_rename_a_directory_above_the_daemons_files() {
+    // task-container covers the state directory, the token and the binary with mounts in its
+    // own namespace; a cover protects a path, not what lies there. Renaming a directory above
+    // one moved the real file out from under its cover (`mv /srv/deep /srv/deep.old; mkdir -p
+    // /srv/deep/state`: the next command read the token from deep.old), and a new directory
+    // with a planted `executor` took the binary's place for the next start. Every directory
+    // above a covered file must be pinned (a mount point cannot be renamed).
+    if !require("root (to run the daemon from a private copy)", is_root()) {
+        return;
+    }
+    let root = tempfile::Builder::new()
+        .prefix("escape-rename-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let deep = root.path().join("deep");
+    let bin = root.path().join("bin/x");
+    std::fs::create_dir_all(&bin).unwrap();
+    let exe = bin.join("executor");
+    std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
+    let exe_bytes = std::fs::read(&exe).unwrap();
+    let free = root.path().join("free");
+    std::fs::create_dir(&free).unwrap();
+    let Some(daemon) = daemon_with(executor_tests::DaemonOptions {
+        binary: Some(exe.clone()),
+        state_parent: Some(deep.clone()),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let _reaper = Reaper(root.path().display().to_string());
+    let state = daemon.state.path().to_path_buf();
+    let state_name = state.file_name().unwrap().to_str().unwrap().to_string();
+    let mut client = daemon.connect().await;
+    let attack = format!(
+        "mv {d} {d}.old; echo mv_state=$?; mkdir -p {s}; cat {d}.old/{n}/token; echo token_rc=$?; \
+         mv {b} {b}.old; echo mv_bin=$?; mkdir -p {b}; echo trojan > {b}/executor; echo plant=$?; \
+         mv {f} {f}.moved; echo mv_free=$?",
+        d = deep.display(),
+        s = state.display(),
+        n = state_name,
+        b = bin.display(),
+        f = free.display(),
+    );
+    let out = run_in(&mut client, TASK, "rename-up", &attack).await.output;
+    let moved_state = deep.with_extension("old").exists();
+    let moved_bin = bin.with_extension("old").exists();
+    // Put everything back whatever happened, so the daemon and the shared host stay sane.
+    if moved_state {
+        let _ = std::fs::remove_dir_all(&deep);
+        let _ = std::fs::rename(deep.with_extension("old"), &deep);
+    }
+    if moved_bin {
+        let _ = std::fs::remove_dir_all(&bin);
+        let _ = std::fs::rename(bin.with_extension("old"), &bin);
+    }
+    assert!(
+        !out.contains(&daemon.token),
+        "[task-container] read the token: {out}"
+    );
+    assert!(
+        !moved_state && field(&out, "mv_state") != Some("0"),
+        "[task-container] renamed a directory above the state directory: {out}"
+    );
+    assert!(
+        !moved_bin && field(&out, "mv_bin") != Some("0"),
+        "[task-container] renamed the directory holding the binary: {out}"
+    );
+    // On the host: the binary and the token are what they were.
+    assert_eq!(
+        std::fs::read(&exe).unwrap(),
+        exe_bytes,
+        "the binary was replaced"
+    );
+    assert_eq!(
+        std::fs::read_to_string(state.join("token")).unwrap().trim(),
+        daemon.token
+    );
+    // Control: a directory above none of the daemon's files is the command's to rename.
+    assert_eq!(
+        field(&out, "mv_free"),
+        Some("0"),
+        "[task-container] control: {out}"
+    );
+    assert!(free.with_extension("moved").is_dir() && !free.exists());
+    assert_daemon_intact(&daemon).await;
+}
