@@ -12,6 +12,11 @@ use tokio::sync::mpsc;
 
 /// Records waiting to be written; a full queue makes finishing commands wait, never drops.
 const QUEUE: usize = 1024;
+/// Longest command kept in a record: a refused request may carry up to a whole message
+/// (1 MiB by default), which would make one line of the log as large.
+pub const MAX_COMMAND_BYTES: usize = 4096;
+/// Longest id, cwd, profile or error kept in a record.
+const MAX_FIELD_BYTES: usize = 1024;
 
 #[derive(Debug, Serialize)]
 pub struct AuditRecord {
@@ -24,7 +29,11 @@ pub struct AuditRecord {
     pub connection: u64,
     pub session: String,
     pub id: String,
+    /// The command, cut to [`MAX_COMMAND_BYTES`] (its head) when longer.
     pub command: String,
+    /// The command's true size in bytes, when `command` was cut.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command_bytes: Option<usize>,
     pub cwd: String,
     pub profile: String,
     /// How it ended: an `Ending` value, or `error` when it never ran.
@@ -86,13 +95,57 @@ impl Audit {
         Ok(Self { tx })
     }
 
-    pub async fn record(&self, record: AuditRecord) {
+    pub async fn record(&self, mut record: AuditRecord) {
+        let size = record.command.len();
+        if clip(&mut record.command, MAX_COMMAND_BYTES) {
+            record.command_bytes = Some(size);
+        }
+        for field in [&mut record.id, &mut record.cwd, &mut record.profile] {
+            clip(field, MAX_FIELD_BYTES);
+        }
+        if let Some(error) = &mut record.error {
+            clip(error, MAX_FIELD_BYTES);
+        }
         // Fails only if the writer thread died, which it already logged.
         let _ = self.tx.send(record).await;
     }
 }
 
+/// Cut `text` to at most `max` bytes at a character boundary, marking the cut with `…`;
+/// returns whether it was cut.
+fn clip(text: &mut String, max: usize) -> bool {
+    if text.len() <= max {
+        return false;
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
+    true
+}
+
 /// Current time as RFC 3339 with milliseconds.
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_fields_are_cut_at_a_character_boundary() {
+        let mut short = "echo hi".to_string();
+        assert!(!clip(&mut short, 16));
+        assert_eq!(short, "echo hi");
+        let mut long = "é".repeat(3000);
+        assert!(clip(&mut long, MAX_COMMAND_BYTES));
+        assert!(
+            long.len() <= MAX_COMMAND_BYTES && long.ends_with('…'),
+            "{}",
+            long.len()
+        );
+    }
 }

@@ -132,6 +132,11 @@ pub(crate) struct ServeArgs {
     /// Open connections accepted at once.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// A browser origin (`Origin` header, e.g. `https://ui.example`) allowed to open the
+    /// WebSocket; repeatable. Requests with any other `Origin` are refused, so a web page the
+    /// operator visits cannot drive the executor; clients that are not browsers send none.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    allow_origins: Vec<String>,
     /// Largest WebSocket message accepted, in bytes.
     #[arg(long)]
     max_message_bytes: Option<usize>,

@@ -216,10 +216,13 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 audit,
                 hello,
                 max_connections: args.max_connections,
+                origins: server::OriginPolicy {
+                    allowed: args.allow_origins.clone(),
+                    loopback,
+                },
             },
         ));
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
+        let listener = listen(args.listen, args.max_connections)
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
         let (scheme, fingerprint) = match &tls {
@@ -280,6 +283,22 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("executor stopped");
         Ok(())
     })
+}
+
+/// A listening socket whose accept queue holds as many connections as the daemon serves (the
+/// default of 1024, or 128 on older setups, would drop a burst the connection limit allows;
+/// the kernel still caps it at net.core.somaxconn).
+fn listen(
+    addr: std::net::SocketAddr,
+    max_connections: usize,
+) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(u32::try_from(max_connections).unwrap_or(u32::MAX))
 }
 
 /// The state directory holds the token, the audit log and the workspaces.

@@ -88,9 +88,14 @@ pub async fn run(
     // Cancelled when the connection dropped: stop writing to the dead socket, and hand what
     // is still queued back to the session instead of losing it.
     let writer_stop = CancellationToken::new();
+    // Cancelled when the client sent a close frame: nobody reads replies any more; the
+    // writer only completes the closing handshake (tungstenite queued the reply frame when
+    // the reader took the client's; closing the sink sends it).
+    let peer_closed = CancellationToken::new();
     let mut writer = tokio::spawn({
         let gone = writer_gone.clone();
         let stop = writer_stop.clone();
+        let peer_closed = peer_closed.clone();
         async move {
             let mut close_pending = true;
             // The reply being written when the connection was found dead, if any.
@@ -99,6 +104,7 @@ pub async fn run(
                 let (frame, msg) = tokio::select! {
                     biased;
                     () = stop.cancelled() => break,
+                    () = peer_closed.cancelled() => break,
                     msg = rx.recv() => match msg {
                         Some(msg) => match serde_json::to_string(&msg) {
                             Ok(text) => (Message::text(text), Some(msg)),
@@ -107,10 +113,21 @@ pub async fn run(
                                 continue;
                             }
                         },
-                        None => break,
+                        // Every reply is out. A close we were asked for goes last (a refused
+                        // oversized message closes with 1009 once its error is sent).
+                        None => match close_rx.try_recv() {
+                            Ok((code, reason)) if close_pending => {
+                                close_pending = false;
+                                (Message::Close(Some(CloseFrame { code, reason: reason.into() })), None)
+                            }
+                            _ => break,
+                        },
                     },
                     close = &mut close_rx, if close_pending => match close {
-                        Ok((code, reason)) => (Message::Close(Some(CloseFrame { code, reason: reason.into() })), None),
+                        Ok((code, reason)) => {
+                            close_pending = false;
+                            (Message::Close(Some(CloseFrame { code, reason: reason.into() })), None)
+                        }
                         Err(_) => { close_pending = false; continue }
                     },
                 };
@@ -118,6 +135,7 @@ pub async fn run(
                 let sent = tokio::select! {
                     sent = sink.send(frame) => Some(sent.is_ok()),
                     () = stop.cancelled() => None,
+                    () = peer_closed.cancelled() => Some(false),
                 };
                 let session = current.borrow().clone();
                 match (sent, msg) {
@@ -231,8 +249,8 @@ pub async fn run(
     let session = conn.session.clone();
     let mut writer_done = false;
     match ending {
-        // Nobody reads this socket any more: do not let replies wait on it.
-        Ending::Closed => writer.abort(),
+        // Nobody reads replies any more: the writer answers the close frame and stops.
+        Ending::Closed => peer_closed.cancel(),
         Ending::Dropped | Ending::TakenOver => {
             // Its queue goes back to the session before anything newer does, so the client
             // gets the replies in order when it resumes (or is resuming: the new connection
@@ -502,6 +520,7 @@ impl Connection {
                         session: self.session.id.clone(),
                         id: id.clone(),
                         command,
+                        command_bytes: None,
                         cwd: cwd.unwrap_or_default(),
                         profile: profile.unwrap_or_default(),
                         ended: "refused".into(),
@@ -667,6 +686,7 @@ impl Job {
             session: self.session.id.clone(),
             id: req.id.clone(),
             command: req.spec.command.clone(),
+            command_bytes: None,
             cwd: cwd.display().to_string(),
             profile,
             ended: "error".into(),

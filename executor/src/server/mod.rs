@@ -59,6 +59,8 @@ pub struct Daemon {
     /// Cancelled on SIGTERM: stop accepting, kill running commands, send results, close.
     pub shutdown: CancellationToken,
     pub max_connections: usize,
+    /// Which browser origins and host names may reach the authenticated endpoints.
+    pub origins: OriginPolicy,
     /// Every connection task, so draining can wait for them.
     pub tasks: TaskTracker,
     next_connection: AtomicU64,
@@ -72,6 +74,57 @@ pub struct DaemonParts {
     pub audit: Audit,
     pub hello: Hello,
     pub max_connections: usize,
+    pub origins: OriginPolicy,
+}
+
+/// Which requests may reach the WebSocket and the metrics, besides holding the token: a web
+/// page in the operator's browser must not drive the executor (its requests carry an
+/// `Origin`), nor reach a loopback daemon through a name that resolves to 127.0.0.1 (DNS
+/// rebinding: its `Host` is then that name).
+#[derive(Debug, Clone, Default)]
+pub struct OriginPolicy {
+    /// `Origin` values allowed (`--allow-origin`); requests without one are not from a browser.
+    pub allowed: Vec<String>,
+    /// The daemon listens on loopback only: `Host` must name a loopback address.
+    pub loopback: bool,
+}
+
+impl OriginPolicy {
+    /// Why `headers` may not reach an authenticated endpoint, if they may not.
+    fn refusal(&self, headers: &hyper::HeaderMap) -> Option<String> {
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let origin = String::from_utf8_lossy(origin.as_bytes());
+            if !self.allowed.iter().any(|a| a.eq_ignore_ascii_case(&origin)) {
+                return Some(format!(
+                    "origin {origin:?} may not use this executor (the operator allows origins with --allow-origin)"
+                ));
+            }
+        }
+        if self.loopback {
+            let host = headers
+                .get(header::HOST)
+                .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+                .unwrap_or_default();
+            if !is_loopback_host(&host) {
+                return Some(format!(
+                    "host {host:?} is not a loopback name, and this executor listens on loopback only"
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// `localhost`, `127.x.x.x` or `[::1]`, with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 impl Daemon {
@@ -83,6 +136,7 @@ impl Daemon {
             audit,
             hello,
             max_connections,
+            origins,
         } = parts;
         let commands = Arc::new(Semaphore::new(engine.limits.max_commands_total));
         let metrics = Metrics::new();
@@ -101,6 +155,7 @@ impl Daemon {
             commands,
             shutdown: CancellationToken::new(),
             max_connections,
+            origins,
             tasks: TaskTracker::new(),
             next_connection: AtomicU64::new(1),
         }
@@ -249,6 +304,12 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     resp
 }
 
+fn text_owned(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp
+}
+
 /// A connection's place under `--max-connections`.
 type Slot = Arc<tokio::sync::OwnedSemaphorePermit>;
 
@@ -258,6 +319,13 @@ fn route(
     daemon: Arc<Daemon>,
     slot: Slot,
 ) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    if matches!(path, WS_PATH | "/metrics") {
+        if let Some(why) = daemon.origins.refusal(req.headers()) {
+            tracing::info!(%peer, %why, "refused a request");
+            return text_owned(StatusCode::FORBIDDEN, format!("{why}\n"));
+        }
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") if daemon.shutdown.is_cancelled() => {
@@ -384,4 +452,33 @@ fn upgrade(
         h.insert(header::SEC_WEBSOCKET_ACCEPT, value);
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_are_told_from_other_names() {
+        for host in [
+            "localhost",
+            "localhost:7681",
+            "127.0.0.1:80",
+            "127.1.2.3",
+            "[::1]:7681",
+            "LOCALHOST",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "",
+            "evil.example",
+            "evil.example:7681",
+            "10.0.0.1:7681",
+            "[::2]:1",
+            "localhost.evil.example",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
 }
