@@ -197,6 +197,15 @@ pub enum PlanError {
         rule: PathBuf,
     },
     #[error(
+        "profile {profile} hides {path}, but its landlock rule for {rule} opens it (without a \
+         mount namespace a path cannot be carved out of a granted tree)"
+    )]
+    HiddenExposed {
+        profile: String,
+        path: PathBuf,
+        rule: PathBuf,
+    },
+    #[error(
         "profile {profile} would let commands reach other clients' workspaces in {dir} (beneath \
          {rule}); keep the daemon's state directory outside the paths the profile opens"
     )]
@@ -243,6 +252,17 @@ pub fn plan_command(
         }
     }
     check_daemon_files(profile, settings, &sandbox)?;
+    // A landlock-only profile's hidden paths (templates expanded) must stay outside its rules.
+    for hidden in profile.filesystem.iter().flat_map(|fs| &fs.hidden) {
+        let path = PathBuf::from(expand(&hidden.path));
+        if let Some(rule) = landlock_rule_opening(&sandbox, &path) {
+            return Err(PlanError::HiddenExposed {
+                profile: profile.name.clone(),
+                path,
+                rule: rule.clone(),
+            });
+        }
+    }
     if let Some(root) = &spec.private_root {
         check_private_workspaces(profile, root, &sandbox)?;
     }

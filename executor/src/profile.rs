@@ -259,6 +259,23 @@ impl Profile {
                     "tmpfs mounts and an empty root need the mount namespace",
                 ));
             }
+            if !mount_ns {
+                // Without a mount namespace, "hidden" can only mean "opened by no rule", and
+                // landlock cannot carve a path out of a granted tree.
+                let granted = fs.read_only.iter().chain(&fs.writable);
+                for hidden in &fs.hidden {
+                    if let Some(grant) = granted
+                        .clone()
+                        .find(|g| Path::new(&hidden.path).starts_with(&g.path))
+                    {
+                        return Err(invalid(&format!(
+                            "hidden path {} lies beneath the granted {}, and without the mount \
+                             namespace landlock cannot take it out of that grant",
+                            hidden.path, grant.path
+                        )));
+                    }
+                }
+            }
         }
         if self.namespaces.contains(&Namespace::Mount) != self.namespaces.contains(&Namespace::Pid)
         {
@@ -339,6 +356,20 @@ pub(crate) mod tests {
         // `/` writable holds every system directory strict and landlock read.
         assert_eq!(verdict("task-container"), (true, false));
         assert_eq!(verdict("trusted"), (true, false));
+    }
+
+    #[test]
+    fn a_landlock_only_profile_cannot_hide_a_path_beneath_one_it_grants() {
+        let landlock = include_str!("../../sandbox-profiles/landlock.json");
+        let mut value: serde_json::Value = serde_json::from_str(landlock).unwrap();
+        value["filesystem"]["hidden"] =
+            serde_json::json!([{"path": "/etc/ssh", "reason": "host keys"}]);
+        let err = Profile::parse("landlock", &value.to_string()).unwrap_err();
+        assert!(err.to_string().contains("/etc/ssh"), "{err}");
+        // Control: a hidden path no grant opens is what landlock does anyway, and is accepted.
+        value["filesystem"]["hidden"] =
+            serde_json::json!([{"path": "/srv/secrets", "reason": "not ours"}]);
+        Profile::parse("landlock", &value.to_string()).unwrap();
     }
 
     #[test]

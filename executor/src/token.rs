@@ -36,6 +36,8 @@ pub enum TokenError {
     TooShort(PathBuf),
     #[error("token file {0} is readable by group or others; chmod 600 it")]
     Permissions(PathBuf),
+    #[error("token file {path} belongs to uid {owner}, not to root or the daemon's user; whoever owns it can change the token")]
+    Owner { path: PathBuf, owner: u32 },
     #[error("cannot get random bytes for a token: {0}")]
     Random(String),
 }
@@ -60,29 +62,43 @@ impl Token {
     /// Load the token from `path`, creating it with a fresh random token if it does not exist
     /// and `create` is allowed. Returns the token and whether it was generated.
     pub fn load_or_create(path: &Path, create: bool) -> Result<(Self, bool), TokenError> {
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) => {
-                if meta.permissions().mode() & 0o077 != 0 {
-                    return Err(TokenError::Permissions(path.to_path_buf()));
-                }
-                let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-                let token = text.trim();
-                if token.len() < MIN_TOKEN_CHARS {
-                    return Err(TokenError::TooShort(path.to_path_buf()));
-                }
-                Ok((Self(token.as_bytes().to_vec()), false))
-            }
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        let read_err = |source| TokenError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        // One open file for the checks and the contents, so they are about the same file (a
+        // path checked and then read could be swapped in between). A symlink is followed:
+        // what counts is the file it leads to (Kubernetes mounts secrets as links).
+        let mut file = match std::fs::File::open(path) {
+            Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
-                Ok((Self::create(path)?, true))
+                return Ok((Self::create(path)?, true));
             }
-            Err(source) => Err(TokenError::Read {
+            Err(source) => return Err(read_err(source)),
+        };
+        let meta = file.metadata().map_err(read_err)?;
+        let owner = meta.uid();
+        if owner != 0 && owner != nix::unistd::geteuid().as_raw() {
+            // Its owner could change the token under us.
+            return Err(TokenError::Owner {
                 path: path.to_path_buf(),
-                source,
-            }),
+                owner,
+            });
         }
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(TokenError::Permissions(path.to_path_buf()));
+        }
+        let mut text = String::new();
+        file.take(64 * 1024)
+            .read_to_string(&mut text)
+            .map_err(read_err)?;
+        let token = text.trim();
+        if token.len() < MIN_TOKEN_CHARS {
+            return Err(TokenError::TooShort(path.to_path_buf()));
+        }
+        Ok((Self(token.as_bytes().to_vec()), false))
     }
 
     fn create(path: &Path) -> Result<Self, TokenError> {
@@ -171,6 +187,22 @@ mod tests {
             Token::load_or_create(&dir.join("missing"), false),
             Err(TokenError::Read { .. })
         ));
+        // Owned by someone else (only root can make that here).
+        if nix::unistd::geteuid().is_root() {
+            std::fs::write(&path, "y".repeat(40)).unwrap();
+            nix::unistd::chown(&path, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            assert!(matches!(
+                Token::load_or_create(&path, true),
+                Err(TokenError::Owner { owner: 65534, .. })
+            ));
+            nix::unistd::chown(&path, Some(nix::unistd::Uid::from_raw(0)), None).unwrap();
+        }
+        // Control: a private file of ours, reached through a symlink, is read.
+        std::fs::write(&path, "z".repeat(40)).unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let (token, created) = Token::load_or_create(&link, true).unwrap();
+        assert!(!created && token.as_bytes() == "z".repeat(40).as_bytes());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -251,7 +251,7 @@ pub async fn http_get(addr: SocketAddr, path: &str, auth: Option<&str>) -> std::
     let auth = auth
         .map(|a| format!("Authorization: {a}\r\n"))
         .unwrap_or_default();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).await?;
     let mut out = Vec::new();
     tokio::time::timeout(PATIENCE, stream.read_to_end(&mut out))
@@ -267,7 +267,7 @@ pub async fn https_get(addr: SocketAddr, path: &str, pin: &str) -> std::io::Resu
     let connector = tokio_rustls::TlsConnector::from(pinned_config(pin));
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let mut stream = connector.connect(name, tcp).await?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).await?;
     let mut out = Vec::new();
     // The daemon closes without a TLS close_notify; what arrived before counts.
