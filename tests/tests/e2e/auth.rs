@@ -141,3 +141,36 @@ async fn non_loopback_listen_without_a_token_file_is_refused() {
         "no token generated for it"
     );
 }
+
+#[tokio::test]
+async fn a_token_file_someone_else_owns_is_refused() {
+    // Whoever owns the token file can change the token; a root daemon took one owned by
+    // nobody. Checked on the opened file, so a link to a private file of root's is fine.
+    if !executor_tests::require("root (to chown)", executor_tests::is_root()) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "n".repeat(64)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    nix::unistd::chown(&token, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+    let refused = Daemon::try_start_opts(executor_tests::DaemonOptions {
+        extra: vec!["--token-file".into(), token.display().to_string()],
+        ..Default::default()
+    });
+    let log = refused.err().expect("the daemon started with nobody's token file");
+    assert!(log.contains("belongs to uid 65534"), "{log}");
+    // Control: the same file owned by root, through a symlink.
+    nix::unistd::chown(&token, Some(nix::unistd::Uid::from_raw(0)), None).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&token, &link).unwrap();
+    let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
+        extra: vec!["--token-file".into(), link.display().to_string()],
+        ..Default::default()
+    });
+    let mut client = Client::connect(&daemon.url, Some(&"n".repeat(64)))
+        .await
+        .unwrap();
+    assert_eq!(client.run("ok", "echo in").await.output, "in\n");
+}

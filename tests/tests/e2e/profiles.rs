@@ -105,3 +105,43 @@ async fn an_explicit_default_profile_is_used_for_requests_that_name_none() {
         .layers
         .contains(&"pid_ns".to_string()));
 }
+
+#[tokio::test]
+async fn a_landlock_only_profile_that_hides_a_granted_path_is_refused() {
+    // Without a mount namespace, "hidden" was silently ignored: a custom landlock profile
+    // hiding /etc/ssh still listed it.
+    let dir = tempfile::tempdir().unwrap();
+    let base: serde_json::Value =
+        serde_json::from_str(include_str!("../../../sandbox-profiles/landlock.json")).unwrap();
+    let mut bad = base.clone();
+    bad["name"] = "hiding".into();
+    bad["filesystem"]["hidden"] = serde_json::json!([{"path": "/etc/ssh", "reason": "host keys"}]);
+    std::fs::write(dir.path().join("hiding.json"), bad.to_string()).unwrap();
+    let refused = Daemon::try_start_opts(executor_tests::DaemonOptions {
+        extra: vec!["--profiles-dir".into(), dir.path().display().to_string()],
+        ..Default::default()
+    });
+    let log = refused.err().expect("the daemon started with the profile");
+    assert!(log.contains("/etc/ssh") && log.contains("beneath"), "{log}");
+    // Control: hiding a path no grant opens is accepted, and it stays unreachable.
+    let outside = tempfile::Builder::new()
+        .prefix("hidden-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::write(outside.path().join("secret"), "s3cret").unwrap();
+    let mut good = base;
+    good["name"] = "hiding".into();
+    good["filesystem"]["hidden"] =
+        serde_json::json!([{"path": outside.path(), "reason": "not for commands"}]);
+    std::fs::write(dir.path().join("hiding.json"), good.to_string()).unwrap();
+    let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
+        extra: vec!["--profiles-dir".into(), dir.path().display().to_string()],
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    let mut client = daemon.connect().await;
+    let mut r = req("h", &format!("cat {}/secret; echo rc=$?", outside.path().display()));
+    r.profile = Some("hiding".into());
+    let out = client.exec(r).await.result.unwrap().output;
+    assert!(!out.contains("s3cret") && !out.contains("rc=0"), "{out}");
+}

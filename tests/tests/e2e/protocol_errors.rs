@@ -1,8 +1,27 @@
 //! Hostile and malformed input: every bad message gets a typed error, nothing panics, and the
 //! connection and the daemon live on.
 
+use futures_util::{SinkExt, StreamExt};
 use executor_tests::{req, Daemon};
 use protocol::{ClientMessage, ErrorCode, ServerMessage};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+
+/// The code of the close frame the daemon sends next, skipping other messages; `None` when
+/// the connection ends without one (a client then sees 1006, abnormal closure).
+async fn close_code(client: &mut executor_tests::Client) -> Option<CloseCode> {
+    loop {
+        let frame = tokio::time::timeout(executor_tests::PATIENCE, client.ws.next())
+            .await
+            .expect("no close within the test's patience");
+        match frame {
+            Some(Ok(Message::Close(frame))) => return frame.map(|f| f.code),
+            Some(Ok(_)) => continue,
+            Some(Err(_)) | None => return None,
+        }
+    }
+}
 
 async fn expect_error(client: &mut executor_tests::Client, text: &str) -> protocol::ErrorMessage {
     client.send_text(text).await;
@@ -124,9 +143,11 @@ async fn oversized_message_gets_an_error_and_a_close_while_the_daemon_lives_on()
         }
         other => panic!("expected an error, got {other:?}"),
     }
-    assert!(
-        client.recv().await.is_none(),
-        "connection closes after an oversized message"
+    // Then the close, with the code RFC 6455 gives a message too big to process.
+    assert_eq!(
+        close_code(&mut client).await,
+        Some(CloseCode::Size),
+        "connection closes with 1009 after an oversized message"
     );
     // Allowed twin: a new connection works, with a message just under the limit.
     let mut again = daemon.connect().await;
@@ -198,4 +219,118 @@ async fn open_websockets_count_against_the_connection_limit() {
     }
     let mut again = again.expect("no slot after a connection closed");
     assert_eq!(again.run("x", "echo ok").await.output, "ok\n");
+}
+
+#[tokio::test]
+async fn a_client_close_frame_is_answered_with_a_close_frame() {
+    // RFC 6455 5.5.1: an endpoint that receives a close frame sends one back. The daemon used
+    // to drop the connection instead, so every orderly close ended as 1006 for the client.
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    assert_eq!(client.run("first", "echo hi").await.output, "hi\n");
+    client
+        .ws
+        .send(Message::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "done".into(),
+        })))
+        .await
+        .unwrap();
+    assert_eq!(close_code(&mut client).await, Some(CloseCode::Normal));
+    // Control: the daemon serves a new connection afterwards.
+    let mut again = daemon.connect().await;
+    assert_eq!(again.run("again", "echo hi").await.output, "hi\n");
+}
+
+#[tokio::test]
+async fn browser_origins_and_foreign_host_names_are_refused() {
+    // A web page in the operator's browser sends its Origin; a DNS-rebinding page reaches a
+    // loopback daemon under its own host name. Neither may use the WebSocket or the metrics,
+    // token or not (a browser can be made to send neither, but a leaked token could be used).
+    let daemon = Daemon::start_with(&["--allow-origin", "https://ui.example"]);
+    let port = daemon.addr.port();
+    let try_with = |headers: Vec<(&'static str, String)>| {
+        let url = daemon.url.clone();
+        let token = daemon.token.clone();
+        async move {
+            use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+            let mut request = url.into_client_request().unwrap();
+            let h = request.headers_mut();
+            h.insert("Authorization", format!("Bearer {token}").parse().unwrap());
+            for (name, value) in headers {
+                h.insert(name, value.parse().unwrap());
+            }
+            tokio_tungstenite::connect_async(request)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+    for (headers, what) in [
+        (vec![("Origin", "https://evil.example".to_string())], "foreign origin"),
+        (vec![("Host", format!("evil.example:{port}"))], "foreign host"),
+        (vec![("Host", format!("localhost.evil.example:{port}"))], "look-alike host"),
+    ] {
+        let err = try_with(headers).await.unwrap_err();
+        assert!(err.contains("403"), "{what}: {err}");
+    }
+    let metrics = executor_tests::http_get(daemon.addr, "/metrics", None).await.unwrap();
+    assert!(metrics.starts_with("HTTP/1.1 401"), "{metrics}");
+    // Allowed twins: no Origin (not a browser), the allowed one, loopback names.
+    for headers in [
+        vec![],
+        vec![("Origin", "https://ui.example".to_string())],
+        vec![("Host", format!("localhost:{port}"))],
+        vec![("Host", format!("127.0.0.1:{port}"))],
+    ] {
+        try_with(headers.clone()).await.unwrap_or_else(|e| panic!("{headers:?}: {e}"));
+    }
+    assert!(daemon.log().contains("refused a request"));
+}
+
+#[tokio::test]
+async fn the_accept_queue_is_as_long_as_the_connection_limit() {
+    // The listen backlog was 1024 (128 on older setups) whatever --max-connections said.
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for limit in [3000u32, 200] {
+        let daemon = Daemon::start_with(&["--max-connections", &limit.to_string()]);
+        let out = std::process::Command::new("ss")
+            .args(["-Hltn", &format!("sport = :{}", daemon.addr.port())])
+            .output()
+            .unwrap();
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        // State Recv-Q Send-Q ...: for a listening socket Send-Q is the backlog.
+        let backlog: u32 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert_eq!(backlog, limit.min(somaxconn), "{line}");
+    }
+}
+
+#[tokio::test]
+async fn an_audit_line_stays_small_whatever_a_refused_request_carries() {
+    // A refused request was audited in full: a 900 KB command made a 900 KB line.
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let huge = "x".repeat(900_000);
+    let err = client.exec(req("huge", &huge)).await.result.unwrap_err();
+    assert_eq!(err.code, ErrorCode::BadRequest);
+    // Control: an ordinary command is audited whole.
+    client.run("small", "echo small").await;
+    assert!(
+        executor_tests::eventually(executor_tests::PATIENCE, || daemon.audit().len() >= 2).await
+    );
+    let text = std::fs::read_to_string(daemon.state.path().join("audit.jsonl")).unwrap();
+    let longest = text.lines().map(str::len).max().unwrap();
+    assert!(longest < 8192, "an audit line of {longest} bytes");
+    let records = daemon.audit();
+    let refused = records.iter().find(|r| r["id"] == "huge").unwrap();
+    assert_eq!(refused["ended"], "refused");
+    assert_eq!(refused["command_bytes"], 900_000);
+    assert!(refused["command"].as_str().unwrap().starts_with("xxxx"));
+    let small = records.iter().find(|r| r["id"] == "small").unwrap();
+    assert_eq!(small["command"], "echo small");
+    assert!(small.get("command_bytes").is_none());
 }

@@ -1,8 +1,7 @@
 //! Fork, thread and memory bombs stop at the profile's limits. The bombs are self-limited (a
 //! few hundred processes past the limit, a few GB past the memory limit) so that a broken
 //! limit fails the case instead of taking the shared test machine down. `trusted` has no
-//! limits by design and is not bombed; `landlock` declares no process limit (and runs as root,
-//! which RLIMIT_NPROC exempts), so only its memory is bombed here.
+//! limits by design and is not bombed.
 
 use std::time::Duration;
 
@@ -76,7 +75,8 @@ async fn fork_bomb_stops_at_the_process_limit() {
         return;
     };
     let mut client = daemon.connect().await;
-    for (profile, limit) in [(STRICT, 512usize), (TASK, 2048)] {
+    // landlock had no process limit at all: one fork loop made 6,000 processes.
+    for (profile, limit) in [(STRICT, 512usize), (LANDLOCK, 512), (TASK, 2048)] {
         // Control: a modest fan-out works under the same profile.
         let m = marker();
         let (id, out) = start_until(
@@ -147,7 +147,7 @@ async fn thread_bomb_stops_at_the_process_limit() {
         return;
     };
     let mut client = daemon.connect().await;
-    for (profile, limit) in [(STRICT, 512usize), (TASK, 2048)] {
+    for (profile, limit) in [(STRICT, 512usize), (LANDLOCK, 512), (TASK, 2048)] {
         let m = marker();
         let (id, out) = start_until(
             &mut client,

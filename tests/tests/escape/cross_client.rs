@@ -1,8 +1,11 @@
-//! Cross-command snooping between two clients: one command holds a secret in /tmp and a
-//! running process; another client's command looks for both. Control: the shared workspace is
-//! shared, as it must be for an agent.
+//! Clients against each other: one command holds a secret in /tmp and a running process;
+//! another client's command looks for both, changes its limits and priority, plants
+//! configuration its programs read, or runs beside it as the same uid. Controls: the shared
+//! workspace is shared, as it must be for an agent, and each call works on the command itself.
 
-use executor_tests::{eventually, marked_sleep, marker, process_state, sleepers};
+use executor_tests::{
+    eventually, marked_sleep, marker, process_state, sleepers, Client, Daemon, DaemonOptions,
+};
 
 use crate::common::*;
 
@@ -278,4 +281,281 @@ async fn host_posix_shared_memory_is_out_of_reach() {
         }
     }
     assert_daemon_intact(&daemon).await;
+}
+
+/// What the host says of `pid`'s limits, nice value, scheduling policy and CPUs.
+fn host_view(pid: i32) -> (String, String, String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap_or_default();
+    let pick = |name: &str| {
+        limits
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rfind(')')
+        .map(|i| stat[i + 2..].split_whitespace().collect())
+        .unwrap_or_default();
+    // After the command name: field 19 of stat(5) is nice, 41 the policy.
+    let nice_policy = format!(
+        "nice={} policy={}",
+        fields.get(16).unwrap_or(&"?"),
+        fields.get(38).unwrap_or(&"?")
+    );
+    let cpus = executor_tests::proc_status(pid, "Cpus_allowed_list:").unwrap_or_default();
+    (pick("Max cpu time"), pick("Max open files"), nice_policy, cpus)
+}
+
+#[tokio::test]
+async fn landlock_commands_cannot_change_another_commands_limits_priority_or_scheduling() {
+    // Without a pid namespace, another client's process (same uid 65534) is reachable by pid,
+    // and the kernel checks only the uid for these calls: `prlimit --pid P --cpu=1:1` killed
+    // it, `--nofile=3:3` starved it; renice, taskset, chrt and ionice worked too.
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let mut alice = daemon.connect().await;
+    let mut bob = daemon.connect().await;
+    let m = marker();
+    let (alice_id, _) = start_until(
+        &mut alice,
+        LANDLOCK,
+        "victim",
+        &format!("echo ready; exec {}", marked_sleep(&m)),
+        "ready",
+        120.0,
+    )
+    .await;
+    let victim = wait_sleepers(&m, 1).await[0];
+    let before = host_view(victim);
+    let p = victim;
+    let out = run_in(
+        &mut bob,
+        LANDLOCK,
+        "meddle",
+        &format!(
+            "prlimit --pid {p} --cpu=1:1; echo cpu=$?; prlimit --pid {p} --nofile=3:3; echo nofile=$?; \
+             renice -n 10 -p {p}; echo renice=$?; taskset -p 1 {p}; echo taskset=$?; \
+             chrt -i -p 0 {p}; echo chrt=$?; ionice -c 3 -p {p}; echo ionice=$?; \
+             prlimit --cpu=100:100 true; echo own_prlimit=$?; nice -n 5 true; echo own_nice=$?; \
+             taskset -c 0 true; echo own_taskset=$?; chrt -i 0 true; echo own_chrt=$?; \
+             ionice -c 3 true; echo own_ionice=$?"
+        ),
+    )
+    .await
+    .output;
+    for call in ["cpu", "nofile", "renice", "taskset", "chrt", "ionice"] {
+        assert_ne!(field(&out, call), Some("0"), "[landlock] {call} on another command: {out}");
+    }
+    // Control: the same calls on the command itself work.
+    for call in ["own_prlimit", "own_nice", "own_taskset", "own_chrt", "own_ionice"] {
+        assert_eq!(field(&out, call), Some("0"), "[landlock] control {call}: {out}");
+    }
+    // On the host: the victim lives, with its limits, priority, policy and CPUs unchanged.
+    assert!(matches!(process_state(victim), Some(s) if s != 'Z'));
+    assert_eq!(host_view(victim), before, "[landlock] {out}");
+    // Control: the host-side view does see a change when one is made (trusted is root).
+    let ctl = run_in(&mut bob, TRUSTED, "renice", &format!("renice -n 7 -p {p}")).await;
+    assert_eq!(ctl.returncode, 0, "{ctl:?}");
+    assert_ne!(host_view(victim).2, before.2, "control: renice shows on the host");
+    cancel(&mut alice, &alice_id).await;
+    assert_daemon_intact(&daemon).await;
+}
+
+const ALICE: &str = "alice-token-0123456789abcdef0123456789";
+const BOB: &str = "bob-token-0123456789abcdef0123456789abc";
+const MALLORY: &str = "mallory-token-0123456789abcdef012345678";
+
+/// A daemon serving `clients` (a clients file), its state outside /tmp.
+fn clients_daemon(clients: &serde_json::Value, extra: &[&str]) -> Result<Daemon, String> {
+    let (dir, path) = executor_tests::clients_file(clients);
+    let mut args = vec!["--clients".to_string(), path.display().to_string()];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let started = Daemon::try_start_opts(DaemonOptions {
+        extra: args,
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    drop(dir);
+    started
+}
+
+#[tokio::test]
+async fn landlock_clients_each_have_a_home_no_other_client_can_plant_configuration_in() {
+    // HOME was /tmp for every landlock command: alice wrote /tmp/.gitconfig (core.fsmonitor)
+    // and a .pth file in /tmp/.local, and bob's next `git status` and `python3` ran them.
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return;
+    }
+    let daemon = clients_daemon(
+        &serde_json::json!({"clients": [
+            {"name": "alice", "token": ALICE, "profiles": ["landlock"]},
+            {"name": "bob", "token": BOB, "profiles": ["landlock"]},
+        ]}),
+        &[],
+    )
+    .unwrap();
+    let mut alice = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
+    let mut bob = Client::connect(&daemon.url, Some(BOB)).await.unwrap();
+    let m = marker();
+    let hook = format!("/tmp/hook-{m}");
+    let pth = format!("/tmp/pth-{m}");
+    let homes = daemon.state.path().join("workspaces/home");
+    let plant = format!(
+        "echo HOME=$HOME; git config --global core.fsmonitor 'echo ran > {hook}-hook; false'; \
+         site=$({PY} -m site --user-site); mkdir -p $site && \
+         echo \"import os; open('{pth}-' + os.environ.get('WHO', '?'), 'w')\" > $site/zz.pth; echo pth=$?; \
+         for d in /tmp {h}/bob; do cp $HOME/.gitconfig $d/.gitconfig; echo copy=$?; done",
+        h = homes.display()
+    );
+    let planted = run_in(&mut alice, LANDLOCK, "plant", &plant).await.output;
+    assert_eq!(field(&planted, "pth"), Some("0"), "{planted}");
+    // Bob's git and python, in a repository of the shared workspace.
+    let victim = format!(
+        "echo HOME=$HOME; git init -q repo-{m} && cd repo-{m} && git status >/dev/null; \
+         WHO=bob {PY} -c pass; echo done"
+    );
+    let ran = run_in(&mut bob, LANDLOCK, "victim", &victim).await.output;
+    assert!(ran.contains("done"), "{ran}");
+    assert_ne!(field(&planted, "HOME"), field(&ran, "HOME"), "{planted} / {ran}");
+    assert!(
+        !homes.join("bob/.gitconfig").exists(),
+        "alice wrote into bob's home: {planted}"
+    );
+    let stray = |prefix: &str| {
+        std::fs::read_dir("/tmp")
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        stray(&format!("hook-{m}")).is_empty() && stray(&format!("pth-{m}")).is_empty(),
+        "bob ran alice's configuration: {:?} {:?}",
+        stray(&format!("hook-{m}")),
+        stray(&format!("pth-{m}"))
+    );
+    // Control: alice's own git and python do run what she planted, so the vectors are real.
+    let own = format!(
+        "git init -q own-{m} && cd own-{m} && git status >/dev/null; WHO=alice {PY} -c pass; echo done"
+    );
+    run_in(&mut alice, LANDLOCK, "own", &own).await;
+    assert!(!stray(&format!("hook-{m}")).is_empty(), "control: fsmonitor hook");
+    assert_eq!(stray(&format!("pth-{m}")), [format!("pth-{m}-alice")]);
+    for name in stray(&format!("hook-{m}")).into_iter().chain(stray(&format!("pth-{m}"))) {
+        let _ = std::fs::remove_file(std::path::Path::new("/tmp").join(name));
+    }
+    let _ = std::fs::remove_file("/tmp/.gitconfig");
+}
+
+#[tokio::test]
+async fn private_clients_run_as_uids_of_their_own() {
+    // Clients with private workspaces are kept apart by the kernel's uid checks too, not only
+    // by landlock and seccomp: each runs as a uid of its own, which owns its workspace.
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return;
+    }
+    let daemon = clients_daemon(
+        &serde_json::json!({"clients": [
+            {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client"},
+            {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client", "uid": 61000},
+            {"name": "carol", "token": MALLORY, "profiles": ["strict", "landlock"]},
+        ]}),
+        &[],
+    )
+    .unwrap();
+    let mut uids = Vec::new();
+    for token in [ALICE, BOB, MALLORY] {
+        let mut client = Client::connect(&daemon.url, Some(token)).await.unwrap();
+        let mut seen = Vec::new();
+        for profile in [STRICT, LANDLOCK] {
+            let m = marker();
+            let (id, _) = start_until(
+                &mut client,
+                profile,
+                "uid",
+                &format!("touch mine; echo ready; exec {}", marked_sleep(&m)),
+                "ready",
+                60.0,
+            )
+            .await;
+            let pid = wait_sleepers(&m, 1).await[0];
+            // On the host: the process's uid, and the owner of what it wrote.
+            let uid: u32 = executor_tests::proc_status(pid, "Uid:")
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            seen.push(uid);
+            cancel(&mut client, &id).await;
+        }
+        assert_eq!(seen[0], seen[1], "the same identity under strict and landlock");
+        use std::os::unix::fs::MetadataExt;
+        let owner = std::fs::metadata(std::path::Path::new(&client.hello.workspace).join("mine"))
+            .unwrap()
+            .uid();
+        assert_eq!(owner, seen[0], "its files belong to it");
+        uids.push(seen[0]);
+    }
+    let (alice, bob, carol) = (uids[0], uids[1], uids[2]);
+    assert_ne!(alice, bob);
+    assert_eq!(bob, 61000, "the uid the clients file names");
+    assert!(!(0..1000).contains(&alice) && alice != 65534, "{alice}");
+    // Control: a client sharing the daemon's workspace runs as the profile's identity.
+    assert_eq!(carol, 65534);
+}
+
+#[tokio::test]
+async fn a_profile_that_writes_what_others_run_cannot_serve_beside_a_private_workspace() {
+    // task-container writes the host's /usr, which strict and landlock execute from: a
+    // task-container client wrote /usr/local/sbin/ls and the next `ls` of a strict client ran
+    // it, in that client's private workspace. Such a combination is refused.
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return;
+    }
+    let alice = serde_json::json!({"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client"});
+    let m = marker();
+    let planted = format!("/usr/local/sbin/ls-{m}");
+    for writer in ["task-container", "trusted"] {
+        let refused = clients_daemon(
+            &serde_json::json!({"clients": [
+                alice.clone(),
+                {"name": "mallory", "token": MALLORY, "profiles": ["strict", writer]},
+            ]}),
+            &executor_tests::ALLOW_ALL_PROFILES,
+        );
+        let log = refused.err().unwrap_or_else(|| panic!("{writer}: the daemon started"));
+        assert!(
+            log.contains(&format!("client \"mallory\" may use profile \"{writer}\""))
+                && log.contains("private workspace"),
+            "{writer}: {log}"
+        );
+    }
+    // Control: without the private workspace the writer may serve (and writes the host).
+    let daemon = clients_daemon(
+        &serde_json::json!({"clients": [
+            {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"]},
+            {"name": "mallory", "token": MALLORY, "profiles": ["strict", "task-container"]},
+        ]}),
+        &executor_tests::ALLOW_ALL_PROFILES,
+    )
+    .unwrap();
+    let mut mallory = Client::connect(&daemon.url, Some(MALLORY)).await.unwrap();
+    let out = run_in(
+        &mut mallory,
+        TASK,
+        "plant",
+        &format!("echo '#!/bin/sh' > {planted}; echo rc=$?"),
+    )
+    .await
+    .output;
+    let written = std::path::Path::new(&planted).exists();
+    let _ = std::fs::remove_file(&planted);
+    assert_eq!(field(&out, "rc"), Some("0"), "{out}");
+    assert!(written, "control: task-container writes the host's /usr");
 }

@@ -191,3 +191,46 @@ async fn a_host_file_hardlinked_into_the_workspace_cannot_be_written_through() {
     }
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn the_working_directory_is_entered_as_the_command_so_it_tells_nothing_more() {
+    // The daemon used to check and enter `cwd` as root, before dropping to the command's uid:
+    // a request's outcome then told whether a path the command may not read exists (a command
+    // ran in /root/<existing>, an error came back for /root/<missing>).
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let m = marker();
+    let existing = PathBuf::from(format!("/root/escape-cwd-{m}"));
+    std::fs::create_dir(&existing).unwrap();
+    struct Rm(PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let _rm = Rm(existing.clone());
+    let missing = format!("/root/escape-missing-{m}");
+    let mut client = daemon.connect().await;
+    let answer = |cwd: String| {
+        let mut r = preq(LANDLOCK, "cwd", "pwd", 10.0);
+        r.cwd = Some(cwd.clone());
+        (r, cwd)
+    };
+    let mut seen = Vec::new();
+    for cwd in [existing.display().to_string(), missing] {
+        let (r, cwd) = answer(cwd);
+        let got = client.exec(r).await.result;
+        // Only the path may differ between the two answers.
+        seen.push(format!("{got:?}").replace(&cwd, "<cwd>"));
+    }
+    assert!(
+        seen[0].contains("Err"),
+        "[landlock] ran in a directory its uid cannot enter: {}",
+        seen[0]
+    );
+    assert_eq!(seen[0], seen[1], "[landlock] the answers differ");
+    // Control: a directory the command may enter works.
+    let (r, _) = answer("/tmp".into());
+    assert_eq!(client.exec(r).await.result.unwrap().output, "/tmp\n");
+}

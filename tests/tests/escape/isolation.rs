@@ -575,3 +575,122 @@ async fn strict_system_mounts_are_read_only_by_mount_flags_not_only_by_file_mode
         );
     }
 }
+
+#[tokio::test]
+async fn landlock_reaches_its_workspace_inside_the_state_directory_by_path() {
+    // The default layout: the workspace inside a state directory the daemon created 0700.
+    // landlock commands (uid 65534) could neither list nor write it: their uid could not pass
+    // through the state directory, and the rule for the workspace was opened after the uid
+    // switch, failed, and was silently left out of a ruleset still "fully enforced".
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return;
+    }
+    let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    let state = daemon.state.path().to_path_buf();
+    let ws = daemon.workspace.display().to_string();
+    let mut client = daemon.connect().await;
+    let out = run_in(
+        &mut client,
+        LANDLOCK,
+        "ws-by-path",
+        &format!(
+            "ls -d {ws} >/dev/null; echo list=$?; echo x > {ws}/by-path; echo write=$?; \
+             ls {s} >/dev/null; echo state_list=$?; cat {s}/token; echo token=$?",
+            s = state.display()
+        ),
+    )
+    .await
+    .output;
+    assert_eq!(field(&out, "list"), Some("0"), "{out}");
+    assert_eq!(field(&out, "write"), Some("0"), "{out}");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(daemon.workspace.join("by-path")).unwrap().uid(),
+        65534
+    );
+    // Denials beside it: the state directory can be passed through, not listed, and the token
+    // stays unreadable.
+    assert_ne!(field(&out, "state_list"), Some("0"), "{out}");
+    assert_ne!(field(&out, "token"), Some("0"), "{out}");
+    assert!(!out.contains(&daemon.token));
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+    assert_eq!(mode(&state), 0o711);
+    assert_eq!(mode(&state.join("token")), 0o600);
+}
+
+#[tokio::test]
+async fn a_landlock_rule_that_cannot_be_made_refuses_the_command() {
+    // Fail closed: a writable grant whose path exists but cannot be opened (here a symlink
+    // loop) must not be dropped from the ruleset. Control: a grant whose path does not exist is
+    // skipped (profiles list toolchain directories only some hosts have).
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("escape-rules-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let looping = dir.path().join("loop");
+    std::os::unix::fs::symlink(&looping, &looping).unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+    let base: serde_json::Value =
+        serde_json::from_str(include_str!("../../../sandbox-profiles/landlock.json")).unwrap();
+    for (name, path) in [
+        ("looping", looping.clone()),
+        ("missing", dir.path().join("missing")),
+    ] {
+        let mut profile = base.clone();
+        profile["name"] = name.into();
+        profile["filesystem"]["writable"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"path": path, "reason": "test"}));
+        std::fs::write(profiles.path().join(format!("{name}.json")), profile.to_string()).unwrap();
+    }
+    let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
+        extra: [
+            "--profiles-dir",
+            profiles.path().to_str().unwrap(),
+            "--allow-profile",
+            "looping",
+            "--allow-profile",
+            "missing",
+        ]
+        .map(String::from)
+        .to_vec(),
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    let mut client = daemon.connect().await;
+    let hello = client.hello.clone();
+    let summary = |name: &str| {
+        hello
+            .profiles
+            .iter()
+            .find(|p| p.name == name)
+            .cloned()
+            .unwrap()
+    };
+    let looping_summary = summary("looping");
+    assert!(!looping_summary.available);
+    let reason = looping_summary.unavailable_reason.unwrap_or_default();
+    assert!(reason.contains("landlock rule for"), "{reason}");
+    let refused = client
+        .exec(preq("looping", "l", "echo ran", 10.0))
+        .await
+        .result
+        .unwrap_err();
+    assert_eq!(refused.code, protocol::ErrorCode::EnvironmentError, "{refused:?}");
+    assert!(refused.message.contains("stage landlock"), "{refused:?}");
+    // Control.
+    assert!(summary("missing").available);
+    let ran = client
+        .exec(preq("missing", "m", "echo ran", 10.0))
+        .await
+        .result
+        .unwrap();
+    assert_eq!(ran.output, "ran\n");
+}

@@ -81,6 +81,44 @@ r, e = sc(430, ctypes.c_char_p(b"tmpfs"), 0)
 print(f"fsopen={r} fsopen_errno={e}")
 "#,
         ),
+        // ptrace's neighbours: each reaches into another process (here the command's own
+        // child or itself, which they would be allowed to), and each was allowed.
+        (
+            "pidfd_getfd",
+            r#"
+import time
+child = os.fork()
+if child == 0:
+    time.sleep(5)
+    os._exit(0)
+pidfd, _ = sc(434, child, 0)   # pidfd_open
+r, e = sc(438, pidfd, 1, 0)     # pidfd_getfd: the child's stdout
+os.kill(child, 9)
+os.waitpid(child, 0)
+print(f"pidfd_getfd={r} pidfd_getfd_errno={e}")
+"#,
+        ),
+        (
+            "kcmp",
+            r#"
+r, e = sc(312, os.getpid(), os.getpid(), 0, 1, 1)   # KCMP_FILE: fd 1 against fd 1
+print(f"kcmp={r} kcmp_errno={e}")
+"#,
+        ),
+        (
+            "process_madvise",
+            r#"
+import mmap
+buf = mmap.mmap(-1, 4096)
+buf.write(b"x" * 4096)
+class Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+iov = Iovec(ctypes.addressof(ctypes.c_char.from_buffer(buf)), 4096)
+me, _ = sc(434, os.getpid(), 0)
+r, e = sc(440, me, ctypes.byref(iov), 1, 20, 0)   # MADV_COLD on our own page
+print(f"process_madvise={r} process_madvise_errno={e}")
+"#,
+        ),
     ]
 }
 

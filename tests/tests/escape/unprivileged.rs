@@ -265,3 +265,48 @@ async fn without_cgroups_the_sweep_still_kills_a_tree_that_keeps_forking_orphans
     }
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn same_uid_landlock_commands_cannot_change_the_daemons_limits_or_priority() {
+    // The daemon's uid is the command's here: the kernel's uid check lets `prlimit --pid` and
+    // friends through. `prlimit --pid <daemon> --nofile=4:4` left it failing every accept
+    // (`Too many open files`), locking every client out.
+    if !require("root (to start the daemon as another uid)", is_root()) {
+        return;
+    }
+    let daemon = unprivileged_daemon();
+    let mut client = daemon.connect().await;
+    let d = daemon.pid();
+    let limits = || std::fs::read_to_string(format!("/proc/{d}/limits")).unwrap();
+    let nice = || {
+        let stat = std::fs::read_to_string(format!("/proc/{d}/stat")).unwrap();
+        stat[stat.rfind(')').unwrap() + 2..]
+            .split_whitespace()
+            .nth(16)
+            .unwrap()
+            .to_string()
+    };
+    let (limits_before, nice_before) = (limits(), nice());
+    let out = run_in(
+        &mut client,
+        LANDLOCK,
+        "daemon-limits",
+        &format!(
+            "prlimit --pid {d} --nofile=4:4; echo nofile=$?; renice -n 19 -p {d}; echo renice=$?; \
+             prlimit --nofile=64:64 true; echo own=$?"
+        ),
+    )
+    .await
+    .output;
+    assert_ne!(field(&out, "nofile"), Some("0"), "{out}");
+    assert_ne!(field(&out, "renice"), Some("0"), "{out}");
+    assert_eq!(field(&out, "own"), Some("0"), "control: {out}");
+    // On the host: the daemon's limits and priority are what they were, and it serves.
+    assert_eq!(limits(), limits_before);
+    assert_eq!(nice(), nice_before);
+    for _ in 0..3 {
+        let mut more = daemon.connect().await;
+        assert_eq!(more.run("again", "echo ok").await.output, "ok\n");
+    }
+    assert_daemon_intact(&daemon).await;
+}
