@@ -71,7 +71,7 @@ impl Token {
         // One open file for the checks and the contents, so they are about the same file (a
         // path checked and then read could be swapped in between). A symlink is followed:
         // what counts is the file it leads to (Kubernetes mounts secrets as links).
-        let mut file = match std::fs::File::open(path) {
+        let file = match std::fs::File::open(path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
                 return Ok((Self::create(path)?, true));
