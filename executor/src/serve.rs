@@ -349,10 +349,19 @@ fn workspace_owner(engine: &Engine) -> Option<(u32, u32)> {
     if !nix::unistd::geteuid().is_root() {
         return None;
     }
+    // The default profile's identity; with none (no default can run here), the unprivileged
+    // identity of any profile offered.
     let user = engine
         .profiles
         .get(&engine.default_profile)
-        .and_then(|p| p.user.as_ref())?;
+        .and_then(|p| p.user.as_ref())
+        .or_else(|| {
+            engine
+                .profiles
+                .values()
+                .filter_map(|p| p.user.as_ref())
+                .find(|u| u.uid != 0)
+        })?;
     Some((user.uid, user.gid))
 }
 

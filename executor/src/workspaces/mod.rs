@@ -12,16 +12,23 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Workspaces {
     root: PathBuf,
     /// Owner of new workspaces (the identity the default profile runs commands as).
     owner: Option<(u32, u32)>,
+    /// Held while a directory is made and handed to its owner, so that a concurrent command
+    /// never finds it half made (still root's).
+    creating: std::sync::Mutex<()>,
 }
 
 impl Workspaces {
     pub fn new(root: PathBuf, owner: Option<(u32, u32)>) -> Self {
-        Self { root, owner }
+        Self {
+            root,
+            owner,
+            creating: std::sync::Mutex::new(()),
+        }
     }
 
     /// Where every private workspace lives.
@@ -104,6 +111,10 @@ impl Workspaces {
     /// wrote.
     pub fn ensure(&self, dir: &Path, owner: Option<(u32, u32)>) -> anyhow::Result<()> {
         use std::os::unix::fs::MetadataExt;
+        let _creating = self
+            .creating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Ok(meta) = std::fs::symlink_metadata(dir) {
             if !meta.is_dir() {
                 anyhow::bail!("{} is not a directory", dir.display());
@@ -130,7 +141,7 @@ impl Workspaces {
         match std::fs::DirBuilder::new().mode(0o700).create(dir) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
-                return self.ensure(dir, owner)
+                anyhow::bail!("{} appeared while it was being made", dir.display())
             }
             Err(err) => {
                 return Err(err).with_context(|| format!("cannot create {}", dir.display()))

@@ -159,7 +159,9 @@ async fn a_token_file_someone_else_owns_is_refused() {
         extra: vec!["--token-file".into(), token.display().to_string()],
         ..Default::default()
     });
-    let log = refused.err().expect("the daemon started with nobody's token file");
+    let log = refused
+        .err()
+        .expect("the daemon started with nobody's token file");
     assert!(log.contains("belongs to uid 65534"), "{log}");
     // Control: the same file owned by root, through a symlink.
     nix::unistd::chown(&token, Some(nix::unistd::Uid::from_raw(0)), None).unwrap();

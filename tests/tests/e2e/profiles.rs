@@ -140,7 +140,10 @@ async fn a_landlock_only_profile_that_hides_a_granted_path_is_refused() {
         ..Default::default()
     });
     let mut client = daemon.connect().await;
-    let mut r = req("h", &format!("cat {}/secret; echo rc=$?", outside.path().display()));
+    let mut r = req(
+        "h",
+        &format!("cat {}/secret; echo rc=$?", outside.path().display()),
+    );
     r.profile = Some("hiding".into());
     let out = client.exec(r).await.result.unwrap().output;
     assert!(!out.contains("s3cret") && !out.contains("rc=0"), "{out}");

@@ -1,8 +1,8 @@
 //! Hostile and malformed input: every bad message gets a typed error, nothing panics, and the
 //! connection and the daemon live on.
 
-use futures_util::{SinkExt, StreamExt};
 use executor_tests::{req, Daemon};
+use futures_util::{SinkExt, StreamExt};
 use protocol::{ClientMessage, ErrorCode, ServerMessage};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -267,14 +267,25 @@ async fn browser_origins_and_foreign_host_names_are_refused() {
         }
     };
     for (headers, what) in [
-        (vec![("Origin", "https://evil.example".to_string())], "foreign origin"),
-        (vec![("Host", format!("evil.example:{port}"))], "foreign host"),
-        (vec![("Host", format!("localhost.evil.example:{port}"))], "look-alike host"),
+        (
+            vec![("Origin", "https://evil.example".to_string())],
+            "foreign origin",
+        ),
+        (
+            vec![("Host", format!("evil.example:{port}"))],
+            "foreign host",
+        ),
+        (
+            vec![("Host", format!("localhost.evil.example:{port}"))],
+            "look-alike host",
+        ),
     ] {
         let err = try_with(headers).await.unwrap_err();
         assert!(err.contains("403"), "{what}: {err}");
     }
-    let metrics = executor_tests::http_get(daemon.addr, "/metrics", None).await.unwrap();
+    let metrics = executor_tests::http_get(daemon.addr, "/metrics", None)
+        .await
+        .unwrap();
     assert!(metrics.starts_with("HTTP/1.1 401"), "{metrics}");
     // Allowed twins: no Origin (not a browser), the allowed one, loopback names.
     for headers in [
@@ -283,7 +294,9 @@ async fn browser_origins_and_foreign_host_names_are_refused() {
         vec![("Host", format!("localhost:{port}"))],
         vec![("Host", format!("127.0.0.1:{port}"))],
     ] {
-        try_with(headers.clone()).await.unwrap_or_else(|e| panic!("{headers:?}: {e}"));
+        try_with(headers.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{headers:?}: {e}"));
     }
     assert!(daemon.log().contains("refused a request"));
 }

@@ -305,7 +305,12 @@ fn host_view(pid: i32) -> (String, String, String, String) {
         fields.get(38).unwrap_or(&"?")
     );
     let cpus = executor_tests::proc_status(pid, "Cpus_allowed_list:").unwrap_or_default();
-    (pick("Max cpu time"), pick("Max open files"), nice_policy, cpus)
+    (
+        pick("Max cpu time"),
+        pick("Max open files"),
+        nice_policy,
+        cpus,
+    )
 }
 
 #[tokio::test]
@@ -347,11 +352,25 @@ async fn landlock_commands_cannot_change_another_commands_limits_priority_or_sch
     .await
     .output;
     for call in ["cpu", "nofile", "renice", "taskset", "chrt", "ionice"] {
-        assert_ne!(field(&out, call), Some("0"), "[landlock] {call} on another command: {out}");
+        assert_ne!(
+            field(&out, call),
+            Some("0"),
+            "[landlock] {call} on another command: {out}"
+        );
     }
     // Control: the same calls on the command itself work.
-    for call in ["own_prlimit", "own_nice", "own_taskset", "own_chrt", "own_ionice"] {
-        assert_eq!(field(&out, call), Some("0"), "[landlock] control {call}: {out}");
+    for call in [
+        "own_prlimit",
+        "own_nice",
+        "own_taskset",
+        "own_chrt",
+        "own_ionice",
+    ] {
+        assert_eq!(
+            field(&out, call),
+            Some("0"),
+            "[landlock] control {call}: {out}"
+        );
     }
     // On the host: the victim lives, with its limits, priority, policy and CPUs unchanged.
     assert!(matches!(process_state(victim), Some(s) if s != 'Z'));
@@ -359,7 +378,11 @@ async fn landlock_commands_cannot_change_another_commands_limits_priority_or_sch
     // Control: the host-side view does see a change when one is made (trusted is root).
     let ctl = run_in(&mut bob, TRUSTED, "renice", &format!("renice -n 7 -p {p}")).await;
     assert_eq!(ctl.returncode, 0, "{ctl:?}");
-    assert_ne!(host_view(victim).2, before.2, "control: renice shows on the host");
+    assert_ne!(
+        host_view(victim).2,
+        before.2,
+        "control: renice shows on the host"
+    );
     cancel(&mut alice, &alice_id).await;
     assert_daemon_intact(&daemon).await;
 }
@@ -419,7 +442,11 @@ async fn landlock_clients_each_have_a_home_no_other_client_can_plant_configurati
     );
     let ran = run_in(&mut bob, LANDLOCK, "victim", &victim).await.output;
     assert!(ran.contains("done"), "{ran}");
-    assert_ne!(field(&planted, "HOME"), field(&ran, "HOME"), "{planted} / {ran}");
+    assert_ne!(
+        field(&planted, "HOME"),
+        field(&ran, "HOME"),
+        "{planted} / {ran}"
+    );
     assert!(
         !homes.join("bob/.gitconfig").exists(),
         "alice wrote into bob's home: {planted}"
@@ -443,9 +470,15 @@ async fn landlock_clients_each_have_a_home_no_other_client_can_plant_configurati
         "git init -q own-{m} && cd own-{m} && git status >/dev/null; WHO=alice {PY} -c pass; echo done"
     );
     run_in(&mut alice, LANDLOCK, "own", &own).await;
-    assert!(!stray(&format!("hook-{m}")).is_empty(), "control: fsmonitor hook");
+    assert!(
+        !stray(&format!("hook-{m}")).is_empty(),
+        "control: fsmonitor hook"
+    );
     assert_eq!(stray(&format!("pth-{m}")), [format!("pth-{m}-alice")]);
-    for name in stray(&format!("hook-{m}")).into_iter().chain(stray(&format!("pth-{m}"))) {
+    for name in stray(&format!("hook-{m}"))
+        .into_iter()
+        .chain(stray(&format!("pth-{m}")))
+    {
         let _ = std::fs::remove_file(std::path::Path::new("/tmp").join(name));
     }
     let _ = std::fs::remove_file("/tmp/.gitconfig");
@@ -494,7 +527,10 @@ async fn private_clients_run_as_uids_of_their_own() {
             seen.push(uid);
             cancel(&mut client, &id).await;
         }
-        assert_eq!(seen[0], seen[1], "the same identity under strict and landlock");
+        assert_eq!(
+            seen[0], seen[1],
+            "the same identity under strict and landlock"
+        );
         use std::os::unix::fs::MetadataExt;
         let owner = std::fs::metadata(std::path::Path::new(&client.hello.workspace).join("mine"))
             .unwrap()
@@ -529,7 +565,9 @@ async fn a_profile_that_writes_what_others_run_cannot_serve_beside_a_private_wor
             ]}),
             &executor_tests::ALLOW_ALL_PROFILES,
         );
-        let log = refused.err().unwrap_or_else(|| panic!("{writer}: the daemon started"));
+        let log = refused
+            .err()
+            .unwrap_or_else(|| panic!("{writer}: the daemon started"));
         assert!(
             log.contains(&format!("client \"mallory\" may use profile \"{writer}\""))
                 && log.contains("private workspace"),

@@ -608,7 +608,9 @@ async fn landlock_reaches_its_workspace_inside_the_state_directory_by_path() {
     assert_eq!(field(&out, "write"), Some("0"), "{out}");
     use std::os::unix::fs::MetadataExt;
     assert_eq!(
-        std::fs::metadata(daemon.workspace.join("by-path")).unwrap().uid(),
+        std::fs::metadata(daemon.workspace.join("by-path"))
+            .unwrap()
+            .uid(),
         65534
     );
     // Denials beside it: the state directory can be passed through, not listed, and the token
@@ -648,7 +650,11 @@ async fn a_landlock_rule_that_cannot_be_made_refuses_the_command() {
             .as_array_mut()
             .unwrap()
             .push(serde_json::json!({"path": path, "reason": "test"}));
-        std::fs::write(profiles.path().join(format!("{name}.json")), profile.to_string()).unwrap();
+        std::fs::write(
+            profiles.path().join(format!("{name}.json")),
+            profile.to_string(),
+        )
+        .unwrap();
     }
     let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
         extra: [
@@ -683,7 +689,11 @@ async fn a_landlock_rule_that_cannot_be_made_refuses_the_command() {
         .await
         .result
         .unwrap_err();
-    assert_eq!(refused.code, protocol::ErrorCode::EnvironmentError, "{refused:?}");
+    assert_eq!(
+        refused.code,
+        protocol::ErrorCode::EnvironmentError,
+        "{refused:?}"
+    );
     assert!(refused.message.contains("stage landlock"), "{refused:?}");
     // Control.
     assert!(summary("missing").available);
