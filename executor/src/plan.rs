@@ -200,7 +200,7 @@ pub enum PlanError {
         "profile {profile} hides {path}, but its landlock rule for {rule} opens it (without a \
          mount namespace a path cannot be carved out of a granted tree)"
     )]
-    HiddenExposed {
+    HiddenPathOpened {
         profile: String,
         path: PathBuf,
         rule: PathBuf,
@@ -209,7 +209,7 @@ pub enum PlanError {
         "profile {profile} would let commands reach other clients' workspaces in {dir} (beneath \
          {rule}); keep the daemon's state directory outside the paths the profile opens"
     )]
-    PrivateWorkspaceExposed {
+    PrivateWorkspacesReachable {
         profile: String,
         dir: PathBuf,
         rule: PathBuf,
@@ -256,7 +256,7 @@ pub fn plan_command(
     for hidden in profile.filesystem.iter().flat_map(|fs| &fs.hidden) {
         let path = PathBuf::from(expand(&hidden.path));
         if let Some(rule) = landlock_rule_opening(&sandbox, &path) {
-            return Err(PlanError::HiddenExposed {
+            return Err(PlanError::HiddenPathOpened {
                 profile: profile.name.clone(),
                 path,
                 rule: rule.clone(),
@@ -327,7 +327,7 @@ fn check_private_workspaces(
     sandbox: &SandboxPlan,
 ) -> Result<(), PlanError> {
     match landlock_rule_opening(sandbox, root) {
-        Some(rule) => Err(PlanError::PrivateWorkspaceExposed {
+        Some(rule) => Err(PlanError::PrivateWorkspacesReachable {
             profile: profile.name.clone(),
             dir: root.to_path_buf(),
             rule: rule.clone(),
@@ -765,7 +765,7 @@ mod tests {
         request.private_root = Some("/tmp/executor-state/workspaces".into());
         let err = plan_command(&request, &builtin("landlock"), &s, 1).unwrap_err();
         assert!(
-            matches!(err, PlanError::PrivateWorkspaceExposed { .. }),
+            matches!(err, PlanError::PrivateWorkspacesReachable { .. }),
             "{err}"
         );
         // A shared client's command (no workspace of its own) is refused as well.
@@ -773,7 +773,7 @@ mod tests {
         shared.private_root = request.private_root.clone();
         let err = plan_command(&shared, &builtin("landlock"), &s, 1).unwrap_err();
         assert!(
-            matches!(err, PlanError::PrivateWorkspaceExposed { .. }),
+            matches!(err, PlanError::PrivateWorkspacesReachable { .. }),
             "{err}"
         );
         // Controls: strict covers the siblings with its own root; outside /tmp landlock is fine,
