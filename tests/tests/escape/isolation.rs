@@ -587,6 +587,11 @@ async fn landlock_reaches_its_workspace_inside_the_state_directory_by_path() {
     }
     let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
         state_parent: Some("/var/tmp".into()),
+        // As `executor serve` makes a state directory it creates (/var/lib/executor).
+        prepare: Some(Box::new(|state| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(state, std::fs::Permissions::from_mode(0o700)).unwrap();
+        })),
         ..Default::default()
     });
     let state = daemon.state.path().to_path_buf();
