@@ -5,6 +5,18 @@
 //! `EXECUTOR_TESTS_STRICT=1` (set by `.ci/run`), so CI can never pass by skipping.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::missing_panics_doc)]
 
+pub mod checks;
+pub mod container;
+pub mod lifeline;
+pub mod profiles;
+pub mod rootfs;
+pub mod static_build;
+pub mod target;
+pub mod vm;
+
+pub use static_build::static_executor;
+pub use target::{Endpoint, Target};
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

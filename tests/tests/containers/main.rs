@@ -1,0 +1,1 @@
+//! Container suite (in progress).
