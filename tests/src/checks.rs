@@ -27,10 +27,11 @@ pub async fn run_as(
     timeout: f64,
 ) -> ExecResult {
     client
-        .exec(preq(profile, id, command, timeout))
-        .await
-        .result
-        .unwrap_or_else(|e| panic!("[{profile:?}] {id}: refused: {} {}", e.code, e.message))
+        .send(&ClientMessage::Exec(preq(profile, id, command, timeout)))
+        .await;
+    // The whole timeout may pass without a message: wait for the result that long.
+    let wait = Duration::from_secs_f64(timeout) + PATIENCE;
+    result_within(client, id, wait).await
 }
 
 /// Start `command` with streaming on and wait until its output contains `ready`.
@@ -84,7 +85,7 @@ pub async fn result_within(client: &mut Client, id: &str, wait: Duration) -> Exe
         match client.recv_within(left).await {
             Ok(Some(ServerMessage::Result(result))) if result.id == id => return result,
             Ok(Some(ServerMessage::Error(err))) if err.id.as_deref() == Some(id) => {
-                panic!("{id}: {} {}", err.code, err.message)
+                panic!("{id}: refused: {} {}", err.code, err.message)
             }
             Ok(Some(_)) => {}
             Ok(None) => panic!("{id}: connection closed before its result"),
@@ -154,6 +155,8 @@ pub async fn tree_dies(target: &impl Target, profile: Option<&str>, how: End, ti
             None
         }
     };
+    // Survivors first: what matters most, whatever the result says.
+    assert_none_left(target, &m, &format!("{how:?} under {profile:?}")).await;
     if let Some(result) = ended {
         let expected = match how {
             End::Timeout => Ending::TimedOut,
@@ -166,7 +169,6 @@ pub async fn tree_dies(target: &impl Target, profile: Option<&str>, how: End, ti
             result.extra.killed_processes
         );
     }
-    assert_none_left(target, &m, &format!("{how:?} under {profile:?}")).await;
 }
 
 /// Run `check` for each profile concurrently and fail once, listing every profile whose check
