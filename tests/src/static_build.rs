@@ -10,11 +10,17 @@ use std::sync::OnceLock;
 /// line: `("x86_64-unknown-linux-musl", "")`.
 const STATIC_BUILD: (&str, &str) = ("x86_64-unknown-linux-gnu", "-C target-feature=+crt-static");
 
-/// The workspace's target directory (`target/`), from this test binary's own path
-/// (`target/<profile>/deps/<name>-<hash>`).
+/// The workspace's target directory, from this binary's own path: test binaries live in
+/// `target/<profile>/deps/`, other binaries (the benchmark) in `target/<profile>/`.
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.ancestors().nth(3).unwrap().to_path_buf()
+    let dir = exe.parent().unwrap();
+    let profile_dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().unwrap()
+    } else {
+        dir
+    };
+    profile_dir.parent().unwrap().to_path_buf()
 }
 
 /// Path of a static release build of `executor`, built once per test process (into its own
