@@ -67,6 +67,11 @@ struct ClientEntry {
     /// May read `/metrics`, which names every client.
     #[serde(default)]
     metrics: bool,
+    /// uid (and gid) this client's commands run as, instead of the profile's unprivileged
+    /// identity, under a root daemon. Default: one derived from the name when the client has a
+    /// private workspace, none (the profile's) when it shares the daemon's.
+    #[serde(default)]
+    uid: Option<u32>,
 }
 
 /// One authenticated identity and its policy.
@@ -80,6 +85,9 @@ pub struct Client {
     pub workspace: WorkspacePolicy,
     pub resume_grace: Option<Duration>,
     pub metrics: bool,
+    /// Identity of its commands in profiles that run as an unprivileged uid (see
+    /// [`ClientEntry::uid`]); `None`: the profile's.
+    pub uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -136,6 +144,7 @@ impl ClientTable {
                 workspace: WorkspacePolicy::Shared,
                 resume_grace: None,
                 metrics: true,
+                uid: None,
             })],
         }
     }
@@ -268,6 +277,11 @@ impl ClientTable {
                     ))
                 }
             };
+            let uid = match entry.uid {
+                Some(uid) => Some(uid),
+                None if entry.workspace != WorkspacePolicy::Shared => Some(derived_uid(&name)),
+                None => None,
+            };
             clients.push(Arc::new(Client {
                 name,
                 digest,
@@ -280,8 +294,11 @@ impl ClientTable {
                 workspace: entry.workspace,
                 resume_grace,
                 metrics: entry.metrics,
+                uid,
             }));
         }
+        check_isolation(&clients, profiles)?;
+        check_uids(&clients)?;
         Ok(Self { clients })
     }
 
@@ -322,6 +339,88 @@ impl ClientTable {
     pub fn names(&self) -> Vec<String> {
         self.clients.iter().map(|c| c.name.clone()).collect()
     }
+}
+
+/// Clients with a private workspace are promised isolation from every other client. A profile
+/// that writes files other profiles' commands run (task-container writes the host's `/usr`,
+/// which strict and landlock execute from; `trusted` writes anything) would let its client
+/// plant code that runs in theirs: no client may be allowed one while any client has a
+/// private workspace.
+fn check_isolation(
+    clients: &[Arc<Client>],
+    profiles: &BTreeMap<String, Profile>,
+) -> Result<(), String> {
+    let Some(private) = clients
+        .iter()
+        .find(|c| c.workspace != WorkspacePolicy::Shared)
+    else {
+        return Ok(());
+    };
+    for client in clients {
+        let writer = profiles
+            .values()
+            .filter(|p| client.may_use(&p.name))
+            .find(|p| p.writes_shared_files(profiles.values()));
+        if let Some(writer) = writer {
+            return Err(format!(
+                "client {:?} may use profile {:?}, which writes files that other clients' \
+                 commands run, while client {:?} has a private workspace: {:?} could plant code \
+                 that runs in {:?}'s commands. List {:?}'s profiles without {:?}, or serve it \
+                 from a daemon of its own",
+                client.name,
+                writer.name,
+                private.name,
+                client.name,
+                private.name,
+                client.name,
+                writer.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// First uid of the range client identities are derived in: 3840 uids below systemd's dynamic
+/// range (61184-65519), inside the 16-bit range every container's user namespace maps.
+const DERIVED_UID_BASE: u32 = 57344;
+const DERIVED_UID_SPAN: u32 = 3840;
+/// The identity profiles use for commands of clients without one of their own.
+const SHARED_UID: u32 = 65534;
+
+/// A stable uid for a client: the same name gives the same uid on every start, so its
+/// workspace keeps belonging to it.
+fn derived_uid(name: &str) -> u32 {
+    let digest = Sha256::digest(format!("executor client uid:{name}").as_bytes());
+    let n = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    DERIVED_UID_BASE + n % DERIVED_UID_SPAN
+}
+
+/// Each client's identity is its own: not root, not the daemon's, not the shared one, not
+/// another client's, and not a user of this host (whose files and processes it would reach).
+fn check_uids(clients: &[Arc<Client>]) -> Result<(), String> {
+    let daemon = nix::unistd::geteuid().as_raw();
+    let mut seen: BTreeMap<u32, &str> = BTreeMap::new();
+    for client in clients {
+        let Some(uid) = client.uid else { continue };
+        let name = client.name.as_str();
+        if uid == 0 || uid == daemon || uid == SHARED_UID || uid == u32::MAX {
+            return Err(format!(
+                "client {name:?}: uid {uid} is root's, the daemon's or the shared identity; give it a uid of its own"
+            ));
+        }
+        if let Some(other) = seen.insert(uid, name) {
+            return Err(format!(
+                "clients {other:?} and {name:?} would both run as uid {uid}; set \"uid\" for one of them"
+            ));
+        }
+        if let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+            return Err(format!(
+                "client {name:?}: uid {uid} belongs to user {:?} on this host; set \"uid\" to an unused one",
+                user.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
@@ -584,6 +683,40 @@ mod tests {
         // Control: private workspaces with confining profiles only are fine.
         table(&format!(
             r#"{{"clients":[{{"name":"a","token":"{A}","workspace":"per_client","profiles":["strict","landlock"]}}]}}"#
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn a_profile_that_writes_what_others_run_cannot_share_a_daemon_with_a_private_workspace() {
+        let private = r#"{"name":"p","token":"PPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPPP","workspace":"per_client","profiles":["strict","landlock"]}"#;
+        for other in ["task-container", "trusted"] {
+            let err = table(&format!(
+                r#"{{"clients":[{private},{{"name":"w","token":"{A}","profiles":["strict","{other}"]}}]}}"#
+            ))
+            .err()
+            .unwrap_or_default();
+            assert!(
+                err.contains(&format!("client \"w\" may use profile \"{other}\""))
+                    && err.contains("private workspace"),
+                "{other}: {err}"
+            );
+        }
+        // A client with no profiles list may use every profile, task-container included.
+        let err = table(&format!(
+            r#"{{"clients":[{private},{{"name":"w","token":"{A}"}}]}}"#
+        ))
+        .err()
+        .unwrap_or_default();
+        assert!(err.contains("may use profile"), "{err}");
+        // Controls: the same writer without any private workspace, and the private client with
+        // a neighbour confined to filtered profiles.
+        table(&format!(
+            r#"{{"clients":[{{"name":"w","token":"{A}","profiles":["task-container"]}},{{"name":"s","token":"{B}"}}]}}"#
+        ))
+        .unwrap();
+        table(&format!(
+            r#"{{"clients":[{private},{{"name":"w","token":"{A}","profiles":["strict","landlock"]}}]}}"#
         ))
         .unwrap();
     }

@@ -181,8 +181,7 @@ impl Engine {
                     command: "true".into(),
                     cwd: Some("/".into()),
                     env: BTreeMap::new(),
-                    workspace: None,
-                    private_root: None,
+                    ..Default::default()
                 },
                 timeout: std::time::Duration::from_secs(10),
                 profile: Some(name.clone()),

@@ -77,8 +77,8 @@ pub enum SetupError {
     PidNamespace(#[source] Errno),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
-    #[error("working directory {0} does not exist or is not a directory")]
-    Cwd(String),
+    #[error("cannot enter working directory {dir}: {errno}")]
+    Cwd { dir: String, errno: Errno },
     #[error("cannot start {program}: {source}")]
     Exec {
         program: String,
@@ -104,7 +104,7 @@ impl SetupError {
             Self::Cgroup(_) => "cgroup".into(),
             Self::PidNamespace(_) => "pid_ns".into(),
             Self::Sandbox(err) => err.layer().into(),
-            Self::Cwd(_) => "cwd".into(),
+            Self::Cwd { .. } => "cwd".into(),
             Self::Exec { .. } => "exec".into(),
             Self::OutputPipe(_) => "output".into(),
             Self::Child { stage, .. } => stage.clone(),
@@ -374,11 +374,16 @@ fn payload_main(plan: &Plan) -> SetupError {
     if let Err(err) = wired {
         return err;
     }
-    if !plan.cwd.is_dir() || nix::unistd::chdir(&plan.cwd).is_err() {
-        return SetupError::Cwd(plan.cwd.display().to_string());
-    }
     if let Err(err) = sandbox::confine_process(&plan.sandbox) {
         return err.into();
+    }
+    // Entered as the command, after its confinement: a directory it may not reach fails here
+    // as it would for its own `cd`, and tells it no more than `cd` would.
+    if let Err(errno) = nix::unistd::chdir(&plan.cwd) {
+        return SetupError::Cwd {
+            dir: plan.cwd.display().to_string(),
+            errno,
+        };
     }
     exec(&plan.argv, &plan.env)
 }

@@ -65,6 +65,9 @@ pub struct SandboxPlan {
     pub deny_inet: bool,
     /// seccomp also refuses SysV IPC (no IPC namespace: its keys would reach the host's).
     pub deny_sysv_ipc: bool,
+    /// seccomp allows limits, priorities and scheduling changes on the caller only (no pid
+    /// namespace: other processes of the same uid are reachable by pid).
+    pub own_process_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,7 +142,7 @@ pub enum HelperReport {
 pub struct PlanSettings {
     pub interpreter: Vec<String>,
     pub workspace: PathBuf,
-    /// `HOME` of commands unless the profile or the request sets it.
+    /// `{home}` of commands whose request brings none of its own (probes, `executor run`).
     pub home: PathBuf,
     /// Substituted for `{state_dir}` in profiles.
     pub state_dir: PathBuf,
@@ -159,8 +162,8 @@ pub struct PlanSettings {
     pub cgroups: CgroupRoot,
 }
 
-/// What the client asked for, already validated by `crate::request`.
-#[derive(Debug, Clone, PartialEq)]
+/// What the client asked for, already validated by `crate::request`, and who asks.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CommandSpec {
     pub command: String,
     pub cwd: Option<PathBuf>,
@@ -170,6 +173,11 @@ pub struct CommandSpec {
     /// Where clients' private workspaces live, while any client has one: no command of any
     /// client may reach it (but through its own workspace).
     pub private_root: Option<PathBuf>,
+    /// The client's own uid and gid, replacing the unprivileged identity of profiles that
+    /// switch to one (so that clients' commands cannot reach each other's files and processes).
+    pub identity: Option<(u32, u32)>,
+    /// The client's home directory (`{home}` in profiles), writable by its commands only.
+    pub home: Option<PathBuf>,
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -209,14 +217,31 @@ pub fn plan_command(
     let mut argv = settings.interpreter.clone();
     argv.push(spec.command.clone());
 
+    let workspace = spec.workspace.as_ref().unwrap_or(&settings.workspace);
+    let home = spec.home.as_ref().unwrap_or(&settings.home);
+    let expand = |text: &str| -> String {
+        text.replace("{workspace}", &workspace.display().to_string())
+            .replace("{home}", &home.display().to_string())
+            .replace("{state_dir}", &settings.state_dir.display().to_string())
+            .replace(
+                "{executor_bin}",
+                &settings.executor_bin.display().to_string(),
+            )
+    };
     // Cleared environment, then HOME, the profile's defaults, the request: the request wins.
-    let mut env = BTreeMap::from([("HOME".to_string(), settings.home.display().to_string())]);
-    env.extend(profile.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut env = BTreeMap::from([("HOME".to_string(), home.display().to_string())]);
+    env.extend(profile.env.iter().map(|(k, v)| (k.clone(), expand(v))));
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 
-    let workspace = spec.workspace.as_ref().unwrap_or(&settings.workspace);
     let cgroups = plan_cgroups(profile, &settings.cgroups, serial);
-    let sandbox = plan_sandbox(profile, settings, workspace, &cgroups);
+    let mut sandbox = plan_sandbox(profile, settings, &expand, &cgroups);
+    // A client of its own identity runs as it wherever the profile would run an unprivileged
+    // uid (never in place of root, which the profile asks for, nor of the daemon's own).
+    if let (Some((uid, _)), Some(identity)) = (sandbox.user, spec.identity) {
+        if uid != 0 {
+            sandbox.user = Some(identity);
+        }
+    }
     check_daemon_files(profile, settings, &sandbox)?;
     if let Some(root) = &spec.private_root {
         check_private_workspaces(profile, root, &sandbox)?;
@@ -324,19 +349,10 @@ fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<Cgroup
 fn plan_sandbox(
     profile: &Profile,
     settings: &PlanSettings,
-    workspace: &Path,
+    expand_text: &dyn Fn(&str) -> String,
     cgroups: &[CgroupDir],
 ) -> SandboxPlan {
-    let expand = |path: &str| -> PathBuf {
-        PathBuf::from(
-            path.replace("{workspace}", &workspace.display().to_string())
-                .replace("{state_dir}", &settings.state_dir.display().to_string())
-                .replace(
-                    "{executor_bin}",
-                    &settings.executor_bin.display().to_string(),
-                ),
-        )
-    };
+    let expand = |path: &str| PathBuf::from(expand_text(path));
     let mut namespaces = profile.namespaces.clone();
     namespaces.sort();
     let has = |ns: Namespace| namespaces.contains(&ns);
@@ -345,46 +361,42 @@ fn plan_sandbox(
         .filesystem
         .as_ref()
         .filter(|_| has(Namespace::Mount))
-        .map(|fs| MountPlan {
-            root: fs.root,
-            read_only: fs
-                .read_only
-                .iter()
-                .map(|g| expand(&g.path))
-                .chain(
-                    settings
-                        .loader_files
-                        .iter()
-                        .filter(|_| fs.root == RootMode::Host)
-                        .cloned(),
-                )
-                .collect(),
-            writable: fs.writable.iter().map(|g| expand(&g.path)).collect(),
-            pins: if fs.root == RootMode::Host {
-                ancestors(&settings.loader_files)
-            } else {
-                Vec::new()
-            },
-            hidden: fs
+        .map(|fs| {
+            let host = fs.root == RootMode::Host;
+            let hidden: Vec<PathBuf> = fs
                 .hidden
                 .iter()
                 .map(|g| expand(&g.path))
-                .chain(
-                    // The host's root shows the daemon's files wherever they are: cover them.
-                    settings
-                        .daemon_files
-                        .iter()
-                        .filter(|_| fs.root == RootMode::Host)
-                        .cloned(),
-                )
-                .collect(),
-            // A writable path wins over a tmpfs at the same place (`executor run` in /tmp).
-            tmpfs: fs
-                .tmpfs
-                .iter()
-                .map(|t| (expand(&t.path), t.size_mb * MIB))
-                .filter(|(path, _)| !fs.writable.iter().any(|w| expand(&w.path) == *path))
-                .collect(),
+                // The host's root shows the daemon's files wherever they are: cover them.
+                .chain(settings.daemon_files.iter().filter(|_| host).cloned())
+                .collect();
+            MountPlan {
+                root: fs.root,
+                read_only: fs
+                    .read_only
+                    .iter()
+                    .map(|g| expand(&g.path))
+                    .chain(settings.loader_files.iter().filter(|_| host).cloned())
+                    .collect(),
+                writable: fs.writable.iter().map(|g| expand(&g.path)).collect(),
+                // A cover protects a path, not what lies there: renaming a directory above it
+                // would move the real file out from under the cover (and a new, empty
+                // directory would take its place). Every directory above a covered or
+                // read-only file is pinned.
+                pins: if host {
+                    ancestors(settings.loader_files.iter().chain(&hidden))
+                } else {
+                    Vec::new()
+                },
+                hidden,
+                // A writable path wins over a tmpfs at the same place (`executor run` in /tmp).
+                tmpfs: fs
+                    .tmpfs
+                    .iter()
+                    .map(|t| (expand(&t.path), t.size_mb * MIB))
+                    .filter(|(path, _)| !fs.writable.iter().any(|w| expand(&w.path) == *path))
+                    .collect(),
+            }
         });
 
     let landlock = profile
@@ -461,14 +473,14 @@ fn plan_sandbox(
         seccomp: profile.seccomp,
         deny_inet: profile.seccomp && profile.network == Network::None && !has(Namespace::Net),
         deny_sysv_ipc: profile.seccomp && !has(Namespace::Ipc),
+        own_process_only: profile.seccomp && !has(Namespace::Pid),
         namespaces,
     }
 }
 
 /// Every directory above `paths`, except the root, parents first, without repeats.
-fn ancestors(paths: &[PathBuf]) -> Vec<PathBuf> {
+fn ancestors<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = paths
-        .iter()
         .flat_map(|p| p.ancestors().skip(1))
         .filter(|d| d.parent().is_some())
         .map(PathBuf::from)
@@ -540,8 +552,7 @@ mod tests {
             command: command.into(),
             cwd: None,
             env: BTreeMap::new(),
-            workspace: None,
-            private_root: None,
+            ..Default::default()
         }
     }
 
@@ -649,7 +660,7 @@ mod tests {
         // A root daemon runs landlock commands as nobody; no network means no IP sockets, no
         // IPC namespace means no SysV IPC.
         assert_eq!(sandbox.user, Some((65534, 65534)));
-        assert!(sandbox.deny_inet && sandbox.deny_sysv_ipc);
+        assert!(sandbox.deny_inet && sandbox.deny_sysv_ipc && sandbox.own_process_only);
         assert_eq!(sandbox.capabilities, Some(vec![]));
         let landlock = sandbox.landlock.as_ref().unwrap();
         assert!(landlock.read.contains(&PathBuf::from("/proc")));
@@ -685,12 +696,22 @@ mod tests {
             mounts.read_only,
             [PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6")]
         );
+        // Every directory above a covered or read-only path, so none can be renamed away
+        // from under its cover.
         assert_eq!(
             mounts.pins,
             [
-                PathBuf::from("/usr"),
+                PathBuf::from("/srv"),
+                "/sys".into(),
+                "/usr".into(),
+                "/var".into(),
+                "/srv/state".into(),
+                "/sys/fs".into(),
                 "/usr/lib".into(),
-                "/usr/lib/x86_64-linux-gnu".into()
+                "/usr/local".into(),
+                "/var/log".into(),
+                "/usr/lib/x86_64-linux-gnu".into(),
+                "/usr/local/bin".into(),
             ]
         );
         let caps = sandbox.capabilities.as_ref().unwrap();

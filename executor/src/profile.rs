@@ -190,6 +190,36 @@ impl Profile {
         self.filesystem.is_some() && (self.landlock || self.namespaces.contains(&Namespace::Mount))
     }
 
+    /// Whether a command of this profile can change files that commands of `profiles` (any of
+    /// them, this one included) read or execute from the host: a profile without a filesystem
+    /// policy writes everything; otherwise a writable grant at, above or below another
+    /// profile's read-only grant (task-container's `/` holds strict's `/usr`). Grants made
+    /// per client (`{workspace}`, `{home}`) and private tmpfs mounts do not count.
+    pub fn writes_shared_files<'a>(&self, profiles: impl IntoIterator<Item = &'a Profile>) -> bool {
+        let Some(fs) = &self.filesystem else {
+            return true;
+        };
+        let read: Vec<&Path> = profiles
+            .into_iter()
+            .filter_map(|p| p.filesystem.as_ref())
+            .flat_map(|f| f.read_only.iter().map(|g| Path::new(&g.path)))
+            .collect();
+        fs.writable
+            .iter()
+            .filter(|w| !w.path.contains('{'))
+            .any(|w| {
+                let w = Path::new(&w.path);
+                read.iter().any(|r| r.starts_with(w) || w.starts_with(r))
+            })
+    }
+
+    /// Whether the daemon offers this profile without the operator naming it: it confines the
+    /// filesystem and writes nothing other profiles run (so not `trusted`, not
+    /// `task-container`).
+    pub fn offered_by_default<'a>(&self, profiles: impl IntoIterator<Item = &'a Profile>) -> bool {
+        self.confines_filesystem() && !self.writes_shared_files(profiles)
+    }
+
     pub fn parse(file_name: &str, text: &str) -> Result<Self, ProfileError> {
         let profile: Profile =
             serde_json::from_str(text).map_err(|source| ProfileError::Parse {
@@ -295,6 +325,20 @@ pub(crate) mod tests {
             assert!(profile.threat_model.len() > 100, "{}", profile.name);
             assert_eq!(profile.env.get("PAGER").map(String::as_str), Some("cat"));
         }
+    }
+
+    #[test]
+    fn only_profiles_that_confine_and_write_nothing_shared_are_offered_by_default() {
+        let all = Profile::all_builtin().unwrap();
+        let verdict = |name: &str| {
+            let p = builtin(name);
+            (p.writes_shared_files(&all), p.offered_by_default(&all))
+        };
+        assert_eq!(verdict("strict"), (false, true));
+        assert_eq!(verdict("landlock"), (false, true));
+        // `/` writable holds every system directory strict and landlock read.
+        assert_eq!(verdict("task-container"), (true, false));
+        assert_eq!(verdict("trusted"), (true, false));
     }
 
     #[test]

@@ -104,8 +104,7 @@ pub fn validate(req: ExecRequest, limits: &Limits) -> Result<ValidRequest, Reque
             command: req.command,
             cwd,
             env: req.env,
-            workspace: None,
-            private_root: None,
+            ..CommandSpec::default()
         },
         timeout: Duration::from_secs_f64(seconds),
         profile: req.profile,
@@ -154,8 +153,7 @@ mod tests {
                     command: "echo hi".into(),
                     cwd: Some("/tmp".into()),
                     env: BTreeMap::from([("K".to_string(), "V".to_string())]),
-                    workspace: None,
-                    private_root: None,
+                    ..Default::default()
                 },
                 timeout: Duration::from_secs_f64(limits().default_timeout),
                 profile: None,

@@ -116,6 +116,17 @@ pub struct Hello {
     /// Seconds a session's commands keep running after its connection drops (0: killed at once).
     #[serde(default)]
     pub resume_grace: f64,
+    /// Profiles the daemon has but does not offer, and why (`trusted` and profiles that write
+    /// the host's system files are offered only when the operator names them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_offered: Vec<NotOffered>,
+}
+
+/// A profile the daemon knows but does not let clients use.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NotOffered {
+    pub name: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

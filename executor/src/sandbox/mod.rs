@@ -2,9 +2,10 @@
 //!
 //! - [`enter_namespaces`]: in the sandbox's init (pid 1 of a new pid namespace): the remaining
 //!   namespaces, the new root, hostname and loopback. Process-wide, done once per command.
-//! - [`confine_process`]: in the payload right before exec: rlimits, identity, capabilities,
-//!   no_new_privs, landlock, seccomp, in that order (each step needs the privileges the next
-//!   one removes; seccomp goes last so it never blocks our own setup).
+//! - [`confine_process`]: in the payload right before exec: rlimits, landlock's rules (made
+//!   while every path can still be opened), capabilities, identity, no_new_privs, landlock in
+//!   force, seccomp, in that order (each step needs the privileges the next one removes;
+//!   seccomp goes last so it never blocks our own setup).
 //!
 //! Every step fails closed: an error aborts the command with the step's name.
 
@@ -132,7 +133,12 @@ pub fn confine_process(plan: &SandboxPlan) -> Result<(), SandboxError> {
         })?;
     }
 
-    // 2. Capabilities out of the bounding, inheritable and ambient sets (this needs
+    // 2. Landlock's rules are made now, while we may still open every path they name (the
+    //    command's uid may not be able to reach its own workspace's parent); they take effect
+    //    in step 6.
+    let landlock = plan.landlock.as_ref().map(landlock::prepare).transpose()?;
+
+    // 3. Capabilities out of the bounding, inheritable and ambient sets (this needs
     //    CAP_SETPCAP, so before the identity switch drops it).
     let keep = match &plan.capabilities {
         Some(names) => Some(parse_caps(names)?),
@@ -143,7 +149,7 @@ pub fn confine_process(plan: &SandboxPlan) -> Result<(), SandboxError> {
         drop_unkept(keep)?;
     }
 
-    // 3. Identity. Leaving uid 0 clears the permitted and effective sets (capabilities(7)).
+    // 4. Identity. Leaving uid 0 clears the permitted and effective sets (capabilities(7)).
     if let Some((uid, gid)) = plan.user {
         let identity_err = |source| SandboxError::Identity { uid, gid, source };
         let (u, g) = (Uid::from_raw(uid), Gid::from_raw(gid));
@@ -165,22 +171,23 @@ pub fn confine_process(plan: &SandboxPlan) -> Result<(), SandboxError> {
         verify_caps(keep, bounding_shrunk)?;
     }
 
-    // 4. no_new_privs: setuid binaries and file capabilities can no longer raise privileges
-    //    (and seccomp may be installed without CAP_SYS_ADMIN).
+    // 5. no_new_privs: setuid binaries and file capabilities can no longer raise privileges
+    //    (and landlock and seccomp may be installed without CAP_SYS_ADMIN).
     if plan.no_new_privs {
         nix::sys::prctl::set_no_new_privs().map_err(SandboxError::NoNewPrivs)?;
     }
 
-    // 5. Landlock: filesystem, TCP and scope rules.
-    if let Some(rules) = &plan.landlock {
-        landlock::restrict(rules)?;
+    // 6. Landlock: filesystem, TCP and scope rules.
+    if let Some(prepared) = landlock {
+        landlock::enforce(prepared)?;
     }
 
-    // 6. seccomp, last: from here on even our own setup syscalls would be filtered.
+    // 7. seccomp, last: from here on even our own setup syscalls would be filtered.
     if plan.seccomp {
         seccomp::install(seccomp::Extra {
             deny_inet: plan.deny_inet,
             deny_sysv_ipc: plan.deny_sysv_ipc,
+            own_process_only: plan.own_process_only,
         })?;
     }
     Ok(())

@@ -42,6 +42,22 @@ const DENIED: &[(i64, &str)] = &[
         "writing other processes' memory",
     ),
     (
+        libc::SYS_pidfd_getfd,
+        "copying another process's descriptors (ptrace's job, which is denied)",
+    ),
+    (
+        libc::SYS_process_madvise,
+        "advising on another process's memory",
+    ),
+    (
+        libc::SYS_process_mrelease,
+        "reaping another process's memory",
+    ),
+    (
+        libc::SYS_kcmp,
+        "comparing other processes' kernel objects (reveals their descriptors and memory)",
+    ),
+    (
         libc::SYS_bpf,
         "kernel programs; a frequent source of privilege escalations",
     ),
@@ -135,6 +151,34 @@ const SYSV_IPC: &[i64] = &[
     libc::SYS_semtimedop,
 ];
 
+/// Syscalls that change another process's limits, priority, scheduling or memory placement
+/// when given its pid (argument 0), with the kernel checking only that the uids match. Without
+/// a pid namespace, a command could aim them at other clients' commands or the daemon:
+/// `prlimit --pid P --cpu=1:1` killed another client's process, `--nofile=3:3` starved a
+/// daemon running as the same user of descriptors. They stay allowed on the caller itself
+/// (pid 0), which is how libc and programs use them on themselves.
+const OTHER_PROCESS_BY_PID: &[(i64, &str)] = &[
+    (libc::SYS_prlimit64, "another process's resource limits"),
+    (libc::SYS_sched_setaffinity, "another process's CPUs"),
+    (libc::SYS_sched_setscheduler, "another process's scheduler"),
+    (libc::SYS_sched_setparam, "another process's scheduling"),
+    (libc::SYS_sched_setattr, "another process's scheduling"),
+    (
+        libc::SYS_migrate_pages,
+        "another process's memory placement",
+    ),
+    (libc::SYS_move_pages, "another process's memory placement"),
+];
+
+/// `setpriority(which, who, prio)` and `ioprio_set(which, who, prio)`: only on the caller
+/// (`which` = PRIO_PROCESS / IOPRIO_WHO_PROCESS, `who` = 0); a process group or a whole uid
+/// would take in other clients' commands.
+const OWN_PRIORITY: &[(i64, u64)] = &[
+    (libc::SYS_setpriority, libc::PRIO_PROCESS as u64),
+    // IOPRIO_WHO_PROCESS (linux/ioprio.h); the libc crate does not name it.
+    (libc::SYS_ioprio_set, 1),
+];
+
 /// What the filter refuses beyond the fixed list, decided by the plan.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Extra {
@@ -142,6 +186,9 @@ pub struct Extra {
     pub deny_inet: bool,
     /// No SysV IPC (no IPC namespace).
     pub deny_sysv_ipc: bool,
+    /// Limits, priorities and scheduling of the caller only (no pid namespace: other
+    /// processes of the same uid would be reachable by pid).
+    pub own_process_only: bool,
 }
 
 fn deny_list(extra: Extra) -> Result<BpfProgram, SeccompError> {
@@ -180,6 +227,22 @@ fn deny_list(extra: Extra) -> Result<BpfProgram, SeccompError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_clone, clone_rules);
+    if extra.own_process_only {
+        let arg_is_not = |arg: u8, value: u64| {
+            SeccompRule::new(vec![SeccompCondition::new(
+                arg,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Ne,
+                value,
+            )?])
+        };
+        for (nr, _) in OTHER_PROCESS_BY_PID {
+            rules.insert(*nr, vec![arg_is_not(0, 0)?]);
+        }
+        for (nr, own) in OWN_PRIORITY {
+            rules.insert(*nr, vec![arg_is_not(0, *own)?, arg_is_not(1, 0)?]);
+        }
+    }
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -241,6 +304,7 @@ mod tests {
         let strictest = Extra {
             deny_inet: true,
             deny_sysv_ipc: true,
+            own_process_only: true,
         };
         assert!(deny_list(strictest).unwrap().len() > base);
         assert_eq!(
@@ -249,7 +313,7 @@ mod tests {
         );
         // The kernel's limit on one program.
         assert!(program(strictest).unwrap().len() < 4096);
-        for (nr, reason) in DENIED {
+        for (nr, reason) in DENIED.iter().chain(OTHER_PROCESS_BY_PID) {
             assert!(!reason.is_empty(), "syscall {nr}");
         }
     }

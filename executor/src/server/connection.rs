@@ -295,7 +295,7 @@ pub async fn end_session(daemon: &Daemon, session: &Session) {
         match removed {
             Ok(Ok(())) => {}
             Ok(Err((dir, err))) => {
-                tracing::error!(dir = %dir.display(), err = format!("{err:#}"), "cannot remove a session's scratch workspace")
+                tracing::error!(dir = %dir.display(), %err, "cannot remove a session's scratch workspace; the next start removes it")
             }
             Err(err) => tracing::error!(%err, "scratch removal panicked"),
         }
@@ -586,18 +586,24 @@ impl Connection {
                     ),
                 )
             })?;
-        // The policy the session started with: a reload does not move a session's files.
-        valid.spec.workspace = match self.session.client.workspace {
+        // The policy and identity the session started with: a reload does not move a
+        // session's files or change who owns them.
+        let started = &self.session.client;
+        let workspaces = &self.daemon.workspaces;
+        valid.spec.identity = started.uid.map(|uid| (uid, uid));
+        let owner = workspaces.owner_for(valid.spec.identity);
+        valid.spec.workspace = match started.workspace {
             WorkspacePolicy::Shared => None,
-            WorkspacePolicy::PerClient => Some(self.daemon.workspaces.of_client(&client.name)),
+            WorkspacePolicy::PerClient => Some(workspaces.of_client(&started.name)),
             WorkspacePolicy::PerConnection => self.session.scratch.clone(),
         };
-        if let Some(dir) = &valid.spec.workspace {
-            self.daemon
-                .workspaces
-                .ensure(dir)
+        let home = workspaces.home_of(&started.name);
+        for dir in valid.spec.workspace.iter().chain([&home]) {
+            workspaces
+                .ensure(dir, owner)
                 .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, format!("{err:#}")))?;
         }
+        valid.spec.home = Some(home);
         // While any client has a workspace of its own, no command may reach the others'.
         if self.daemon.clients.table().any_private_workspace() {
             valid.spec.private_root = Some(self.daemon.workspaces.root().to_path_buf());

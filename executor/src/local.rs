@@ -1,0 +1,245 @@
+//! The operator's own commands: `executor run` (one command, locally, through the daemon's
+//! path), `executor check` (what this host can enforce) and `executor tls-fingerprint`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use protocol::{Ending, ServerMessage};
+use tokio::sync::mpsc;
+
+use crate::engine::default_limits;
+use crate::runner::{OutputSink, StopReason};
+use crate::serve::host_facts;
+use crate::setup::{setup, Paths, ProfileChoice, Setup};
+use crate::{
+    cgroup, default_state_dir, interpreter, request, runtime, server, workspaces, RunArgs,
+    TlsFingerprintArgs,
+};
+
+/// The home directory of one `executor run`: private to the command's identity, removed when
+/// the run ends.
+struct TempHome(std::path::PathBuf);
+
+impl TempHome {
+    fn create(owner: Option<(u32, u32)>) -> anyhow::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        for _ in 0..16 {
+            let mut bytes = [0u8; 8];
+            getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no random bytes: {e}"))?;
+            let dir = std::env::temp_dir().join(format!("executor-home-{}", hex::encode(bytes)));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(err) => {
+                    return Err(err).with_context(|| format!("cannot create {}", dir.display()))
+                }
+            }
+            let home = Self(dir);
+            if let Some((uid, gid)) = owner {
+                nix::unistd::chown(
+                    &home.0,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                )
+                .with_context(|| format!("cannot hand {} to uid {uid}", home.0.display()))?;
+            }
+            return Ok(home);
+        }
+        bail!("cannot find a free name for a home directory in the temporary directory")
+    }
+}
+
+impl Drop for TempHome {
+    fn drop(&mut self) {
+        if let Err(err) = workspaces::remove(&self.0) {
+            eprintln!("executor: cannot remove {}: {err}", self.0.display());
+        }
+    }
+}
+
+/// `executor run`: one command, output streamed to stdout, exit code passed on.
+pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut limits = default_limits();
+    if let Some(bytes) = args.common.max_output_bytes {
+        limits.max_output_bytes = bytes;
+    }
+    let cwd = match args.cwd {
+        Some(cwd) => cwd,
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let cwd = std::path::absolute(&cwd).unwrap_or(cwd);
+    let mut env = BTreeMap::new();
+    for pair in &args.env {
+        let Some((name, value)) = pair.split_once('=') else {
+            bail!("--env expects NAME=VALUE, got {pair:?}");
+        };
+        env.insert(name.to_string(), value.to_string());
+    }
+    let request = protocol::ExecRequest {
+        id: "local".into(),
+        command: args.command.join(" "),
+        cwd: Some(cwd.display().to_string()),
+        env,
+        timeout: Some(args.timeout),
+        profile: args.profile,
+        stream: true,
+    };
+    let valid = request::validate(request, &limits)?;
+    let interpreter = interpreter(&args.common.interpreter)?;
+    let rt = runtime()?;
+    let Setup {
+        mut engine,
+        cgroups,
+        ..
+    } = rt.block_on(setup(
+        limits,
+        interpreter,
+        Paths {
+            workspace: cwd.clone(),
+            home: std::env::temp_dir(),
+            state_dir: default_state_dir(),
+            daemon_files: Vec::new(),
+        },
+        ProfileChoice {
+            default: valid.profile.clone(),
+            ..ProfileChoice::default()
+        },
+        None,
+    ))?;
+    // `{home}`: a directory of this run's own, as the command's identity, gone afterwards.
+    let owner = engine
+        .profiles
+        .get(valid.profile.as_deref().unwrap_or(&engine.default_profile))
+        .and_then(|p| p.user.as_ref())
+        .filter(|_| nix::unistd::geteuid().is_root())
+        .map(|u| (u.uid, u.gid));
+    let home = TempHome::create(owner)?;
+    engine.plan_settings.home = home.0.clone();
+    let kept = engine.limits.max_output_bytes;
+    let code = rt.block_on(async move {
+        let (tx, mut rx) = mpsc::channel::<ServerMessage>(16);
+        let printer = tokio::spawn(async move {
+            let mut stdout = std::io::stdout();
+            while let Some(msg) = rx.recv().await {
+                if let ServerMessage::Output(chunk) = msg {
+                    let _ = stdout.write_all(chunk.data.as_bytes());
+                    let _ = stdout.flush();
+                }
+            }
+        });
+        let sink = OutputSink {
+            id: valid.id.clone(),
+            to: Arc::new(tx),
+        };
+        let stop = async {
+            let _ = tokio::signal::ctrl_c().await;
+            StopReason::Cancelled
+        };
+        let result = engine.execute(&valid, Some(sink), stop).await;
+        let _ = printer.await;
+        let result = result.map_err(|e| anyhow::anyhow!("{}: {}", e.code, e.message))?;
+        if !result.exception_info.is_empty() {
+            eprintln!("executor: {}", result.exception_info);
+        }
+        if result.extra.truncated {
+            eprintln!(
+                "executor: output was {} bytes; the result kept {kept} of them (head and tail)",
+                result.extra.output_bytes
+            );
+        }
+        Ok(exit_code(result.returncode, result.extra.ended))
+    });
+    for hierarchy in cgroups.all() {
+        cgroup::remove(&hierarchy.parent);
+    }
+    code
+}
+
+/// `executor check`: which layers and profiles this host supports, and why not.
+pub(crate) fn check() -> anyhow::Result<ExitCode> {
+    let rt = runtime()?;
+    let workspace = std::env::temp_dir();
+    let Setup {
+        engine,
+        probe,
+        cgroups,
+        ..
+    } = rt.block_on(setup(
+        default_limits(),
+        vec!["bash".into(), "-c".into()],
+        Paths {
+            workspace: workspace.clone(),
+            home: workspace,
+            state_dir: default_state_dir(),
+            daemon_files: Vec::new(),
+        },
+        ProfileChoice {
+            probe_all: true,
+            ..ProfileChoice::default()
+        },
+        None,
+    ))?;
+    let facts = host_facts();
+    println!(
+        "host: {} {} ({} cores)",
+        facts.kernel, facts.arch, facts.cores
+    );
+    println!("cgroups:");
+    for (name, h) in [
+        ("cgroup2 (kill)", &cgroups.unified),
+        ("pids controller", &cgroups.pids),
+        ("memory controller", &cgroups.memory),
+    ] {
+        match h {
+            Some(h) => println!("  {name:<18} yes  {}", h.home.display()),
+            None => println!("  {name:<18} no   (limits fall back to rlimits)"),
+        }
+    }
+    println!("profiles:");
+    for (name, outcome) in &probe {
+        match outcome {
+            Ok(layers) => println!("  {name:<15} ok    {}", layers.join(" ")),
+            Err(reason) => println!("  {name:<15} NO    {reason}"),
+        }
+    }
+    match engine.default_profile.as_str() {
+        "" => println!("default profile: none (requests must name a profile)"),
+        name => println!("default profile: {name}"),
+    }
+    for hierarchy in cgroups.all() {
+        cgroup::remove(&hierarchy.parent);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `executor tls-fingerprint`: the fingerprint of the certificate `serve --tls` uses.
+pub(crate) fn tls_fingerprint(args: TlsFingerprintArgs) -> anyhow::Result<ExitCode> {
+    let cert = match args.tls_cert {
+        Some(cert) => cert,
+        None => server::tls::generated_cert(&args.state_dir.unwrap_or_else(default_state_dir)),
+    };
+    if !cert.exists() {
+        bail!(
+            "no certificate at {} (`executor serve --tls` generates one there on its first start)",
+            cert.display()
+        );
+    }
+    let fingerprint = server::tls::fingerprint_of_file(&cert)?;
+    println!("{fingerprint}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Shell conventions: the code itself, 128 + n for a signal, 124 for a timeout (as timeout(1)),
+/// 130 for an interrupt.
+fn exit_code(returncode: i32, ended: Ending) -> ExitCode {
+    let code = match ended {
+        Ending::TimedOut => 124,
+        Ending::Cancelled | Ending::Disconnected | Ending::Shutdown => 130,
+        Ending::Signaled => 128 + returncode.unsigned_abs().min(127) as u8,
+        Ending::Exited => (returncode & 0xff) as u8,
+    };
+    ExitCode::from(code)
+}

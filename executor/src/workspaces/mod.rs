@@ -1,0 +1,149 @@
+//! Private workspaces and homes: one per client, or scratch per session, under one root in the
+//! state directory (which every profile that shows the host's root covers, and landlock never
+//! opens but for the client's own).
+//! Removing one is `removal.rs`.
+
+mod removal;
+
+pub use removal::remove;
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+#[derive(Debug, Clone)]
+pub struct Workspaces {
+    root: PathBuf,
+    /// Owner of new workspaces (the identity the default profile runs commands as).
+    owner: Option<(u32, u32)>,
+}
+
+impl Workspaces {
+    pub fn new(root: PathBuf, owner: Option<(u32, u32)>) -> Self {
+        Self { root, owner }
+    }
+
+    /// Where every private workspace lives.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn of_client(&self, name: &str) -> PathBuf {
+        self.root.join("client").join(name)
+    }
+
+    /// A client's home directory (`HOME` in profiles that use `{home}`): private to the
+    /// client, so no other client can plant configuration its programs read (`.gitconfig`,
+    /// Python's user site-packages).
+    pub fn home_of(&self, name: &str) -> PathBuf {
+        self.root.join("home").join(name)
+    }
+
+    /// Where sessions' scratch directories go (each named by its session id).
+    pub fn scratch_root(&self) -> PathBuf {
+        self.root.join("session")
+    }
+
+    /// Where scratch that could not be removed is set aside, out of the way of new sessions.
+    fn quarantine_root(&self) -> PathBuf {
+        self.root.join("quarantine")
+    }
+
+    /// At start: remove the scratch of sessions a previous daemon could not end (it was
+    /// killed), and what earlier starts set aside. What cannot be removed is moved into the
+    /// quarantine directory and logged; nothing here fails the start.
+    pub fn clear_leftovers(&self) {
+        let scratch = self.scratch_root();
+        if let Err(err) = remove(&scratch) {
+            let aside = self.quarantine_root().join(format!(
+                "session-{}",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            ));
+            let moved = std::fs::create_dir_all(self.quarantine_root())
+                .and_then(|()| std::fs::rename(&scratch, &aside));
+            match moved {
+                Ok(()) => tracing::error!(
+                    %err,
+                    quarantined = %aside.display(),
+                    "cannot remove the scratch workspaces a previous daemon left; set aside"
+                ),
+                Err(move_err) => tracing::error!(
+                    %err,
+                    %move_err,
+                    dir = %scratch.display(),
+                    "cannot remove or set aside the scratch workspaces a previous daemon left"
+                ),
+            }
+        }
+        let quarantine = self.quarantine_root();
+        if quarantine.exists() {
+            match remove(&quarantine) {
+                Ok(()) => {
+                    tracing::info!(dir = %quarantine.display(), "removed scratch set aside earlier")
+                }
+                Err(err) => {
+                    tracing::warn!(%err, dir = %quarantine.display(), "scratch set aside earlier is still there")
+                }
+            }
+        }
+    }
+
+    /// Who owns a directory made for a client: its own identity when it has one, else the
+    /// default profile's; nobody (the daemon's user) when the daemon is not root.
+    pub fn owner_for(&self, identity: Option<(u32, u32)>) -> Option<(u32, u32)> {
+        self.owner.map(|default| identity.unwrap_or(default))
+    }
+
+    /// Create `dir` (a client's workspace or home, a session's scratch) if it is missing,
+    /// owned by `owner` (see [`Self::owner_for`]) and closed to everyone else. One that exists
+    /// must belong to `owner` already: its commands could not write it otherwise (a client's
+    /// uid changed in the clients file, say), and the daemon does not chown trees a command
+    /// wrote.
+    pub fn ensure(&self, dir: &Path, owner: Option<(u32, u32)>) -> anyhow::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(meta) = std::fs::symlink_metadata(dir) {
+            if !meta.is_dir() {
+                anyhow::bail!("{} is not a directory", dir.display());
+            }
+            if let Some((uid, _)) = owner {
+                if meta.uid() != uid {
+                    anyhow::bail!(
+                        "{} belongs to uid {}, but this client's commands run as uid {uid}; \
+                         chown -R {uid}:{uid} it (or remove it)",
+                        dir.display(),
+                        meta.uid()
+                    );
+                }
+            }
+            return Ok(());
+        }
+        if let Some(parent) = dir.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+                return self.ensure(dir, owner)
+            }
+            Err(err) => {
+                return Err(err).with_context(|| format!("cannot create {}", dir.display()))
+            }
+        }
+        if let Some((uid, gid)) = owner {
+            nix::unistd::chown(
+                dir,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .with_context(|| format!("cannot hand {} to uid {uid}", dir.display()))?;
+        }
+        Ok(())
+    }
+}
