@@ -74,9 +74,8 @@ async fn measure(
     let mut client = target.endpoint().connect().await;
     let mut round_trips = Vec::new();
     let mut unavailable = Vec::new();
-    let shipped = ["strict", "landlock", "task-container", "trusted"];
     for profile in client.hello.profiles.clone() {
-        if !shipped.contains(&profile.name.as_str()) {
+        if !executor_tests::profiles::SHIPPED.contains(&profile.name.as_str()) {
             continue;
         }
         if !profile.available {

@@ -2,6 +2,22 @@
 
 use std::path::Path;
 
+/// The shipped profiles.
+pub const SHIPPED: [&str; 4] = ["strict", "landlock", "task-container", "trusted"];
+
+/// `serve` flags that offer every shipped profile and the `-small` ones: a daemon offers
+/// `trusted` and host-writing profiles only when the operator names them, and the suites use
+/// `trusted` as the control of their denials.
+pub fn allow_every_profile() -> Vec<String> {
+    let small = small_profiles().into_iter().map(|(name, _)| name);
+    SHIPPED
+        .iter()
+        .map(|s| s.to_string())
+        .chain(small)
+        .flat_map(|name| ["--allow-profile".to_string(), name])
+        .collect()
+}
+
 /// Profiles with small limits, next to the shipped ones: `<name>-small` for strict, landlock
 /// and task-container with 64 processes and 128 MiB, so that a test reaches each limit in
 /// seconds under emulation (the shipped 2 GiB would exceed the VM's memory first).

@@ -46,6 +46,25 @@ pub struct Outside {
 pub trait Target {
     fn endpoint(&self) -> Endpoint;
 
+    /// A host file holding the token (mode 0600), for clients that read one (the agent).
+    fn token_file(&self) -> std::path::PathBuf;
+
+    /// The agent's flags for this daemon: `--executor URL --token-file PATH`, and
+    /// `--tls-fingerprint PIN` when it serves TLS.
+    fn agent_args(&self) -> Vec<String> {
+        let endpoint = self.endpoint();
+        let mut args = vec![
+            "--executor".to_string(),
+            endpoint.url,
+            "--token-file".to_string(),
+            self.token_file().display().to_string(),
+        ];
+        if let Some(pin) = endpoint.fingerprint {
+            args.extend(["--tls-fingerprint".to_string(), pin]);
+        }
+        args
+    }
+
     /// Run `script` with `sh -c` as root on the target, outside any sandbox (the host's shell,
     /// the VM's side channel, `podman exec`).
     fn outside(&self, script: &str) -> Outside;
@@ -158,6 +177,11 @@ impl Target for crate::Daemon {
             token: self.token.clone(),
             fingerprint: self.fingerprint.clone(),
         }
+    }
+
+    /// The token the daemon generated in its state directory.
+    fn token_file(&self) -> std::path::PathBuf {
+        self.state.path().join("token")
     }
 
     fn outside(&self, script: &str) -> Outside {

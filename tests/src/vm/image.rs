@@ -110,6 +110,8 @@ pub fn base_initramfs(kernel_root: &Path, executor: &Path) -> PathBuf {
             0o644,
         );
     }
+    let flags = crate::profiles::allow_every_profile().join(" ");
+    fs.text("etc/executor/serve-flags", &(flags + "\n"), 0o644);
     for (name, text) in crate::profiles::small_profiles() {
         fs.text(&format!("etc/executor/profiles/{name}.json"), &text, 0o644);
     }

@@ -60,8 +60,10 @@ fi
 
 # The daemon, as a remote VM runs it: TLS on every address, a token placed by the host.
 # Its ready line (with the certificate fingerprint) goes to the console, its log to a file.
+# The image lists the profiles to offer (/etc/executor/serve-flags: --allow-profile NAME ...).
 RUST_LOG=info executor serve --listen 0.0.0.0:7681 --tls --token-file /etc/executor-token \
-    --profiles-dir /etc/executor/profiles >/dev/console 2>/var/log/executor.log &
+    --profiles-dir /etc/executor/profiles $(cat /etc/executor/serve-flags) \
+    >/dev/console 2>/var/log/executor.log &
 echo "vm-init: executor started as pid $!"
 
 # PID 1 reaps whatever is orphaned to it, forever.

@@ -175,6 +175,10 @@ impl Target for Vm {
         self.endpoint.clone()
     }
 
+    fn token_file(&self) -> PathBuf {
+        self.token_file.clone()
+    }
+
     fn outside(&self, script: &str) -> Outside {
         let mut side = self.side.lock().unwrap_or_else(|e| e.into_inner());
         side.try_run(script, SIDE_PATIENCE)

@@ -9,19 +9,9 @@ use executor_tests::{binary, vm, Target};
 #[tokio::test]
 async fn the_agent_demo_task_is_submitted_against_the_vm() {
     let Some(vm) = vm::shared() else { return };
-    let endpoint = vm.endpoint();
-    let pin = endpoint.fingerprint.clone().unwrap();
     let run = tokio::process::Command::new(binary("agent"))
-        .args([
-            "run",
-            "--demo",
-            "--executor",
-            &endpoint.url,
-            "--tls-fingerprint",
-            &pin,
-        ])
-        .arg("--token-file")
-        .arg(&vm.token_file)
+        .args(["run", "--demo"])
+        .args(vm.agent_args())
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(600), run)

@@ -2,14 +2,13 @@
 //! and a command under each profile the hello calls available.
 
 use executor_tests::checks::run_as;
+use executor_tests::profiles::SHIPPED;
 use executor_tests::{vm, Target};
 
 /// What issue 10 asks of a 6.1 kernel with namespaces: landlock's rights are enforced as far
 /// as its ABI goes, so strict (whose network namespace does what landlock's missing TCP
 /// rules would) runs and is the default; task-container and trusted need nothing missing.
 const EXPECTED_AVAILABLE: [&str; 3] = ["strict", "task-container", "trusted"];
-
-const SHIPPED: [&str; 4] = ["strict", "landlock", "task-container", "trusted"];
 
 #[tokio::test]
 async fn the_61_kernel_offers_strict_by_default_and_check_agrees_with_the_hello() {
