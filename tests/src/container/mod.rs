@@ -78,7 +78,10 @@ fn tools_present() -> bool {
             .status()
             .is_ok_and(|s| s.success())
     };
-    crate::require("podman (apt-get install podman)", have(PODMAN))
+    // Rootful podman: the suites look at container processes from the host as root, and
+    // rootless containers are another shape (a user namespace) this suite does not cover.
+    crate::require("root (rootful podman)", crate::is_root())
+        && crate::require("podman (apt-get install podman)", have(PODMAN))
         && crate::require("runc (apt-get install runc)", have("runc"))
         && crate::require(
             "busybox-static and bash-static",
