@@ -20,6 +20,7 @@
 
 mod client;
 mod daemon;
+mod lab;
 mod report;
 mod stats;
 mod steps;
@@ -101,6 +102,10 @@ struct Opts {
     /// Skip phases: latency, output, kill, connections, startup, steps (repeatable).
     #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "startup", "steps"])]
     skip: Vec<String>,
+    /// Instead of the local daemon: start-to-ready and `echo hi` round trips of the static
+    /// executor in the test lab's VM or container, beside a bare spawn there (repeatable).
+    #[arg(long, value_name = "PLACE", value_parser = ["vm", "container"])]
+    lab: Vec<String>,
 }
 
 impl Opts {
@@ -159,6 +164,18 @@ fn run(opts: Opts) -> anyhow::Result<()> {
         );
     }
     let settings = opts.settings();
+    if !opts.lab.is_empty() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let reports = rt.block_on(async {
+            tokio::time::timeout(lab::PATIENCE, lab::run(&opts.lab, settings.iterations)).await
+        });
+        let reports = reports.context("the lab took too long")??;
+        println!("{}", lab::markdown(&reports));
+        return Ok(());
+    }
     // Checked first: a host without unshare(1) should not lose a whole run to it.
     let unshare = if opts.runs("steps") {
         Some(steps::check_unshare()?)

@@ -5,6 +5,22 @@
 //! `EXECUTOR_TESTS_STRICT=1` (set by `.ci/run`), so CI can never pass by skipping.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::missing_panics_doc)]
 
+pub mod checks;
+pub mod container;
+pub mod lifeline;
+mod pinned_tls;
+pub mod profiles;
+mod proxy;
+pub mod rootfs;
+pub mod static_build;
+pub mod target;
+pub mod vm;
+
+pub use pinned_tls::{fingerprint_of_der, fingerprint_of_pem_file, https_get, pinned_config};
+pub use proxy::Proxy;
+pub use static_build::static_executor;
+pub use target::{Endpoint, Target};
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -258,118 +274,6 @@ pub async fn http_get(addr: SocketAddr, path: &str, auth: Option<&str>) -> std::
         .await
         .map_err(|_| std::io::Error::other("timeout"))??;
     Ok(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// A raw HTTP/1.1 GET over TLS, accepting only the certificate with fingerprint `pin`.
-pub async fn https_get(addr: SocketAddr, path: &str, pin: &str) -> std::io::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let tcp = TcpStream::connect(addr).await?;
-    let connector = tokio_rustls::TlsConnector::from(pinned_config(pin));
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut stream = connector.connect(name, tcp).await?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(req.as_bytes()).await?;
-    let mut out = Vec::new();
-    // The daemon closes without a TLS close_notify; what arrived before counts.
-    let _ = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut out))
-        .await
-        .map_err(|_| std::io::Error::other("timeout"))?;
-    Ok(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// `sha256:` and lowercase hex of the SHA-256 of a DER certificate, as the daemon prints it.
-pub fn fingerprint_of_der(der: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, der);
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
-}
-
-/// The fingerprint of the first certificate of a PEM file.
-pub fn fingerprint_of_pem_file(path: &std::path::Path) -> String {
-    use rustls::pki_types::pem::PemObject;
-    let cert = rustls::pki_types::CertificateDer::pem_file_iter(path)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
-    fingerprint_of_der(&cert)
-}
-
-/// A rustls client configuration that accepts exactly the certificate with fingerprint `pin`
-/// (and still checks the handshake signatures). The agent has its own; this one is the tests'.
-pub fn pinned_config(pin: &str) -> std::sync::Arc<rustls::ClientConfig> {
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(PinnedVerifier {
-            pin: pin.to_string(),
-            provider,
-        }))
-        .with_no_client_auth();
-    std::sync::Arc::new(config)
-}
-
-#[derive(Debug)]
-struct PinnedVerifier {
-    pin: String,
-    provider: std::sync::Arc<rustls::crypto::CryptoProvider>,
-}
-
-impl rustls::client::danger::ServerCertVerifier for PinnedVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        let presented = fingerprint_of_der(end_entity);
-        if presented == self.pin {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::General(format!(
-                "pinned {} but the server presented {presented}",
-                self.pin
-            )))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -775,155 +679,6 @@ pub fn namespace_of(pid: i32, kind: &str) -> Option<String> {
 /// Number of open file descriptors of `pid`.
 pub fn fd_count(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
-// ---------------------------------------------------------------------------------------------
-// A TCP proxy whose connections a test can cut, to simulate a network outage.
-// ---------------------------------------------------------------------------------------------
-
-/// Forwards every connection it accepts on a loopback port to `target`, and simulates network
-/// failures on them: [`Proxy::cut`] drops both sockets of every current connection (no
-/// WebSocket close frame), as a broken route with a reset would; [`Proxy::stall`] stops
-/// forwarding on them without closing anything, as an outage that delivers nothing (no FIN,
-/// no RST) would. Either way new connections are forwarded as usual, unless [`Proxy::refuse`]
-/// makes it drop them at once (an outage that lasts).
-pub struct Proxy {
-    pub addr: SocketAddr,
-    inner: std::sync::Arc<ProxyState>,
-    acceptor: tokio::task::JoinHandle<()>,
-}
-
-#[derive(Default)]
-struct ProxyState {
-    links: std::sync::Mutex<Vec<ProxyLink>>,
-    accepted: std::sync::atomic::AtomicUsize,
-    refusing: std::sync::atomic::AtomicBool,
-}
-
-/// One forwarded connection: aborting its task drops both of its sockets.
-struct ProxyLink {
-    task: tokio::task::AbortHandle,
-    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Proxy {
-    pub async fn start(target: SocketAddr) -> Self {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        use std::sync::Arc;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let inner = Arc::new(ProxyState::default());
-        let state = inner.clone();
-        let acceptor = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                state.accepted.fetch_add(1, Ordering::SeqCst);
-                if state.refusing.load(Ordering::SeqCst) {
-                    continue; // dropped: the client sees its connection closed
-                }
-                let stalled = Arc::new(AtomicBool::new(false));
-                let task = tokio::spawn({
-                    let stalled = stalled.clone();
-                    async move {
-                        let Ok(server) = TcpStream::connect(target).await else {
-                            return;
-                        };
-                        let (client_read, client_write) = client.into_split();
-                        let (server_read, server_write) = server.into_split();
-                        tokio::join!(
-                            pump(client_read, server_write, stalled.clone()),
-                            pump(server_read, client_write, stalled),
-                        );
-                    }
-                });
-                let mut links = state.links.lock().unwrap();
-                links.retain(|l| !l.task.is_finished());
-                links.push(ProxyLink {
-                    task: task.abort_handle(),
-                    stalled,
-                });
-            }
-        });
-        Self {
-            addr,
-            inner,
-            acceptor,
-        }
-    }
-
-    /// The WebSocket URL of the executor behind this proxy.
-    pub fn url(&self) -> String {
-        format!("ws://{}{}", self.addr, protocol::WS_PATH)
-    }
-
-    /// Cut every current connection; returns how many were live.
-    pub fn cut(&self) -> usize {
-        let links = std::mem::take(&mut *self.inner.links.lock().unwrap());
-        let live = links.iter().filter(|l| !l.task.is_finished()).count();
-        for link in links {
-            link.task.abort();
-        }
-        live
-    }
-
-    /// Stop forwarding on every current connection, both ways, closing nothing; returns how
-    /// many were live. Bytes already read are held back, never delivered.
-    pub fn stall(&self) -> usize {
-        let links = self.inner.links.lock().unwrap();
-        let live: Vec<&ProxyLink> = links.iter().filter(|l| !l.task.is_finished()).collect();
-        for link in &live {
-            link.stalled
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-        live.len()
-    }
-
-    /// Drop new connections at once (`true`) or forward them again (`false`).
-    pub fn refuse(&self, refusing: bool) {
-        self.inner
-            .refusing
-            .store(refusing, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Connections accepted so far (forwarded or refused).
-    pub fn accepted(&self) -> usize {
-        self.inner
-            .accepted
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-/// Copy one direction of a proxied connection until EOF, holding everything while `stalled`.
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        while stalled.load(std::sync::atomic::Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-    }
-    // A stalled link delivers no FIN either.
-    while stalled.load(std::sync::atomic::Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = to.shutdown().await;
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.acceptor.abort();
-        self.cut();
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

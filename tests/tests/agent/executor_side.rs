@@ -68,20 +68,11 @@ async fn a_remote_executor_is_used_with_its_token_and_default_profile() {
         .write("s.yaml", "- command: pwd && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && pwd\n")
         .display()
         .to_string();
-    let token = daemon.state.path().join("token");
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token.to_str().unwrap(),
-        ])
+        .run_against(
+            &daemon,
+            &["--model", "scripted", "--script", &script, "--task", "t"],
+        )
         .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     // No cwd configured: commands run in the executor's workspace.
@@ -151,22 +142,20 @@ async fn executor_killed_mid_run_gives_environment_error_and_a_complete_trajecto
         )
         .display()
         .to_string();
-    let token = daemon.state.path().join("token");
     let child = s
-        .agent(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token.to_str().unwrap(),
-            "-c",
-            "environment.reconnect_attempts=2",
-        ])
+        .agent_against(
+            &daemon,
+            &[
+                "--model",
+                "scripted",
+                "--script",
+                &script,
+                "--task",
+                "t",
+                "-c",
+                "environment.reconnect_attempts=2",
+            ],
+        )
         .spawn()
         .unwrap();
     assert!(
@@ -198,24 +187,22 @@ async fn an_environment_error_stops_the_run_and_is_never_shown_to_the_model() {
         .display()
         .to_string();
     let daemon = Daemon::start();
-    let token = daemon.state.path().join("token");
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token.to_str().unwrap(),
-            "--cwd",
-            "/nonexistent/agent-e2e",
-            "-c",
-            "environment.create_cwd=false",
-        ])
+        .run_against(
+            &daemon,
+            &[
+                "--model",
+                "scripted",
+                "--script",
+                &script,
+                "--task",
+                "t",
+                "--cwd",
+                "/nonexistent/agent-e2e",
+                "-c",
+                "environment.create_cwd=false",
+            ],
+        )
         .await;
     assert_eq!(run.code, 6);
     assert_complete_trajectory(&run, "EnvironmentError");
@@ -316,22 +303,20 @@ async fn a_restarted_executor_is_reconnected_and_the_cut_command_is_reported_to_
         )
         .display()
         .to_string();
-    let token = daemon.state.path().join("token");
     let child = s
-        .agent(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token.to_str().unwrap(),
-            "-c",
-            "environment.reconnect_attempts=10",
-        ])
+        .agent_against(
+            &daemon,
+            &[
+                "--model",
+                "scripted",
+                "--script",
+                &script,
+                "--task",
+                "t",
+                "-c",
+                "environment.reconnect_attempts=10",
+            ],
+        )
         .spawn()
         .unwrap();
     assert!(

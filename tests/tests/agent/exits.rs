@@ -408,20 +408,11 @@ async fn a_killed_agent_leaves_a_valid_trajectory_of_every_finished_step() {
     );
     // An executor the test owns: a local one would outlive the SIGKILLed agent.
     let daemon = executor_tests::Daemon::start();
-    let token = daemon.state.path().join("token");
     let child = s
-        .agent(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token.to_str().unwrap(),
-        ])
+        .agent_against(
+            &daemon,
+            &["--model", "scripted", "--script", &script, "--task", "t"],
+        )
         .spawn()
         .unwrap();
     assert!(eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use executor_tests::binary;
+use executor_tests::{binary, Target};
 use serde_json::Value;
 
 /// Longest any agent run in these tests may take.
@@ -101,6 +101,19 @@ impl Scratch {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         cmd
+    }
+
+    /// [`Scratch::agent`] pointed at `target`'s executor (its URL, token file and pin).
+    pub fn agent_against(&self, target: &impl Target, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = self.agent(args);
+        cmd.args(target.agent_args());
+        cmd
+    }
+
+    /// [`Scratch::run`] against `target`'s executor.
+    pub async fn run_against(&self, target: &impl Target, args: &[&str]) -> Run {
+        let child = self.agent_against(target, args).spawn().unwrap();
+        self.finish(child).await
     }
 
     /// Run the agent to completion (bounded) and read its trajectory.

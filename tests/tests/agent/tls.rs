@@ -234,24 +234,20 @@ async fn a_replaced_certificate_ends_the_run_on_the_first_reconnect_without_retr
         )
         .display()
         .to_string();
-    let token = daemon.state.path().join("token");
     let child = s
-        .agent(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token.to_str().unwrap(),
-            "--tls-fingerprint",
-            &pin,
-            "-c",
-            "environment.reconnect_attempts=10",
-        ])
+        .agent_against(
+            &daemon,
+            &[
+                "--model",
+                "scripted",
+                "--script",
+                &script,
+                "--task",
+                "t",
+                "-c",
+                "environment.reconnect_attempts=10",
+            ],
+        )
         .spawn()
         .unwrap();
     assert!(

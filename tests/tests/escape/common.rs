@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use executor_tests::checks;
 use executor_tests::{
-    eventually, process_state, req, sleepers, Client, Daemon, DaemonOptions, PATIENCE,
+    eventually, process_state, sleepers, Client, Daemon, DaemonOptions, PATIENCE,
 };
-use protocol::{CancelRequest, ClientMessage, ExecRequest, ExecResult, ServerMessage};
+use protocol::{ClientMessage, ExecRequest, ExecResult};
 
 pub const STRICT: &str = "strict";
 pub const LANDLOCK: &str = "landlock";
@@ -45,10 +46,7 @@ pub fn python(body: &str) -> String {
 
 /// An exec request for `profile` with a bounded timeout.
 pub fn preq(profile: &str, id: &str, command: &str, timeout: f64) -> ExecRequest {
-    let mut r = req(id, command);
-    r.profile = Some(profile.to_string());
-    r.timeout = Some(timeout);
-    r
+    checks::preq(Some(profile), id, command, timeout)
 }
 
 /// Run `command` under `profile` and return its result. A refused command (error message)
@@ -65,16 +63,7 @@ pub async fn run_with_timeout(
     timeout: f64,
 ) -> ExecResult {
     let id = format!("{profile}-{id}");
-    let result = client
-        .exec(preq(profile, &id, command, timeout))
-        .await
-        .result
-        .unwrap_or_else(|e| {
-            panic!(
-                "[{profile}] {id}: the daemon refused the command: {} {}",
-                e.code, e.message
-            )
-        });
+    let result = checks::run_as(client, Some(profile), &id, command, timeout).await;
     assert_eq!(
         result.extra.isolation.profile, profile,
         "[{profile}] {id}: ran under another profile: {:?}",
@@ -94,48 +83,12 @@ pub async fn start_until(
     timeout: f64,
 ) -> (String, String) {
     let id = format!("{profile}-{id}");
-    let mut r = preq(profile, &id, command, timeout);
-    r.stream = true;
-    client.send(&ClientMessage::Exec(r)).await;
-    let mut seen = String::new();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match client.recv_within(left).await {
-            Ok(Some(ServerMessage::Output(chunk))) if chunk.id == id => {
-                seen.push_str(&chunk.data);
-                if seen.contains(ready) {
-                    return (id, seen);
-                }
-            }
-            Ok(Some(ServerMessage::Result(result))) if result.id == id => panic!(
-                "[{profile}] {id} ended before printing {ready:?}: {:?} output {:?}",
-                result.extra.ended, result.output
-            ),
-            Ok(Some(ServerMessage::Error(err))) if err.id.as_deref() == Some(id.as_str()) => {
-                panic!(
-                    "[{profile}] {id}: the daemon refused the command: {} {}",
-                    err.code, err.message
-                )
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => panic!("[{profile}] {id}: connection closed"),
-            Err(()) => panic!("[{profile}] {id}: no {ready:?} within {PATIENCE:?}; saw {seen:?}"),
-        }
-    }
+    let seen = checks::start_until(client, preq(profile, &id, command, timeout), ready).await;
+    (id, seen)
 }
 
 /// Cancel a command started with [`start_until`] and return its result.
-pub async fn cancel(client: &mut Client, id: &str) -> ExecResult {
-    client
-        .send(&ClientMessage::Cancel(CancelRequest { id: id.to_string() }))
-        .await;
-    client
-        .collect(id)
-        .await
-        .result
-        .unwrap_or_else(|e| panic!("{id}: {e:?}"))
-}
+pub use executor_tests::checks::cancel;
 
 /// The daemon survived the attack: its process lives, it answers /healthz, and a fresh
 /// connection runs a follow-up command.
@@ -341,23 +294,8 @@ pub async fn run_streamed(
     let mut r = preq(profile, &id, command, timeout);
     r.stream = true;
     client.send(&ClientMessage::Exec(r)).await;
-    let deadline =
-        tokio::time::Instant::now() + Duration::from_secs_f64(timeout) + Duration::from_secs(15);
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match client.recv_within(left).await {
-            Ok(Some(ServerMessage::Result(result))) if result.id == id => return result,
-            Ok(Some(ServerMessage::Error(err))) if err.id.as_deref() == Some(id.as_str()) => {
-                panic!(
-                    "[{profile}] {id}: the daemon refused the command: {} {}",
-                    err.code, err.message
-                )
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => panic!("[{profile}] {id}: connection closed"),
-            Err(()) => panic!("[{profile}] {id}: no result within {timeout} s + 15 s"),
-        }
-    }
+    let wait = Duration::from_secs_f64(timeout) + Duration::from_secs(15);
+    checks::result_within(client, &id, wait).await
 }
 
 /// A case whose attack surface does not exist on this host (as opposed to a missing test
