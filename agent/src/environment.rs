@@ -855,7 +855,7 @@ pub async fn connect(
             match ws.next().await {
                 Some(Ok(Message::Text(text))) => {
                     return match serde_json::from_str::<ServerMessage>(text.as_str()) {
-                        Ok(ServerMessage::Hello(hello)) => Ok((ws, hello)),
+                        Ok(ServerMessage::Hello(hello)) => Ok((ws, *hello)),
                         Ok(other) => Err(format!("expected hello, got {other:?}").into()),
                         Err(e) => Err(format!("unreadable hello: {e}").into()),
                     };
@@ -916,13 +916,14 @@ mod tests {
     }
 
     fn hello(session: &str, resume_grace: f64) -> Step {
-        Step::Send(Box::new(ServerMessage::Hello(Hello {
+        Step::Send(Box::new(ServerMessage::Hello(Box::new(Hello {
             protocol: protocol::PROTOCOL_VERSION,
             profiles: vec![ProfileSummary {
                 name: "trusted".into(),
                 description: String::new(),
                 available: true,
                 layers: vec!["session".into()],
+                missing: vec![],
                 unavailable_reason: None,
             }],
             default_profile: "trusted".into(),
@@ -936,7 +937,7 @@ mod tests {
             session: session.into(),
             resume_grace,
             ..Hello::default()
-        })))
+        }))))
     }
 
     fn result(id: &str, output: &str) -> ServerMessage {
@@ -959,6 +960,7 @@ mod tests {
                 isolation: Isolation {
                     profile: "trusted".into(),
                     layers: Vec::new(),
+                    missing: Vec::new(),
                 },
             },
         })

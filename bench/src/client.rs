@@ -42,7 +42,7 @@ impl Client {
             .with_context(|| format!("cannot connect to {url}"))?;
         let mut client = Self { ws };
         match client.recv().await? {
-            ServerMessage::Hello(hello) => Ok((client, hello)),
+            ServerMessage::Hello(hello) => Ok((client, *hello)),
             other => bail!("expected hello, got {other:?}"),
         }
     }

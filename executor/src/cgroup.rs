@@ -3,40 +3,117 @@
 //! The daemon owns `<its cgroup>/executor-<pid>-ns<pid namespace>/` in each hierarchy; each
 //! command gets `cmd-<serial>/` below it. The pid namespace is in the name because daemons in
 //! different pid namespaces (containers sharing a cgroup tree, CI running in one) may have the
-//! same pid: without it they would share, kill and remove each other's cgroups. cgroup v2 gives placement and `cgroup.kill` (Linux 5.14), which
-//! work without any controller; the v1 `pids` and `memory` controllers, where that is what the
-//! host has (hybrid hosts such as this project's CI), give the process and memory limits.
+//! same pid: without it they would share, kill and remove each other's cgroups.
+//!
+//! Three host shapes:
+//! - **cgroup v2** (Debian 11+, Ubuntu 22.04+, RHEL 9, Kubernetes nodes, containers on them):
+//!   one hierarchy gives placement, `cgroup.kill` (Linux 5.14) and the `pids` and `memory`
+//!   controllers. A cgroup that enables controllers for its children may hold no process
+//!   (the "no internal processes" rule, Documentation/admin-guide/cgroup-v2.rst), so when the
+//!   daemon's own cgroup must enable them, the daemon first moves itself into a leaf of its
+//!   own, `executor-<pid>-ns<ns>-daemon`, beside the commands' parent.
+//! - **hybrid** (this project's CI): a bare cgroup2 mount for placement and `cgroup.kill`, the
+//!   controllers in v1 hierarchies, used for the limits.
+//! - **v1 only**, or no writable cgroups at all (an unprivileged container): limits fall back to
+//!   rlimits, and whole trees die by the pid namespace and the helper's subreaper sweep.
+//!
+//! `executor check` and the hello say which shape was found and what it gives.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// One cgroup hierarchy the daemon uses: where it lives and where its commands go.
+/// One cgroup hierarchy the daemon uses: where its commands go, and where helpers go back to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hierarchy {
-    /// The daemon's own cgroup, which helpers return to after placing their payload.
-    pub home: PathBuf,
     /// `<home>/executor-<pid>-ns<inode>`, parent of every command cgroup of this daemon.
     pub parent: PathBuf,
+    /// The daemon's own cgroup in this hierarchy: a helper that had to join a command's
+    /// cgroup to place its child there moves back here, so killing the command never kills it.
+    pub back: PathBuf,
 }
 
-/// The hierarchies available on this host. Hybrid hosts (like the one CI runs on) have a bare
-/// cgroup2 mount for `cgroup.kill` and v1 controllers for limits.
+/// Where a per-command limit comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Controller {
+    /// The controller is enabled in the unified (v2) hierarchy: set on the command's cgroup2
+    /// directory.
+    Unified,
+    /// A v1 hierarchy of its own.
+    V1(Hierarchy),
+}
+
+impl Controller {
+    /// `v2` or `v1`, for reports.
+    pub fn version(&self) -> &'static str {
+        match self {
+            Self::Unified => "v2",
+            Self::V1(_) => "v1",
+        }
+    }
+}
+
+/// The hierarchies available on this host.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CgroupRoot {
-    /// cgroup v2: placement and `cgroup.kill`.
+    /// cgroup v2: placement (and the controllers marked [`Controller::Unified`]).
     pub unified: Option<Hierarchy>,
-    /// The pids controller (v1), for the process limit.
-    pub pids: Option<Hierarchy>,
-    /// The memory controller (v1), for the memory limit.
-    pub memory: Option<Hierarchy>,
+    /// Whether the unified hierarchy has `cgroup.kill` (Linux 5.14); without it a cgroup is
+    /// killed by signalling every process it lists until none is left.
+    pub kill: bool,
+    /// Whether `memory.swap.max` exists (swap accounting on), so a command's swap can be cut.
+    pub swap: bool,
+    /// The process limit's controller, if any.
+    pub pids: Option<Controller>,
+    /// The memory limit's controller, if any.
+    pub memory: Option<Controller>,
 }
 
 impl CgroupRoot {
+    /// Every hierarchy the daemon made a parent in.
     pub fn all(&self) -> impl Iterator<Item = &Hierarchy> {
-        [&self.unified, &self.pids, &self.memory]
+        let v1 = |c: &Option<Controller>| match c {
+            Some(Controller::V1(h)) => Some(h.clone()),
+            _ => None,
+        };
+        let mut all: Vec<&Hierarchy> = self.unified.iter().collect();
+        let owned: Vec<Hierarchy> = [v1(&self.pids), v1(&self.memory)]
             .into_iter()
             .flatten()
+            .collect();
+        // Borrow the v1 hierarchies from self (the clones above only found them).
+        for c in [&self.pids, &self.memory] {
+            if let Some(Controller::V1(h)) = c {
+                if owned.contains(h) {
+                    all.push(h);
+                }
+            }
+        }
+        all.into_iter()
+    }
+
+    /// The host's shape as `executor check` and the hello name it.
+    pub fn mode(&self) -> &'static str {
+        let v1 = [&self.pids, &self.memory]
+            .iter()
+            .any(|c| matches!(c, Some(Controller::V1(_))));
+        match (self.unified.is_some(), v1) {
+            (true, false) => "v2",
+            (true, true) => "hybrid",
+            (false, true) => "v1",
+            (false, false) => "none",
+        }
+    }
+
+    /// What the hello tells clients.
+    pub fn facts(&self) -> protocol::CgroupFacts {
+        let via = |c: &Option<Controller>| c.as_ref().map_or("rlimit", Controller::version);
+        protocol::CgroupFacts {
+            mode: self.mode().to_string(),
+            kill: self.unified.is_some() && self.kill,
+            pids: via(&self.pids).to_string(),
+            memory: via(&self.memory).to_string(),
+        }
     }
 }
 
@@ -52,8 +129,6 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
-    #[error("{0} has no cgroup.kill (needs Linux 5.14 or later)")]
-    NoKill(PathBuf),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
@@ -63,24 +138,182 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
     }
 }
 
+/// How [`prepare`] may arrange the daemon's own cgroup.
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    /// A cgroup2 directory to make the commands' parent in, instead of the daemon's own
+    /// cgroup (`--cgroup-parent`).
+    pub parent_of_parent: Option<PathBuf>,
+    /// The daemon may move itself into a leaf of its own (`serve`, before it starts any other
+    /// process): needed where its cgroup must enable controllers for its children. `run` and
+    /// `check` share their cgroup with the shell that started them and never move.
+    pub move_into_leaf: bool,
+}
+
 /// Find the hierarchies, create the daemon's parent cgroup in each, and remove what dead
-/// daemons left behind. A hierarchy that cannot be used is logged and left out.
-pub fn prepare(daemon_pid: u32) -> CgroupRoot {
+/// daemons left behind. A hierarchy or controller that cannot be used is logged, with the
+/// path and what would fix it, and left out.
+pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
     let mountinfo = read("/proc/self/mountinfo");
     let own = read("/proc/self/cgroup");
     let mut root = CgroupRoot::default();
-    for (slot, kind) in [
-        (&mut root.unified, Kind::Unified),
-        (&mut root.pids, Kind::V1("pids")),
-        (&mut root.memory, Kind::V1("memory")),
-    ] {
-        match prepare_one(kind, &mountinfo, &own, daemon_pid) {
-            Ok(h) => *slot = Some(h),
-            Err(err) => tracing::warn!(%err, "cgroup hierarchy unavailable"),
+    let name = format!("executor-{daemon_pid}-ns{}", pid_namespace());
+    match prepare_unified(&mountinfo, &own, &name, placement) {
+        Ok(unified) => {
+            root.kill = unified.hierarchy.parent.join("cgroup.kill").exists();
+            if !root.kill {
+                tracing::warn!(
+                    "cgroup.kill is missing (it needs Linux 5.14): whole trees are killed by \
+                     signalling every process of a command's cgroup, its pid namespace and the \
+                     helper's sweep"
+                );
+            }
+            root.swap = unified.hierarchy.parent.join("memory.swap.max").exists();
+            if unified.pids {
+                root.pids = Some(Controller::Unified);
+            }
+            if unified.memory {
+                root.memory = Some(Controller::Unified);
+            }
+            root.unified = Some(unified.hierarchy);
+        }
+        Err(err) => tracing::warn!(%err, "cgroup v2 unavailable"),
+    }
+    for (slot, controller) in [(&mut root.pids, "pids"), (&mut root.memory, "memory")] {
+        if slot.is_some() {
+            continue;
+        }
+        match prepare_v1(controller, &mountinfo, &own, &name) {
+            Ok(h) => *slot = Some(Controller::V1(h)),
+            Err(CgroupError::NotMounted(_)) if root.unified.is_some() => tracing::warn!(
+                controller,
+                "the {controller} controller is neither enabled in cgroup v2 nor mounted as \
+                 cgroup v1: its per-command limit falls back to an rlimit"
+            ),
+            Err(err) => tracing::warn!(%err, controller, "cgroup v1 controller unavailable"),
         }
     }
     root
+}
+
+/// The unified hierarchy as prepared: the parent, and which controllers it enables.
+struct PreparedUnified {
+    hierarchy: Hierarchy,
+    pids: bool,
+    memory: bool,
+}
+
+fn prepare_unified(
+    mountinfo: &str,
+    own: &str,
+    name: &str,
+    placement: &Placement,
+) -> Result<PreparedUnified, CgroupError> {
+    let mount = mount_point(mountinfo, Kind::Unified).ok_or(CgroupError::NotMounted("cgroup2"))?;
+    let own_dir = mount.join(
+        own_path(own, Kind::Unified)
+            .ok_or(CgroupError::UnknownOwnCgroup("cgroup2"))?
+            .trim_start_matches('/'),
+    );
+    let home = placement
+        .parent_of_parent
+        .clone()
+        .unwrap_or_else(|| own_dir.clone());
+    remove_stale(&home);
+    let mut back = own_dir;
+    // The controllers this cgroup may hand to its children (none on a hybrid host, where
+    // they are bound to v1 hierarchies).
+    let offered = get(&home, "cgroup.controllers");
+    let wanted: Vec<&str> = ["pids", "memory"]
+        .into_iter()
+        .filter(|c| offered.split_whitespace().any(|o| o == *c))
+        .collect();
+    let mut enabled = enable(&home, &wanted);
+    if enabled.is_err() && placement.move_into_leaf && placement.parent_of_parent.is_none() {
+        // EBUSY: our own cgroup holds processes (us, at least). Move into a leaf of our own
+        // and try again; processes that are not ours still block it.
+        let leaf = home.join(format!("{name}-daemon"));
+        let moved = create_if_missing(&leaf).and_then(|()| join(&leaf));
+        match moved {
+            Ok(()) => {
+                back = leaf;
+                enabled = enable(&home, &wanted);
+            }
+            Err(err) => tracing::warn!(%err, "cannot move the daemon into a cgroup of its own"),
+        }
+    }
+    let wanted = match enabled {
+        Ok(()) => wanted,
+        Err(err) => {
+            if !wanted.is_empty() {
+                tracing::warn!(
+                    %err,
+                    cgroup = %home.display(),
+                    "cannot enable the pids and memory controllers for commands: {} holds \
+                     other processes or may not be changed. Give the daemon a cgroup of its \
+                     own (systemd: Delegate=yes; a container: the daemon as its only process), \
+                     or name a writable cgroup2 directory with --cgroup-parent. Per-command \
+                     limits fall back to rlimits",
+                    home.display()
+                );
+            }
+            Vec::new()
+        }
+    };
+    let parent = home.join(name);
+    create_if_missing(&parent)?;
+    // The parent holds no process: it can pass the controllers on to each command's cgroup.
+    let wanted = match enable(&parent, &wanted) {
+        Ok(()) => wanted,
+        Err(err) => {
+            tracing::warn!(%err, "cannot enable controllers below {}", parent.display());
+            Vec::new()
+        }
+    };
+    Ok(PreparedUnified {
+        hierarchy: Hierarchy { parent, back },
+        pids: wanted.contains(&"pids"),
+        memory: wanted.contains(&"memory"),
+    })
+}
+
+/// Enable `controllers` for the children of `dir` (a no-op for those already enabled).
+fn enable(dir: &Path, controllers: &[&str]) -> Result<(), CgroupError> {
+    let on = get(dir, "cgroup.subtree_control");
+    let missing: Vec<String> = controllers
+        .iter()
+        .filter(|c| !on.split_whitespace().any(|o| o == **c))
+        .map(|c| format!("+{c}"))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    set(dir, "cgroup.subtree_control", &missing.join(" "))
+}
+
+fn create_if_missing(dir: &Path) -> Result<(), CgroupError> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io_err(dir)(e)),
+    }
+}
+
+fn prepare_v1(
+    controller: &'static str,
+    mountinfo: &str,
+    own: &str,
+    name: &str,
+) -> Result<Hierarchy, CgroupError> {
+    let kind = Kind::V1(controller);
+    let mount = mount_point(mountinfo, kind).ok_or(CgroupError::NotMounted(controller))?;
+    let own = own_path(own, kind).ok_or(CgroupError::UnknownOwnCgroup(controller))?;
+    let home = mount.join(own.trim_start_matches('/'));
+    remove_stale(&home);
+    let parent = home.join(name);
+    create_if_missing(&parent)?;
+    Ok(Hierarchy { parent, back: home })
 }
 
 /// Bounds on all commands of the daemon together, set on its parent cgroups: per-command
@@ -111,29 +344,39 @@ impl TotalLimits {
     }
 }
 
-/// Set `limits` on the daemon's parent cgroups. A hierarchy that is missing, or a v1 memory
+/// Set `limits` on the daemon's parent cgroups. A controller that is missing, or a v1 memory
 /// hierarchy without `use_hierarchy` (where a parent's limit would not cover its children), is
 /// reported and skipped.
 pub fn limit_all(root: &CgroupRoot, limits: TotalLimits) {
-    if let Some(h) = &root.pids {
-        if let Err(err) = set(&h.parent, "pids.max", &limits.processes.to_string()) {
+    let processes = limits.processes.to_string();
+    let memory = limits.memory_bytes.to_string();
+    let (pids_at, pids_file) = match &root.pids {
+        Some(Controller::Unified) => (root.unified.as_ref(), "pids.max"),
+        Some(Controller::V1(h)) => (Some(h), "pids.max"),
+        None => (None, ""),
+    };
+    if let Some(h) = pids_at {
+        if let Err(err) = set(&h.parent, pids_file, &processes) {
             tracing::warn!(%err, "cannot bound the processes of all commands together");
         }
     }
-    match &root.memory {
-        Some(h) if get(&h.parent, "memory.use_hierarchy") == "1" => {
-            if let Err(err) = set(
-                &h.parent,
-                "memory.limit_in_bytes",
-                &limits.memory_bytes.to_string(),
-            ) {
-                tracing::warn!(%err, "cannot bound the memory of all commands together");
-            }
+    let memory_at = match &root.memory {
+        Some(Controller::Unified) => root.unified.as_ref().map(|h| (h, "memory.max")),
+        Some(Controller::V1(h)) if get(&h.parent, "memory.use_hierarchy") == "1" => {
+            Some((h, "memory.limit_in_bytes"))
         }
-        Some(_) => tracing::warn!(
-            "memory.use_hierarchy is off: the memory of all commands together is not bounded"
-        ),
-        None => {}
+        Some(Controller::V1(_)) => {
+            tracing::warn!(
+                "memory.use_hierarchy is off: the memory of all commands together is not bounded"
+            );
+            None
+        }
+        None => None,
+    };
+    if let Some((h, file)) = memory_at {
+        if let Err(err) = set(&h.parent, file, &memory) {
+            tracing::warn!(%err, "cannot bound the memory of all commands together");
+        }
     }
 }
 
@@ -141,38 +384,6 @@ pub fn limit_all(root: &CgroupRoot, limits: TotalLimits) {
 enum Kind {
     Unified,
     V1(&'static str),
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Unified => "cgroup2",
-            Self::V1(controller) => controller,
-        }
-    }
-}
-
-fn prepare_one(
-    kind: Kind,
-    mountinfo: &str,
-    own: &str,
-    daemon_pid: u32,
-) -> Result<Hierarchy, CgroupError> {
-    let mount = mount_point(mountinfo, kind).ok_or(CgroupError::NotMounted(kind.name()))?;
-    let own = own_path(own, kind).ok_or(CgroupError::UnknownOwnCgroup(kind.name()))?;
-    let home = mount.join(own.trim_start_matches('/'));
-    remove_stale(&home);
-    let parent = home.join(format!("executor-{daemon_pid}-ns{}", pid_namespace()));
-    match std::fs::create_dir(&parent) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_err(&parent)(e)),
-    }
-    if matches!(kind, Kind::Unified) && !parent.join("cgroup.kill").exists() {
-        let _ = std::fs::remove_dir(&parent);
-        return Err(CgroupError::NoKill(parent));
-    }
-    Ok(Hierarchy { home, parent })
 }
 
 /// Mount point of a hierarchy, from /proc/self/mountinfo (proc(5)): the cgroup2 mount, or the
@@ -210,12 +421,17 @@ fn own_path(proc_cgroup: &str, kind: Kind) -> Option<String> {
     })
 }
 
-/// Kill and remove `executor-<pid>` cgroups of daemons that no longer run (a daemon killed
-/// with SIGKILL cannot clean up; its helpers kill their trees, but may have died too).
 /// Inode of our pid namespace: pids are only comparable within one.
 fn pid_namespace() -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// The pid in an `executor-<pid>-ns<ns>[-daemon]` name of our pid namespace.
+fn daemon_of(name: &str, ns_suffix: &str) -> Option<u32> {
+    let rest = name.strip_prefix("executor-")?;
+    let rest = rest.strip_suffix("-daemon").unwrap_or(rest);
+    rest.strip_suffix(ns_suffix)?.parse().ok()
 }
 
 /// Remove the cgroups of dead daemons of our pid namespace (a daemon killed by SIGKILL cannot
@@ -228,12 +444,7 @@ fn remove_stale(home: &Path) {
     let ours = format!("-ns{}", pid_namespace());
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("executor-"))
-            .and_then(|rest| rest.strip_suffix(ours.as_str()))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
+        let Some(pid) = name.to_str().and_then(|n| daemon_of(n, &ours)) else {
             continue;
         };
         if Path::new(&format!("/proc/{pid}")).exists() {
@@ -255,7 +466,7 @@ pub fn create(dir: &Path) -> Result<(), CgroupError> {
     std::fs::create_dir(dir).map_err(io_err(dir))
 }
 
-/// Write one setting (`pids.max`, `memory.limit_in_bytes`, ...) of a command's cgroup.
+/// Write one setting (`pids.max`, `memory.max`, ...) of a command's cgroup.
 pub fn set(dir: &Path, file: &str, value: &str) -> Result<(), CgroupError> {
     let path = dir.join(file);
     std::fs::write(&path, value).map_err(io_err(&path))
@@ -266,6 +477,14 @@ pub fn get(dir: &Path, file: &str) -> String {
     std::fs::read_to_string(dir.join(file))
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// The counter `key` of a flat keyed file such as `pids.events` or `memory.events`.
+pub fn counter(dir: &Path, file: &str, key: &str) -> u64 {
+    get(dir, file)
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Move the calling process into `dir`.
@@ -282,10 +501,20 @@ pub fn procs(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// SIGKILL every task in `dir` and below, stopped and signal-ignoring ones included.
+/// SIGKILL every task in `dir` and below, stopped and signal-ignoring ones included: at once
+/// with `cgroup.kill`, else by signalling every process it lists (the caller repeats until
+/// none is left; a pid namespace and the helper's sweep stand behind it).
 pub fn kill(dir: &Path) {
     // A missing cgroup is already empty; nothing else can be done about another error here.
-    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    if std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    for pid in procs(dir) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 }
 
 /// Remove `dir`. Reaped tasks can linger in it for a moment, so retry briefly; the next daemon
@@ -337,5 +566,32 @@ mod tests {
             Some("/user.slice")
         );
         assert_eq!(own_path("4:pids:/\n", Kind::Unified), None);
+    }
+
+    #[test]
+    fn daemon_cgroups_are_recognised_with_or_without_the_leaf_suffix() {
+        assert_eq!(daemon_of("executor-42-ns7", "-ns7"), Some(42));
+        assert_eq!(daemon_of("executor-42-ns7-daemon", "-ns7"), Some(42));
+        assert_eq!(daemon_of("executor-42-ns8", "-ns7"), None);
+        assert_eq!(daemon_of("cmd-1", "-ns7"), None);
+    }
+
+    #[test]
+    fn the_host_shape_is_named_from_what_was_found() {
+        let h = Hierarchy {
+            parent: "/p".into(),
+            back: "/b".into(),
+        };
+        let mut root = CgroupRoot::default();
+        assert_eq!(root.mode(), "none");
+        root.unified = Some(h.clone());
+        root.pids = Some(Controller::Unified);
+        assert_eq!(root.mode(), "v2");
+        root.memory = Some(Controller::V1(h));
+        assert_eq!(root.mode(), "hybrid");
+        assert_eq!(root.facts().memory, "v1");
+        assert_eq!(root.facts().pids, "v2");
+        root.unified = None;
+        assert_eq!(root.mode(), "v1");
     }
 }

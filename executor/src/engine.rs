@@ -59,6 +59,13 @@ impl From<RunError> for ExecError {
     }
 }
 
+/// What a probe found a profile applies on this host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probed {
+    pub layers: Vec<String>,
+    pub missing: Vec<String>,
+}
+
 pub struct Engine {
     pub limits: Limits,
     pub plan_settings: PlanSettings,
@@ -140,6 +147,7 @@ impl Engine {
                 isolation: Isolation {
                     profile: profile.name.clone(),
                     layers: outcome.layers,
+                    missing: plan.missing.clone(),
                 },
             },
         })
@@ -149,14 +157,14 @@ impl Engine {
 impl Engine {
     /// Run `true` under every profile, to learn which this host can run and with which
     /// layers. A profile that cannot run says why, naming the layer that failed.
-    pub async fn probe(&self) -> BTreeMap<String, Result<Vec<String>, String>> {
+    pub async fn probe(&self) -> BTreeMap<String, Result<Probed, String>> {
         let names: Vec<String> = self.profiles.keys().cloned().collect();
         self.probe_these(&names).await
     }
 
     /// Probe only the default candidates, strongest first, stopping at the first that runs:
     /// enough to choose a default without paying for every profile (`executor run`).
-    pub async fn probe_for_default(&self) -> BTreeMap<String, Result<Vec<String>, String>> {
+    pub async fn probe_for_default(&self) -> BTreeMap<String, Result<Probed, String>> {
         let mut found = BTreeMap::new();
         for name in crate::profile::DEFAULT_PREFERENCE {
             if !self.profiles.contains_key(*name) {
@@ -173,7 +181,7 @@ impl Engine {
     }
 
     /// Probe `names` concurrently (start-up waits for the slowest, not for their sum).
-    async fn probe_these(&self, names: &[String]) -> BTreeMap<String, Result<Vec<String>, String>> {
+    async fn probe_these(&self, names: &[String]) -> BTreeMap<String, Result<Probed, String>> {
         let probes = names.iter().map(|name| async move {
             let req = ValidRequest {
                 id: format!("probe-{name}"),
@@ -188,7 +196,10 @@ impl Engine {
                 stream: false,
             };
             let outcome = match self.execute(&req, None, std::future::pending()).await {
-                Ok(result) if result.returncode == 0 => Ok(result.extra.isolation.layers),
+                Ok(result) if result.returncode == 0 => Ok(Probed {
+                    layers: result.extra.isolation.layers,
+                    missing: result.extra.isolation.missing,
+                }),
                 Ok(result) => Err(format!(
                     "a probe command failed: returncode {} {}",
                     result.returncode, result.output
@@ -204,7 +215,7 @@ impl Engine {
     }
 
     /// The strongest of the default profiles this host can run.
-    pub fn choose_default(probe: &BTreeMap<String, Result<Vec<String>, String>>) -> String {
+    pub fn choose_default(probe: &BTreeMap<String, Result<Probed, String>>) -> String {
         crate::profile::DEFAULT_PREFERENCE
             .iter()
             .find(|name| probe.get(**name).is_some_and(Result::is_ok))

@@ -178,19 +178,22 @@ fn run_plan(plan: &Plan) -> Result<HelperReport, SetupError> {
     let sigchld = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(SetupError::Signals)?;
 
-    // 6. Cgroups: create the command's, set its limits and join it, so that everything we fork
-    //    is born inside (and cgroup.kill later takes all of it at once).
+    // 6. Cgroups: create the command's and set its limits, so that everything we fork is born
+    //    inside (and cgroup.kill later takes all of it at once). The cgroup2 directory is
+    //    entered by the child at its birth (clone3 CLONE_INTO_CGROUP, no attach for us to
+    //    make and undo); v1 hierarchies, or a kernel before 5.7, need us to join first.
     // 7. A pid namespace applies to the children of the process that creates it: our next
     //    child becomes its init, pid 1, whose death kills everything in it.
     let pid_ns = plan.sandbox.namespaces.contains(&Namespace::Pid);
-    if let Err(err) = enter_cgroups(plan).and_then(|()| {
+    let mut placed = Placed::default();
+    if let Err(err) = enter_cgroups(plan, &mut placed).and_then(|()| {
         if pid_ns {
             nix::sched::unshare(CloneFlags::CLONE_NEWPID).map_err(SetupError::PidNamespace)?;
         }
         Ok(())
     }) {
         // Leave nothing behind for a command that never ran.
-        let _ = leave_cgroups(plan);
+        let _ = leave_cgroups(&placed);
         remove_cgroups(plan);
         return Err(err);
     }
@@ -199,17 +202,19 @@ fn run_plan(plan: &Plan) -> Result<HelperReport, SetupError> {
     //    itself. Failures come back on the setup pipe; its end-of-file means exec happened.
     let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| SetupError::Process(e.into()));
     let prepared = pipe().and_then(|setup| Ok((setup, pipe()?)));
-    let forked = prepared.and_then(|pipes| Ok((pipes, sys::fork().map_err(SetupError::Process)?)));
+    let forked = prepared.and_then(|pipes| Ok((pipes, fork_placed(plan, &mut placed)?)));
     let (((setup_r, setup_w), (status_r, status_w)), forked) = match forked {
         Ok(done) => done,
         Err(err) => {
-            let _ = leave_cgroups(plan);
+            let _ = leave_cgroups(&placed);
             remove_cgroups(plan);
             return Err(err);
         }
     };
     let child = match forked {
         Forked::Child => {
+            // The cgroup directory stays the helper's: nothing in the sandbox may hold it.
+            drop(placed);
             drop((setup_r, status_r));
             if pid_ns {
                 init_main(plan, setup_w, status_w);
@@ -224,8 +229,8 @@ fn run_plan(plan: &Plan) -> Result<HelperReport, SetupError> {
     };
     drop((setup_w, status_w));
 
-    // 9. Back out of the command's cgroups, so that killing them never kills us.
-    let left = leave_cgroups(plan);
+    // 9. Back out of the cgroups we joined, so that killing them never kills us.
+    let left = leave_cgroups(&placed);
 
     // 10. Wait for the child's setup to finish or fail (no step waits on anything outside the
     //     machine, so this is short; the lifeline is watched again from step 12).
@@ -471,20 +476,66 @@ fn wait_setup(setup_r: &OwnedFd) -> Result<(), SetupError> {
     }
 }
 
-fn enter_cgroups(plan: &Plan) -> Result<(), SetupError> {
+/// Where the helper stands before forking the command's first process.
+#[derive(Default)]
+struct Placed {
+    /// The command's cgroup2 directory, open for clone3 to start the child inside.
+    into: Option<OwnedFd>,
+    /// Cgroups we had to go back from after the fork (their `home`): those joined.
+    joined: Vec<PathBuf>,
+}
+
+fn enter_cgroups(plan: &Plan, placed: &mut Placed) -> Result<(), SetupError> {
     for cg in &plan.cgroups {
         cgroup::create(&cg.dir).map_err(SetupError::Cgroup)?;
         for (file, value) in &cg.settings {
             cgroup::set(&cg.dir, file, value).map_err(SetupError::Cgroup)?;
         }
+        if cg.kill {
+            let dir = nix::fcntl::open(
+                &cg.dir,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            );
+            if let Ok(dir) = dir {
+                placed.into = Some(dir);
+                continue;
+            }
+        }
         cgroup::join(&cg.dir).map_err(SetupError::Cgroup)?;
+        placed.joined.push(cg.home.clone());
     }
     Ok(())
 }
 
-fn leave_cgroups(plan: &Plan) -> Result<(), SetupError> {
-    for cg in &plan.cgroups {
-        cgroup::join(&cg.home).map_err(SetupError::Cgroup)?;
+/// Fork the command's first process: born in the cgroup2 directory where the kernel can,
+/// otherwise after joining it.
+fn fork_placed(plan: &Plan, placed: &mut Placed) -> Result<Forked, SetupError> {
+    if let Some(dir) = &placed.into {
+        match sys::fork_into_cgroup(dir.as_fd()) {
+            Ok(forked) => return Ok(forked),
+            // No clone3, or no CLONE_INTO_CGROUP (before Linux 5.7).
+            Err(err)
+                if matches!(
+                    err.raw_os_error(),
+                    Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG | libc::EOPNOTSUPP)
+                ) =>
+            {
+                placed.into = None;
+                if let Some(cg) = plan.cgroups.iter().find(|c| c.kill) {
+                    cgroup::join(&cg.dir).map_err(SetupError::Cgroup)?;
+                    placed.joined.push(cg.home.clone());
+                }
+            }
+            Err(err) => return Err(SetupError::Process(err)),
+        }
+    }
+    sys::fork().map_err(SetupError::Process)
+}
+
+fn leave_cgroups(placed: &Placed) -> Result<(), SetupError> {
+    for home in &placed.joined {
+        cgroup::join(home).map_err(SetupError::Cgroup)?;
     }
     Ok(())
 }
@@ -498,26 +549,35 @@ fn remove_cgroups(plan: &Plan) {
 /// Limits the command ran into, read from its cgroups before they are removed.
 fn limits_hit(plan: &Plan) -> Vec<String> {
     let mut hit = Vec::new();
-    let counter = |text: &str, key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.trim().parse::<u64>().ok())
-            .unwrap_or(0)
+    let mut note = |limit: &str| {
+        if !hit.iter().any(|h| h == limit) {
+            hit.push(limit.to_string());
+        }
     };
     for cg in &plan.cgroups {
-        match cg.settings.first().map(|(f, _)| f.as_str()) {
-            Some("pids.max") if counter(&cgroup::get(&cg.dir, "pids.events"), "max ") > 0 => {
-                hit.push("processes".to_string());
+        for (file, _) in &cg.settings {
+            let dir = &cg.dir;
+            match file.as_str() {
+                // v1 and v2 alike: forks refused at the limit.
+                "pids.max" if cgroup::counter(dir, "pids.events", "max") > 0 => note("processes"),
+                // v2: the limit was reached (and reclaim ran), or the OOM killer acted.
+                "memory.max"
+                    if cgroup::counter(dir, "memory.events", "max") > 0
+                        || cgroup::counter(dir, "memory.events", "oom_kill") > 0 =>
+                {
+                    note("memory")
+                }
+                "memory.limit_in_bytes"
+                    if cgroup::counter(dir, "memory.oom_control", "oom_kill") > 0
+                        || cgroup::get(dir, "memory.failcnt")
+                            .parse::<u64>()
+                            .unwrap_or(0)
+                            > 0 =>
+                {
+                    note("memory")
+                }
+                _ => {}
             }
-            Some("memory.limit_in_bytes")
-                if counter(&cgroup::get(&cg.dir, "memory.oom_control"), "oom_kill ") > 0
-                    || cgroup::get(&cg.dir, "memory.failcnt")
-                        .parse::<u64>()
-                        .unwrap_or(0)
-                        > 0 =>
-            {
-                hit.push("memory".to_string());
-            }
-            _ => {}
         }
     }
     hit

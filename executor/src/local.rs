@@ -15,8 +15,8 @@ use crate::runner::{OutputSink, StopReason};
 use crate::serve::host_facts;
 use crate::setup::{setup, Paths, ProfileChoice, Setup};
 use crate::{
-    cgroup, default_state_dir, interpreter, request, runtime, server, workspaces, RunArgs,
-    TlsFingerprintArgs,
+    cgroup, default_state_dir, interpreter, request, runtime, server, workspaces, CheckArgs,
+    RunArgs, TlsFingerprintArgs,
 };
 
 /// The home directory of one `executor run`: private to the command's identity, removed when
@@ -103,6 +103,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
             state_dir: default_state_dir(),
             daemon_files: Vec::new(),
         },
+        cgroup::prepare(std::process::id(), &cgroup::Placement::default()),
         ProfileChoice {
             default: valid.profile.clone(),
             ..ProfileChoice::default()
@@ -159,9 +160,11 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `executor check`: which layers and profiles this host supports, and why not.
-pub(crate) fn check() -> anyhow::Result<ExitCode> {
+pub(crate) fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     let workspace = std::env::temp_dir();
+    let cgroups = cgroup::prepare(std::process::id(), &cgroup::Placement::default());
+    let facts = host_facts(&cgroups);
     let Setup {
         engine,
         probe,
@@ -169,39 +172,71 @@ pub(crate) fn check() -> anyhow::Result<ExitCode> {
         ..
     } = rt.block_on(setup(
         default_limits(),
-        vec!["bash".into(), "-c".into()],
+        interpreter(&args.interpreter)?,
         Paths {
             workspace: workspace.clone(),
             home: workspace,
             state_dir: default_state_dir(),
             daemon_files: Vec::new(),
         },
+        cgroups,
         ProfileChoice {
+            dir: args.profiles_dir.as_deref(),
             probe_all: true,
             ..ProfileChoice::default()
         },
         None,
     ))?;
-    let facts = host_facts();
     println!(
         "host: {} {} ({} cores)",
         facts.kernel, facts.arch, facts.cores
     );
-    println!("cgroups:");
-    for (name, h) in [
-        ("cgroup2 (kill)", &cgroups.unified),
-        ("pids controller", &cgroups.pids),
-        ("memory controller", &cgroups.memory),
-    ] {
-        match h {
-            Some(h) => println!("  {name:<18} yes  {}", h.home.display()),
-            None => println!("  {name:<18} no   (limits fall back to rlimits)"),
+    let cg = &facts.cgroups;
+    println!("cgroups: {}", cg.mode);
+    println!(
+        "  {:<18} {}",
+        "cgroup.kill",
+        if cgroups.unified.is_none() {
+            "no   (no writable cgroup v2: the pid namespace and the helper's sweep kill trees)"
+        } else if cg.kill {
+            "yes"
+        } else {
+            "no   (before Linux 5.14: processes are killed one by one, then swept)"
+        }
+    );
+    for (name, via) in [("pids limit", &cg.pids), ("memory limit", &cg.memory)] {
+        match via.as_str() {
+            "rlimit" => {
+                println!("  {name:<18} rlimit (no controller: RLIMIT_NPROC per uid, RLIMIT_AS)")
+            }
+            v => println!("  {name:<18} cgroup {v}"),
         }
     }
+    if let Some(h) = &cgroups.unified {
+        println!("  {:<18} {}", "commands in", h.parent.display());
+    }
+    println!(
+        "landlock: ABI {}{}",
+        facts.landlock_abi,
+        match facts.landlock_abi {
+            0 => " (not in this kernel)",
+            n if n >= crate::plan::MAX_LANDLOCK_ABI => "",
+            _ => " (older than 6: see each profile's missing rights)",
+        }
+    );
+    println!("interpreter: {}", args.interpreter);
     println!("profiles:");
     for (name, outcome) in &probe {
         match outcome {
-            Ok(layers) => println!("  {name:<15} ok    {}", layers.join(" ")),
+            Ok(probed) if probed.missing.is_empty() => {
+                println!("  {name:<15} ok    {}", probed.layers.join(" "))
+            }
+            Ok(probed) => println!(
+                "  {name:<15} ok    {}\n  {:<15}       missing here: {}",
+                probed.layers.join(" "),
+                "",
+                probed.missing.join(" ")
+            ),
             Err(reason) => println!("  {name:<15} NO    {reason}"),
         }
     }

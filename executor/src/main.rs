@@ -57,7 +57,7 @@ enum Command {
     /// Run one command locally through the same path the daemon uses; exit with its code.
     Run(RunArgs),
     /// Show which isolation layers and profiles work on this host, and why others do not.
-    Check,
+    Check(CheckArgs),
     /// Print the SHA-256 fingerprint of the daemon's TLS certificate, for clients to pin.
     TlsFingerprint(TlsFingerprintArgs),
 }
@@ -70,6 +70,16 @@ pub(crate) struct TlsFingerprintArgs {
     /// A PEM certificate file to read instead (as given to `serve --tls-cert`).
     #[arg(long, value_name = "PATH", conflicts_with = "state_dir")]
     tls_cert: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub(crate) struct CheckArgs {
+    /// Interpreter the probes run under, as for `serve` (`sh -c` on an image without bash).
+    #[arg(long, default_value = "bash -c")]
+    interpreter: String,
+    /// Directory of extra profiles (*.json) to check too.
+    #[arg(long)]
+    profiles_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -162,6 +172,10 @@ pub(crate) struct ServeArgs {
     /// Memory of all commands together, in MiB (default: three quarters of the host's).
     #[arg(long)]
     max_total_memory_mb: Option<u64>,
+    /// A cgroup2 directory (delegated to the daemon, writable) to make the commands' cgroups
+    /// in, instead of the daemon's own cgroup.
+    #[arg(long, value_name = "DIR")]
+    cgroup_parent: Option<PathBuf>,
     /// Drain and exit when stdin reaches end-of-file: a parent that starts the daemon with a
     /// pipe on stdin takes it down with it, even when the parent is killed with SIGKILL.
     #[arg(long)]
@@ -211,7 +225,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::serve(*args).map(|()| ExitCode::SUCCESS),
         Command::Run(args) => local::run_local(args),
-        Command::Check => local::check(),
+        Command::Check(args) => local::check(args),
         Command::TlsFingerprint(args) => local::tls_fingerprint(args),
     };
     result.unwrap_or_else(|err| {

@@ -344,6 +344,7 @@ mod tests {
                 isolation: Isolation {
                     profile: "strict".into(),
                     layers: Vec::new(),
+                    missing: Vec::new(),
                 },
             },
         }

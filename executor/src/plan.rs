@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::CgroupRoot;
-use crate::profile::{Namespace, Network, Profile, RootMode};
+use crate::cgroup::{CgroupRoot, Controller};
+use crate::profile::{LandlockFeature, Namespace, Network, Profile, RootMode};
 
 /// What the helper applies, in the order `crate::helper` documents.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,6 +28,9 @@ pub struct Plan {
     pub sandbox: SandboxPlan,
     /// Layers in force once setup succeeds, reported in every result.
     pub layers: Vec<String>,
+    /// Parts of the profile's policy this host cannot apply and the profile does without
+    /// (`landlock_scope` on a kernel before 6.12, say), reported in every result.
+    pub missing: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,6 +98,11 @@ pub struct LandlockPlan {
     pub list: Vec<PathBuf>,
     /// Deny every TCP bind and connect.
     pub deny_tcp: bool,
+    /// Confine signals and abstract unix sockets to the sandbox.
+    pub scope: bool,
+    /// The landlock ABI whose filesystem rights are handled (the kernel's, up to the newest
+    /// this daemon knows).
+    pub abi: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,6 +168,8 @@ pub struct PlanSettings {
     /// is sandboxed.
     pub loader_files: Vec<PathBuf>,
     pub cgroups: CgroupRoot,
+    /// The kernel's landlock ABI (0: none), read once at start.
+    pub landlock_abi: u32,
 }
 
 /// What the client asked for, already validated by `crate::request`, and who asks.
@@ -181,12 +191,25 @@ pub struct CommandSpec {
 }
 
 const MIB: u64 = 1024 * 1024;
+/// The newest landlock ABI whose rights this daemon handles.
+pub const MAX_LANDLOCK_ABI: u32 = 6;
 
 /// Device nodes a sandbox with a minimal /dev may write.
 const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
+    #[error(
+        "profile {profile} requires landlock's {feature} right (ABI {needs}), and this kernel \
+         has landlock ABI {abi}{why}"
+    )]
+    LandlockTooOld {
+        profile: String,
+        feature: &'static str,
+        needs: u32,
+        abi: u32,
+        why: &'static str,
+    },
     #[error(
         "profile {profile} would let commands running as the daemon's own user reach {file} \
          (beneath {rule}); move the daemon's state outside the paths the profile opens"
@@ -243,7 +266,8 @@ pub fn plan_command(
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 
     let cgroups = plan_cgroups(profile, &settings.cgroups, serial);
-    let mut sandbox = plan_sandbox(profile, settings, &expand, &cgroups);
+    let rights = landlock_rights(profile, settings)?;
+    let mut sandbox = plan_sandbox(profile, settings, &expand, &cgroups, &rights);
     // A client of its own identity runs as it wherever the profile would run an unprivileged
     // uid (never in place of root, which the profile asks for, nor of the daemon's own).
     if let (Some((uid, _)), Some(identity)) = (sandbox.user, spec.identity) {
@@ -267,7 +291,13 @@ pub fn plan_command(
         check_private_workspaces(profile, root, &sandbox)?;
     }
     let layers = layers(&cgroups, &sandbox);
+    let missing = rights
+        .missing
+        .iter()
+        .map(|f| f.layer().to_string())
+        .collect();
     Ok(Plan {
+        missing,
         argv,
         cwd: spec.cwd.clone().unwrap_or_else(|| workspace.clone()),
         env,
@@ -336,29 +366,110 @@ fn check_private_workspaces(
     }
 }
 
+/// Landlock's rights for one command on this kernel: what it gets, what it lacks.
+struct LandlockRights {
+    /// Landlock applies at all (the profile uses it, the kernel has it).
+    on: bool,
+    deny_tcp: bool,
+    scope: bool,
+    /// Rights the profile wants and the kernel lacks, none of them required.
+    missing: Vec<LandlockFeature>,
+}
+
+/// Decide landlock's rights from the profile and the kernel's ABI, or refuse the profile when a
+/// right it requires is missing. Besides the profile's own list, truncation is required when
+/// commands run as the daemon's own uid: without it (before Linux 6.2) they could truncate the
+/// daemon's token and audit log, which file modes would not stop.
+fn landlock_rights(
+    profile: &Profile,
+    settings: &PlanSettings,
+) -> Result<LandlockRights, PlanError> {
+    let abi = settings.landlock_abi;
+    if !profile.landlock.enabled() || profile.filesystem.is_none() {
+        return Ok(LandlockRights {
+            on: false,
+            deny_tcp: false,
+            scope: false,
+            missing: Vec::new(),
+        });
+    }
+    let wanted: Vec<LandlockFeature> = LandlockFeature::ALL
+        .into_iter()
+        .filter(|f| *f != LandlockFeature::Tcp || profile.network == Network::None)
+        .collect();
+    let same_user = profile
+        .user
+        .as_ref()
+        .filter(|u| !u.only_when_root || settings.daemon_uid == 0)
+        .is_none_or(|u| u.uid == settings.daemon_uid);
+    let mut required = profile.landlock.required();
+    if same_user {
+        required.push(LandlockFeature::Truncate);
+    }
+    for feature in wanted.iter().filter(|f| required.contains(f)) {
+        if feature.abi() > abi {
+            return Err(PlanError::LandlockTooOld {
+                profile: profile.name.clone(),
+                feature: feature.layer(),
+                needs: feature.abi(),
+                abi,
+                why: if *feature == LandlockFeature::Truncate && same_user {
+                    " (required because commands run as the daemon's own uid, which could \
+                     otherwise truncate its token and audit log)"
+                } else {
+                    ""
+                },
+            });
+        }
+    }
+    let has = |f: LandlockFeature| wanted.contains(&f) && f.abi() <= abi;
+    Ok(LandlockRights {
+        on: abi >= 1,
+        deny_tcp: has(LandlockFeature::Tcp),
+        scope: has(LandlockFeature::Scope),
+        missing: wanted.into_iter().filter(|f| f.abi() > abi).collect(),
+    })
+}
+
 fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<CgroupDir> {
     let name = format!("cmd-{serial}");
+    let limits = &profile.limits;
     let mut dirs = Vec::new();
     if let Some(h) = &root.unified {
+        // The command's cgroup2 directory: placement and kill, and the limits whose controller
+        // is enabled there.
+        let mut settings = Vec::new();
+        if let (Some(Controller::Unified), Some(max)) = (&root.pids, limits.processes) {
+            settings.push(("pids.max".into(), max.to_string()));
+        }
+        if let (Some(Controller::Unified), Some(mb)) = (&root.memory, limits.memory_mb) {
+            settings.push(("memory.max".into(), (mb * MIB).to_string()));
+            if root.swap {
+                // Memory pushed to swap would not count against memory.max.
+                settings.push(("memory.swap.max".into(), "0".into()));
+            }
+            // Out of memory, the whole command goes, not one process picked from it.
+            settings.push(("memory.oom.group".into(), "1".into()));
+        }
         dirs.push(CgroupDir {
             dir: h.parent.join(&name),
-            home: h.home.clone(),
-            settings: Vec::new(),
+            home: h.back.clone(),
+            settings,
             kill: true,
         });
     }
-    if let (Some(h), Some(max)) = (&root.pids, profile.limits.processes) {
+    if let (Some(Controller::V1(h)), Some(max)) = (&root.pids, limits.processes) {
         dirs.push(CgroupDir {
             dir: h.parent.join(&name),
-            home: h.home.clone(),
+            home: h.back.clone(),
             settings: vec![("pids.max".into(), max.to_string())],
             kill: false,
         });
     }
-    if let (Some(h), Some(mb)) = (&root.memory, profile.limits.memory_mb) {
+    if let (Some(Controller::V1(h)), Some(mb)) = (&root.memory, limits.memory_mb) {
         dirs.push(CgroupDir {
             dir: h.parent.join(&name),
-            home: h.home.clone(),
+            home: h.back.clone(),
             settings: vec![("memory.limit_in_bytes".into(), (mb * MIB).to_string())],
             kill: false,
         });
@@ -371,6 +482,7 @@ fn plan_sandbox(
     settings: &PlanSettings,
     expand_text: &dyn Fn(&str) -> String,
     cgroups: &[CgroupDir],
+    rights: &LandlockRights,
 ) -> SandboxPlan {
     let expand = |path: &str| PathBuf::from(expand_text(path));
     let mut namespaces = profile.namespaces.clone();
@@ -419,32 +531,30 @@ fn plan_sandbox(
             }
         });
 
-    let landlock = profile
-        .filesystem
-        .as_ref()
-        .filter(|_| profile.landlock)
-        .map(|fs| {
-            let mut read: Vec<PathBuf> = fs.read_only.iter().map(|g| expand(&g.path)).collect();
-            let mut write: Vec<PathBuf> = fs.writable.iter().map(|g| expand(&g.path)).collect();
-            write.extend(fs.tmpfs.iter().map(|t| expand(&t.path)));
-            let mut list = Vec::new();
-            if has(Namespace::Mount) {
-                // Inside the new root, /proc and the minimal /dev exist and are the command's,
-                // and every directory is one the policy put there: listing them is harmless.
-                read.extend(["/proc", "/dev"].map(PathBuf::from));
-                write.extend(WRITABLE_DEVICES.iter().map(PathBuf::from));
-                list.push(PathBuf::from("/"));
-            }
-            LandlockPlan {
-                read,
-                write,
-                list,
-                deny_tcp: profile.network == Network::None,
-            }
-        });
+    let landlock = profile.filesystem.as_ref().filter(|_| rights.on).map(|fs| {
+        let mut read: Vec<PathBuf> = fs.read_only.iter().map(|g| expand(&g.path)).collect();
+        let mut write: Vec<PathBuf> = fs.writable.iter().map(|g| expand(&g.path)).collect();
+        write.extend(fs.tmpfs.iter().map(|t| expand(&t.path)));
+        let mut list = Vec::new();
+        if has(Namespace::Mount) {
+            // Inside the new root, /proc and the minimal /dev exist and are the command's,
+            // and every directory is one the policy put there: listing them is harmless.
+            read.extend(["/proc", "/dev"].map(PathBuf::from));
+            write.extend(WRITABLE_DEVICES.iter().map(PathBuf::from));
+            list.push(PathBuf::from("/"));
+        }
+        LandlockPlan {
+            read,
+            write,
+            list,
+            deny_tcp: rights.deny_tcp,
+            scope: rights.scope,
+            abi: settings.landlock_abi.min(MAX_LANDLOCK_ABI),
+        }
+    });
 
     let limits = &profile.limits;
-    let sandboxed = profile.capabilities.is_some() || profile.seccomp || profile.landlock;
+    let sandboxed = profile.capabilities.is_some() || profile.seccomp || profile.landlock.enabled();
     let mut rlimits = Vec::new();
     if sandboxed {
         // Core dumps could leak memory contents into the workspace and fill the disk.
@@ -471,7 +581,7 @@ fn plan_sandbox(
     if !has_setting("pids.max") {
         push(RlimitKind::Nproc, limits.processes);
     }
-    if !has_setting("memory.limit_in_bytes") {
+    if !has_setting("memory.max") && !has_setting("memory.limit_in_bytes") {
         push(RlimitKind::As, limits.memory_mb.map(|mb| mb * MIB));
     }
 
@@ -514,12 +624,16 @@ fn ancestors<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> Vec<PathBuf> {
 fn layers(cgroups: &[CgroupDir], sandbox: &SandboxPlan) -> Vec<String> {
     let mut layers = vec!["session".to_string(), "subreaper".to_string()];
     for cg in cgroups {
-        let name = match cg.settings.first().map(|(file, _)| file.as_str()) {
-            None => "cgroup",
-            Some("pids.max") => "pids_limit",
-            Some(_) => "memory_limit",
-        };
-        layers.push(name.to_string());
+        if cg.kill {
+            layers.push("cgroup".into());
+        }
+        for (file, _) in &cg.settings {
+            match file.as_str() {
+                "pids.max" => layers.push("pids_limit".into()),
+                "memory.max" | "memory.limit_in_bytes" => layers.push("memory_limit".into()),
+                _ => {}
+            }
+        }
     }
     layers.extend(sandbox.namespaces.iter().map(|ns| ns.layer().to_string()));
     if sandbox.mounts.is_some() {
@@ -547,7 +661,7 @@ mod tests {
 
     fn settings() -> PlanSettings {
         let hierarchy = |base: &str| Hierarchy {
-            home: base.into(),
+            back: base.into(),
             parent: format!("{base}/executor-7").into(),
         };
         PlanSettings {
@@ -561,9 +675,12 @@ mod tests {
             loader_files: vec!["/usr/lib/x86_64-linux-gnu/libc.so.6".into()],
             cgroups: CgroupRoot {
                 unified: Some(hierarchy("/cg2")),
-                pids: Some(hierarchy("/cg1/pids")),
+                kill: true,
+                swap: false,
+                pids: Some(Controller::V1(hierarchy("/cg1/pids"))),
                 memory: None,
             },
+            landlock_abi: 7,
         }
     }
 
@@ -599,6 +716,7 @@ mod tests {
                 }],
                 sandbox: SandboxPlan::default(),
                 layers: vec!["session".into(), "subreaper".into(), "cgroup".into()],
+                missing: vec![],
             }
         );
     }
@@ -798,6 +916,117 @@ mod tests {
             !rules.write.contains(&s.workspace),
             "the shared workspace is not opened"
         );
+    }
+
+    #[test]
+    fn cgroup_v2_controllers_put_every_limit_on_the_one_command_cgroup() {
+        let mut s = settings();
+        s.cgroups.pids = Some(Controller::Unified);
+        s.cgroups.memory = Some(Controller::Unified);
+        s.cgroups.swap = true;
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 4).unwrap();
+        assert_eq!(
+            plan.cgroups,
+            [CgroupDir {
+                dir: "/cg2/executor-7/cmd-4".into(),
+                home: "/cg2".into(),
+                settings: vec![
+                    ("pids.max".into(), "512".into()),
+                    ("memory.max".into(), (2048 * MIB).to_string()),
+                    ("memory.swap.max".into(), "0".into()),
+                    ("memory.oom.group".into(), "1".into()),
+                ],
+                kill: true,
+            }]
+        );
+        // No rlimit stands in for a limit a controller enforces.
+        let kinds: Vec<RlimitKind> = plan.sandbox.rlimits.iter().map(|r| r.kind).collect();
+        assert!(!kinds.contains(&RlimitKind::Nproc) && !kinds.contains(&RlimitKind::As));
+        assert_eq!(
+            plan.layers[..5],
+            [
+                "session",
+                "subreaper",
+                "cgroup",
+                "pids_limit",
+                "memory_limit"
+            ]
+        );
+        // Without swap accounting there is no swap file to write; without controllers, rlimits.
+        s.cgroups.swap = false;
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 4).unwrap();
+        assert!(!plan.cgroups[0]
+            .settings
+            .iter()
+            .any(|(f, _)| f == "memory.swap.max"));
+        s.cgroups.pids = None;
+        s.cgroups.memory = None;
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 4).unwrap();
+        assert!(plan.cgroups[0].settings.is_empty());
+        let kinds: Vec<RlimitKind> = plan.sandbox.rlimits.iter().map(|r| r.kind).collect();
+        assert!(kinds.contains(&RlimitKind::Nproc) && kinds.contains(&RlimitKind::As));
+    }
+
+    #[test]
+    fn an_older_landlock_is_used_as_far_as_it_goes_and_named_where_it_falls_short() {
+        let mut s = settings();
+        s.landlock_abi = 2;
+        // strict: the namespaces carry the policy; landlock adds what ABI 2 has.
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 1).unwrap();
+        let rules = plan.sandbox.landlock.as_ref().unwrap();
+        assert_eq!((rules.abi, rules.scope, rules.deny_tcp), (2, false, false));
+        assert_eq!(
+            plan.missing,
+            [
+                "landlock_truncate",
+                "landlock_tcp",
+                "landlock_ioctl_dev",
+                "landlock_scope"
+            ]
+        );
+        assert!(plan.layers.contains(&"landlock".to_string()));
+        // landlock under a root daemon: runs, the same rights missing.
+        let plan = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap();
+        assert_eq!(plan.missing.len(), 4);
+        // Commands of the daemon's own uid need truncate (or they could empty its token).
+        s.daemon_uid = 1000;
+        s.state_dir = "/var/lib/executor".into();
+        s.daemon_files = vec!["/var/lib/executor/token".into()];
+        let err = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PlanError::LandlockTooOld {
+                    feature: "landlock_truncate",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        s.landlock_abi = 3;
+        plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap();
+        // No landlock at all: strict runs without it and says so; landlock cannot run.
+        let mut s = settings();
+        s.landlock_abi = 0;
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 1).unwrap();
+        assert!(plan.sandbox.landlock.is_none());
+        assert!(plan.missing.contains(&"landlock_filesystem".to_string()));
+        let err = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PlanError::LandlockTooOld {
+                    feature: "landlock_filesystem",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // The newest kernel misses nothing.
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &settings(), 1).unwrap();
+        assert!(plan.missing.is_empty());
+        let rules = plan.sandbox.landlock.unwrap();
+        assert_eq!((rules.abi, rules.scope, rules.deny_tcp), (6, true, true));
     }
 
     #[test]

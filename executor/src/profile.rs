@@ -49,13 +49,104 @@ pub struct Profile {
     /// Capabilities kept; `null` keeps the daemon's, `[]` drops them all.
     pub capabilities: Option<Vec<CapabilityGrant>>,
     /// Repeat the filesystem policy (and deny TCP, signals and abstract sockets leaving the
-    /// sandbox) with landlock.
-    pub landlock: bool,
+    /// sandbox) with landlock: `false`, `true` (every right required), or which rights a
+    /// kernel must have for the profile to run there.
+    pub landlock: Landlock,
     /// Deny dangerous syscalls and kill the 32-bit ABIs.
     pub seccomp: bool,
     pub limits: ProfileLimits,
     /// Environment every command starts from (after the cleared one); requests override it.
     pub env: BTreeMap<String, String>,
+}
+
+/// How a profile uses landlock. Landlock's rights arrived over several kernel versions (its
+/// ABI); each is applied wherever the running kernel has it, and a profile names those it
+/// cannot do without.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Landlock {
+    /// `false`: no landlock; `true`: every right, all required (a kernel without one makes the
+    /// profile unavailable).
+    Flag(bool),
+    Rights(LandlockRights),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LandlockRights {
+    /// Rights without which the profile does not run. The others are applied where the kernel
+    /// has them, and named in the isolation report (`missing`) where it does not.
+    pub required: Vec<LandlockFeature>,
+    /// Why the others may be missing.
+    pub reason: String,
+}
+
+/// Landlock's rights, by the ABI that brought them (Documentation/userspace-api/landlock.rst).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LandlockFeature {
+    /// ABI 1 (Linux 5.13): read, write, execute, create and remove beneath allowed paths.
+    Filesystem,
+    /// ABI 2 (5.19): links and renames across directories (without it they are denied).
+    Refer,
+    /// ABI 3 (6.2): truncating files.
+    Truncate,
+    /// ABI 4 (6.7): TCP bind and connect.
+    Tcp,
+    /// ABI 5 (6.10): ioctl on device files.
+    IoctlDev,
+    /// ABI 6 (6.12): signals and abstract unix sockets leaving the sandbox.
+    Scope,
+}
+
+impl LandlockFeature {
+    pub const ALL: [Self; 6] = [
+        Self::Filesystem,
+        Self::Refer,
+        Self::Truncate,
+        Self::Tcp,
+        Self::IoctlDev,
+        Self::Scope,
+    ];
+
+    /// The landlock ABI that brought it.
+    pub fn abi(self) -> u32 {
+        match self {
+            Self::Filesystem => 1,
+            Self::Refer => 2,
+            Self::Truncate => 3,
+            Self::Tcp => 4,
+            Self::IoctlDev => 5,
+            Self::Scope => 6,
+        }
+    }
+
+    /// Its name in reports (`landlock_scope`).
+    pub fn layer(self) -> &'static str {
+        match self {
+            Self::Filesystem => "landlock_filesystem",
+            Self::Refer => "landlock_refer",
+            Self::Truncate => "landlock_truncate",
+            Self::Tcp => "landlock_tcp",
+            Self::IoctlDev => "landlock_ioctl_dev",
+            Self::Scope => "landlock_scope",
+        }
+    }
+}
+
+impl Landlock {
+    pub fn enabled(&self) -> bool {
+        !matches!(self, Self::Flag(false))
+    }
+
+    /// Rights the profile cannot do without.
+    pub fn required(&self) -> Vec<LandlockFeature> {
+        match self {
+            Self::Flag(false) => Vec::new(),
+            Self::Flag(true) => LandlockFeature::ALL.to_vec(),
+            Self::Rights(r) => r.required.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -187,7 +278,8 @@ impl Profile {
     /// Whether commands see only the paths the profile lists (by a mount namespace over a
     /// chosen filesystem, or by landlock), so a directory it does not list stays private.
     pub fn confines_filesystem(&self) -> bool {
-        self.filesystem.is_some() && (self.landlock || self.namespaces.contains(&Namespace::Mount))
+        self.filesystem.is_some()
+            && (self.landlock.enabled() || self.namespaces.contains(&Namespace::Mount))
     }
 
     /// Whether a command of this profile can change files that commands of `profiles` (any of
@@ -242,14 +334,14 @@ impl Profile {
             profile: self.name.clone(),
             problem: problem.to_string(),
         };
-        if self.landlock && self.filesystem.is_none() {
+        if self.landlock.enabled() && self.filesystem.is_none() {
             return Err(invalid(
                 "landlock needs a filesystem section to build rules from",
             ));
         }
         let mount_ns = self.namespaces.contains(&Namespace::Mount);
         if let Some(fs) = &self.filesystem {
-            if !mount_ns && !self.landlock {
+            if !mount_ns && !self.landlock.enabled() {
                 return Err(invalid(
                     "a filesystem policy needs the mount namespace or landlock to enforce it",
                 ));
@@ -257,6 +349,17 @@ impl Profile {
             if !mount_ns && (!fs.tmpfs.is_empty() || fs.root == RootMode::Empty) {
                 return Err(invalid(
                     "tmpfs mounts and an empty root need the mount namespace",
+                ));
+            }
+            if !mount_ns
+                && !self
+                    .landlock
+                    .required()
+                    .contains(&LandlockFeature::Filesystem)
+            {
+                return Err(invalid(
+                    "without the mount namespace only landlock confines the filesystem: its \
+                     \"filesystem\" right must be required",
                 ));
             }
             if !mount_ns {
@@ -378,7 +481,7 @@ pub(crate) mod tests {
         assert_eq!(strict.namespaces.len(), 6);
         assert_eq!(strict.user.as_ref().map(|u| u.uid), Some(65534));
         assert_eq!(strict.capabilities, Some(vec![]));
-        assert!(strict.landlock && strict.seccomp);
+        assert!(strict.landlock.enabled() && strict.seccomp);
         assert_eq!(strict.network, Network::None);
         assert_eq!(
             strict.filesystem.as_ref().map(|f| f.root),

@@ -22,6 +22,15 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
     apply_overrides(&mut limits, &args);
     // Same-uid commands must not read our memory or environment through /proc or ptrace.
     nix::sys::prctl::set_dumpable(false).context("cannot make the daemon non-dumpable")?;
+    // Cgroups first: where the daemon must move into a leaf of its own (cgroup v2), it must do
+    // so before it starts the fork server, which would otherwise be left behind.
+    let cgroups = cgroup::prepare(
+        std::process::id(),
+        &cgroup::Placement {
+            parent_of_parent: args.cgroup_parent.clone(),
+            move_into_leaf: true,
+        },
+    );
     // The fork server, from the main thread (which lives as long as the daemon). Without it,
     // helpers are started by exec.
     let spawner = match spawner::start(&helper_exe()) {
@@ -146,6 +155,7 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .map(|path| resolved(&path))
                 .collect(),
             },
+            cgroups,
             ProfileChoice {
                 dir: args.profiles_dir.as_deref(),
                 allow: &args.allow_profiles,
@@ -182,20 +192,19 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let hello = protocol::Hello {
             protocol: protocol::PROTOCOL_VERSION,
             server: format!("executor {}", env!("CARGO_PKG_VERSION")),
-            host: host_facts(),
+            host: host_facts(&cgroups),
             profiles: engine
                 .profiles
                 .values()
                 .map(|p| {
                     let outcome = probe.get(&p.name);
+                    let probed = outcome.and_then(|o| o.as_ref().ok());
                     ProfileSummary {
                         name: p.name.clone(),
                         description: p.description.clone(),
-                        available: outcome.is_some_and(Result::is_ok),
-                        layers: outcome
-                            .and_then(|o| o.as_ref().ok())
-                            .cloned()
-                            .unwrap_or_default(),
+                        available: probed.is_some(),
+                        layers: probed.map(|p| p.layers.clone()).unwrap_or_default(),
+                        missing: probed.map(|p| p.missing.clone()).unwrap_or_default(),
                         unavailable_reason: outcome.and_then(|o| o.as_ref().err()).cloned(),
                     }
                 })
@@ -415,7 +424,7 @@ async fn shutdown_on_signal(daemon: Arc<server::Daemon>) {
     daemon.shutdown.cancel();
 }
 
-pub(crate) fn host_facts() -> HostFacts {
+pub(crate) fn host_facts(cgroups: &cgroup::CgroupRoot) -> HostFacts {
     let uts = nix::sys::utsname::uname().ok();
     let field = |f: fn(&nix::sys::utsname::UtsName) -> &OsStr| {
         uts.as_ref()
@@ -432,6 +441,8 @@ pub(crate) fn host_facts() -> HostFacts {
         cores: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1),
+        cgroups: cgroups.facts(),
+        landlock_abi: sys::landlock_abi(),
     }
 }
 

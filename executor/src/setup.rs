@@ -37,7 +37,7 @@ pub(crate) fn builtin_profiles() -> anyhow::Result<BTreeMap<String, Profile>> {
 /// host can run (found by running `true` under each).
 pub(crate) struct Setup {
     pub(crate) engine: Engine,
-    pub(crate) probe: BTreeMap<String, Result<Vec<String>, String>>,
+    pub(crate) probe: BTreeMap<String, Result<crate::engine::Probed, String>>,
     pub(crate) cgroups: cgroup::CgroupRoot,
     /// Profiles loaded but not offered, with the reason (for the hello).
     pub(crate) not_offered: Vec<protocol::NotOffered>,
@@ -75,10 +75,10 @@ pub(crate) async fn setup(
     limits: Limits,
     interpreter: Vec<String>,
     paths: Paths,
+    cgroups: cgroup::CgroupRoot,
     choice: ProfileChoice<'_>,
     spawner: Option<spawner::Spawner>,
 ) -> anyhow::Result<Setup> {
-    let cgroups = cgroup::prepare(std::process::id());
     let mut profiles = builtin_profiles()?;
     if let Some(dir) = choice.dir {
         for profile in Profile::load_dir(dir)? {
@@ -126,6 +126,7 @@ pub(crate) async fn setup(
         daemon_uid: nix::unistd::geteuid().as_raw(),
         loader_files: loader_files(),
         cgroups: cgroups.clone(),
+        landlock_abi: crate::sys::landlock_abi(),
     };
     let mut engine = Engine::new(limits, plan_settings, helper_exe(), profiles, String::new());
     if let Some(spawner) = spawner {
@@ -143,8 +144,8 @@ pub(crate) async fn setup(
     };
     for (name, outcome) in &probe {
         match outcome {
-            Ok(layers) => {
-                tracing::info!(profile = %name, layers = %layers.join(","), "profile available")
+            Ok(probed) => {
+                tracing::info!(profile = %name, layers = %probed.layers.join(","), missing = %probed.missing.join(","), "profile available")
             }
             Err(reason) => {
                 tracing::warn!(profile = %name, %reason, "profile unavailable on this host")

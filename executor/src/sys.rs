@@ -46,6 +46,56 @@ pub fn fork() -> io::Result<Forked> {
     }
 }
 
+/// `CLONE_INTO_CGROUP` (linux/sched.h, Linux 5.7): the child starts in the cgroup whose
+/// directory descriptor `clone_args.cgroup` holds.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Like [`fork`], but the child is born inside the cgroup open as `cgroup` (clone3 with
+/// `CLONE_INTO_CGROUP`): no process ever has to join the command's cgroup and leave it again.
+/// `Err` with ENOSYS, EINVAL or E2BIG means the kernel cannot (before 5.7): fork and join
+/// instead.
+pub fn fork_into_cgroup(cgroup: std::os::fd::BorrowedFd<'_>) -> io::Result<Forked> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: clone_args is plain old data; all-zero is a valid value (no pidfd, no tid
+    // pointers, no stack: a fork-like clone).
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = CLONE_INTO_CGROUP;
+    args.exit_signal = libc::SIGCHLD as u64;
+    args.cgroup = cgroup.as_raw_fd() as u64;
+    // SAFETY: as for `fork`: the caller is the single-threaded helper. clone3 without CLONE_VM
+    // and without a stack duplicates the process like fork(2); the kernel reads `args` (valid
+    // for the call, its size passed) and the cgroup descriptor, which is open.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    match rc {
+        0 => Ok(Forked::Child),
+        pid if pid > 0 => Ok(Forked::Parent(nix::unistd::Pid::from_raw(pid as i32))),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// The kernel's landlock ABI version; 0 when landlock is not built in or not enabled at boot
+/// (Documentation/userspace-api/landlock.rst, "Landlock ABI versions").
+pub fn landlock_abi() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+    // SAFETY: with a null attribute pointer, size 0 and the VERSION flag, landlock_create_ruleset
+    // reads no memory and returns the ABI version (or fails with ENOSYS/EOPNOTSUPP).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(rc).unwrap_or(0)
+}
+
 /// Leave a forked child at once, without running exit handlers or flushing the parent's
 /// buffers a second time.
 pub fn exit_child(code: i32) -> ! {

@@ -81,7 +81,8 @@ pub struct ResumeRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ServerMessage {
-    Hello(Hello),
+    /// Boxed: sent once per connection and far larger than every other message.
+    Hello(Box<Hello>),
     /// The answer to `resume`: the session is this connection's now. Results and output the
     /// client missed follow it.
     Resumed(Resumed),
@@ -146,6 +147,26 @@ pub struct HostFacts {
     pub version: String,
     pub arch: String,
     pub cores: u32,
+    /// What the host's cgroups give the daemon.
+    #[serde(default)]
+    pub cgroups: CgroupFacts,
+    /// Landlock ABI of the kernel (0: no landlock); profiles name the rights a lower ABI lacks
+    /// in `missing`.
+    #[serde(default)]
+    pub landlock_abi: u32,
+}
+
+/// The cgroups the daemon found and uses.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CgroupFacts {
+    /// `v2` (one unified hierarchy), `hybrid` (v1 controllers beside cgroup2), `v1`, `none`.
+    pub mode: String,
+    /// Whether a command's tree is killed with `cgroup.kill` (Linux 5.14).
+    pub kill: bool,
+    /// Where the per-command process limit comes from: `v2`, `v1` or `rlimit`.
+    pub pids: String,
+    /// Where the per-command memory limit comes from: `v2`, `v1` or `rlimit`.
+    pub memory: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,6 +177,9 @@ pub struct ProfileSummary {
     pub available: bool,
     /// Isolation layers this profile applies on this host.
     pub layers: Vec<String>,
+    /// Parts of its policy this host cannot apply and the profile does without.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
     /// Why the profile cannot run here, naming the layer that failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable_reason: Option<String>,
@@ -264,6 +288,10 @@ pub struct Isolation {
     pub profile: String,
     /// Layers applied, in order, e.g. `["session", "subreaper", "cgroup"]`.
     pub layers: Vec<String>,
+    /// Parts of the profile's policy this host cannot apply and the profile does without,
+    /// e.g. `["landlock_scope"]` on a kernel before 6.12 (see the main README).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
 }
 
 /// A request could not be served. `id` names the request when it could be read.

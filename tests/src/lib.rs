@@ -352,7 +352,7 @@ impl Client {
             hello: placeholder_hello(),
         };
         match client.recv().await {
-            Some(ServerMessage::Hello(hello)) => client.hello = hello,
+            Some(ServerMessage::Hello(hello)) => client.hello = *hello,
             other => panic!("expected hello, got {other:?}"),
         }
         Ok(client)

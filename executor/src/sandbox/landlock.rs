@@ -9,8 +9,10 @@
 //! and a ruleset missing a write rule would still report "fully enforced"), and [`enforce`]
 //! restricts the process once it runs as the command.
 //!
-//! The ABI is a hard requirement (V6: filesystem, TCP and scopes): on an older kernel the layer
-//! fails and the command is refused, rather than running with part of its policy.
+//! The plan says which ABI to handle (the kernel's, read at start, up to the newest this daemon
+//! knows) and whether TCP and scopes are handled; the planner has already refused a profile
+//! whose required rights the kernel lacks, and named the others as missing. Everything asked
+//! for here is then a hard requirement: a ruleset the kernel enforces only in part fails.
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -21,8 +23,6 @@ use landlock::{
 };
 
 use crate::plan::LandlockPlan;
-
-const TARGET_ABI: ABI = ABI::V6;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LandlockError {
@@ -45,10 +45,13 @@ pub struct Prepared(RulesetCreated);
 /// privileges). See [`open_rule_path`] for the paths that may be skipped; any other failure
 /// to make a rule fails the layer.
 pub fn prepare(plan: &LandlockPlan) -> Result<Prepared, LandlockError> {
+    let abi = ABI::from(i32::try_from(plan.abi).unwrap_or(0));
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(TARGET_ABI))?
-        .scope(Scope::from_all(TARGET_ABI))?;
+        .handle_access(AccessFs::from_all(abi))?;
+    if plan.scope {
+        ruleset = ruleset.scope(Scope::from_all(abi))?;
+    }
     if plan.deny_tcp {
         // Handled with no rule allowing any port: every bind and connect is denied.
         ruleset = ruleset.handle_access(AccessNet::from_all(ABI::V4))?;
@@ -56,8 +59,8 @@ pub fn prepare(plan: &LandlockPlan) -> Result<Prepared, LandlockError> {
     let mut created = ruleset.create()?;
     // (paths, rights, whether the daemon must be able to open every one that exists)
     let grants = [
-        (&plan.read, AccessFs::from_read(TARGET_ABI), false),
-        (&plan.write, AccessFs::from_all(TARGET_ABI), true),
+        (&plan.read, AccessFs::from_read(abi), false),
+        (&plan.write, AccessFs::from_all(abi), true),
         (&plan.list, AccessFs::ReadDir.into(), false),
     ];
     for (paths, access, required) in grants {
@@ -75,7 +78,7 @@ pub fn prepare(plan: &LandlockPlan) -> Result<Prepared, LandlockError> {
             let access = if is_dir {
                 access
             } else {
-                access & AccessFs::from_file(TARGET_ABI)
+                access & AccessFs::from_file(abi)
             };
             created = created.add_rule(PathBeneath::new(fd, access))?;
         }

@@ -185,7 +185,8 @@ pub async fn run(
     {
         conn.evicted = evicted;
     }
-    conn.reply(ServerMessage::Hello(conn.hello.clone())).await;
+    conn.reply(ServerMessage::Hello(Box::new(conn.hello.clone())))
+        .await;
     conn.replay().await;
 
     let mut reloads = daemon.clients.subscribe();
