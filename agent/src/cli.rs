@@ -326,6 +326,9 @@ async fn run_with(
     agent.environment().close().await;
     let outcome = outcome?;
     let (calls, cost) = agent.stats();
+    let demo_repo = demo_dir
+        .as_ref()
+        .and(agent.environment().config.cwd.clone());
 
     if let Some(instance_id) = &args.instance_id {
         let preds = args.preds.clone().unwrap_or_else(|| {
@@ -352,8 +355,13 @@ async fn run_with(
     };
     let _ = writeln!(out, "Model: {model_name}{scripted}");
     let _ = writeln!(out, "Model calls: {calls}, cost: ${cost:.4}");
-    if let Some(dir) = &demo_dir {
-        let _ = writeln!(out, "Demo repository: {}", dir.join("repo").display());
+    if let Some(repo) = &demo_repo {
+        let where_ = if target.local.is_some() {
+            ""
+        } else {
+            " (on the executor's machine)"
+        };
+        let _ = writeln!(out, "Demo repository: {repo}{where_}");
     }
     let _ = writeln!(out, "Trajectory: {}", output.display());
     Ok(outcome.exit_status.exit_code())
@@ -392,7 +400,17 @@ async fn start_environment(
     }
     let prepared = async {
         if let Some(dir) = demo_dir {
-            demo::setup(&mut env, dir).await?;
+            // A local executor shares our filesystem: the repository goes in the demo
+            // directory. A remote one does not: it goes in the executor's workspace (not its
+            // /tmp, which strict makes private to each command).
+            let repo = if local {
+                dir.join("repo")
+            } else {
+                let name = dir.file_name().unwrap_or_default();
+                Path::new(&env.hello.workspace).join(name).join("repo")
+            };
+            env.config.cwd = Some(repo.display().to_string());
+            demo::setup(&mut env, &repo).await?;
         }
         env.prepare().await.map_err(|e| anyhow::anyhow!("{e}"))
     }

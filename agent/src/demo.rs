@@ -35,10 +35,10 @@ pub fn directory() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Create the toy repository (`<dir>/repo`) through the executor, so its files belong to
-/// whoever the sandbox runs commands as.
-pub async fn setup(env: &mut Environment, dir: &Path) -> anyhow::Result<()> {
-    let repo = dir.join("repo").display().to_string();
+/// Create the toy repository at `repo` (a path on the executor's machine) through the
+/// executor, so its files belong to whoever the sandbox runs commands as.
+pub async fn setup(env: &mut Environment, repo: &Path) -> anyhow::Result<()> {
+    let repo = repo.display().to_string();
     let command = format!(
         "mkdir -p {repo} && cd {repo} && {SETUP}",
         repo = crate::environment::quote(&repo)

@@ -210,12 +210,7 @@ fn prepare_unified(
     name: &str,
     placement: &Placement,
 ) -> Result<PreparedUnified, CgroupError> {
-    let mount = mount_point(mountinfo, Kind::Unified).ok_or(CgroupError::NotMounted("cgroup2"))?;
-    let own_dir = mount.join(
-        own_path(own, Kind::Unified)
-            .ok_or(CgroupError::UnknownOwnCgroup("cgroup2"))?
-            .trim_start_matches('/'),
-    );
+    let own_dir = own_dir(mountinfo, own, Kind::Unified, "cgroup2")?;
     let home = placement
         .parent_of_parent
         .clone()
@@ -306,10 +301,7 @@ fn prepare_v1(
     own: &str,
     name: &str,
 ) -> Result<Hierarchy, CgroupError> {
-    let kind = Kind::V1(controller);
-    let mount = mount_point(mountinfo, kind).ok_or(CgroupError::NotMounted(controller))?;
-    let own = own_path(own, kind).ok_or(CgroupError::UnknownOwnCgroup(controller))?;
-    let home = mount.join(own.trim_start_matches('/'));
+    let home = own_dir(mountinfo, own, Kind::V1(controller), controller)?;
     remove_stale(&home);
     let parent = home.join(name);
     create_if_missing(&parent)?;
@@ -386,9 +378,27 @@ enum Kind {
     V1(&'static str),
 }
 
-/// Mount point of a hierarchy, from /proc/self/mountinfo (proc(5)): the cgroup2 mount, or the
-/// v1 mount whose super options name the controller.
-fn mount_point(mountinfo: &str, kind: Kind) -> Option<PathBuf> {
+/// Where this process's cgroup of a hierarchy lies: the mount point, and below it the
+/// process's path (/proc/self/cgroup) taken relative to the mount's root. A container without
+/// a cgroup namespace mounts only its own subtree (root `/libpod_parent/libpod-<id>`) while
+/// /proc/self/cgroup names the full path.
+fn own_dir(
+    mountinfo: &str,
+    own: &str,
+    kind: Kind,
+    name: &'static str,
+) -> Result<PathBuf, CgroupError> {
+    let (mount, root) = mount_point(mountinfo, kind).ok_or(CgroupError::NotMounted(name))?;
+    let path = own_path(own, kind).ok_or(CgroupError::UnknownOwnCgroup(name))?;
+    let below = Path::new(&path)
+        .strip_prefix(&root)
+        .map_err(|_| CgroupError::UnknownOwnCgroup(name))?;
+    Ok(mount.join(below))
+}
+
+/// Mount point and root of a hierarchy, from /proc/self/mountinfo (proc(5)): the cgroup2
+/// mount, or the v1 mount whose super options name the controller.
+fn mount_point(mountinfo: &str, kind: Kind) -> Option<(PathBuf, PathBuf)> {
     mountinfo.lines().find_map(|line| {
         let (left, right) = line.split_once(" - ")?;
         let mut fields = right.split_whitespace();
@@ -403,7 +413,10 @@ fn mount_point(mountinfo: &str, kind: Kind) -> Option<PathBuf> {
         if !wanted {
             return None;
         }
-        left.split_whitespace().nth(4).map(PathBuf::from)
+        let mut fields = left.split_whitespace();
+        let root = fields.nth(3)?;
+        let point = fields.next()?;
+        Some((PathBuf::from(point), PathBuf::from(root)))
     })
 }
 
@@ -541,11 +554,11 @@ mod tests {
 ";
         assert_eq!(
             mount_point(mountinfo, Kind::Unified),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+            Some(("/sys/fs/cgroup/unified".into(), "/".into()))
         );
         assert_eq!(
             mount_point(mountinfo, Kind::V1("memory")),
-            Some(PathBuf::from("/sys/fs/cgroup/memory"))
+            Some(("/sys/fs/cgroup/memory".into(), "/".into()))
         );
         assert_eq!(mount_point(mountinfo, Kind::V1("pids")), None);
         assert_eq!(
@@ -566,6 +579,26 @@ mod tests {
             Some("/user.slice")
         );
         assert_eq!(own_path("4:pids:/\n", Kind::Unified), None);
+    }
+
+    #[test]
+    fn a_mount_of_a_subtree_is_followed_below_its_root() {
+        // podman without a cgroup namespace: the container's own subtree is mounted, and
+        // /proc/self/cgroup names the full path.
+        let mountinfo =
+            "98 90 0:36 /libpod_parent/libpod-1 /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n";
+        let own = "8:pids:/libpod_parent/libpod-1\n";
+        assert_eq!(
+            own_dir(mountinfo, own, Kind::V1("pids"), "pids").unwrap(),
+            PathBuf::from("/sys/fs/cgroup/pids")
+        );
+        let own = "8:pids:/libpod_parent/libpod-1/sub\n";
+        assert_eq!(
+            own_dir(mountinfo, own, Kind::V1("pids"), "pids").unwrap(),
+            PathBuf::from("/sys/fs/cgroup/pids/sub")
+        );
+        // A cgroup outside the mounted subtree cannot be reached through it.
+        assert!(own_dir(mountinfo, "8:pids:/elsewhere\n", Kind::V1("pids"), "pids").is_err());
     }
 
     #[test]

@@ -250,11 +250,15 @@ fn run_plan(plan: &Plan) -> Result<HelperReport, SetupError> {
 
     // 12. Wait for the payload (or init) to exit, or for the daemon to close the lifeline.
     let (mut status, stopped) = wait_for_end(child, &sigchld);
+    // How many processes the command has now, before the kill: from its cgroup, or else (no
+    // writable cgroups, an unprivileged container) with a pid namespace, init and every
+    // process below it (orphans in a pid namespace are reparented to its init).
     let in_cgroup = plan
         .cgroups
         .iter()
         .find(|c| c.kill)
-        .map(|c| cgroup::procs(&c.dir).len() as u32);
+        .map(|c| cgroup::procs(&c.dir).len() as u32)
+        .or_else(|| pid_ns.then(|| descendants(child) + 1));
 
     // 13. Kill whatever the command left behind, note the limits it hit, remove its cgroups.
     let swept = sweep(plan, child, &mut status);
@@ -697,6 +701,31 @@ fn children() -> Vec<i32> {
     dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| parent_of(*pid) == Some(me))
         .collect()
+}
+
+/// How many processes descend from `pid`, from the kernel's children lists
+/// (/proc/<pid>/task/<tid>/children), walked without recursion and bounded.
+fn descendants(pid: Pid) -> u32 {
+    let mut pending = vec![pid.as_raw()];
+    let mut count = 0u32;
+    while let Some(pid) = pending.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for child in text.split_whitespace().filter_map(|p| p.parse().ok()) {
+                count += 1;
+                if count > 1 << 20 {
+                    return count;
+                }
+                pending.push(child);
+            }
+        }
+    }
+    count
 }
 
 fn parent_of(pid: i32) -> Option<i32> {

@@ -5,11 +5,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The target and flags of the static build. musl does not compile yet (glibc-only calls in
-/// `executor/src/sys.rs`); until it does, glibc linked statically. Switching to musl is this
-/// line: `("x86_64-unknown-linux-musl", "")`.
-const STATIC_BUILD: (&str, &str) = ("x86_64-unknown-linux-gnu", "-C target-feature=+crt-static");
-
 /// The workspace's target directory, from this binary's own path: test binaries live in
 /// `target/<profile>/deps/`, other binaries (the benchmark) in `target/<profile>/`.
 pub fn target_dir() -> PathBuf {
@@ -23,41 +18,27 @@ pub fn target_dir() -> PathBuf {
     profile_dir.parent().unwrap().to_path_buf()
 }
 
-/// Path of a static release build of `executor`, built once per test process (into its own
-/// target directory, `target/static`, so it never invalidates the normal build) and checked
-/// with file(1).
+/// Path of the static release build of `executor` (x86_64 musl), built once per test process
+/// by `.ci/build-static`, the one place that builds it (and checks that it needs no loader or
+/// shared library).
 pub fn static_executor() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let (triple, rustflags) = STATIC_BUILD;
-            let dir = target_dir().join("static");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let status = Command::new(cargo)
-                .args([
-                    "build",
-                    "--quiet",
-                    "--release",
-                    "-p",
-                    "executor",
-                    "--target",
-                ])
-                .arg(triple)
-                .arg("--target-dir")
-                .arg(&dir)
-                // With --target, RUSTFLAGS reach only the target's crates, not build scripts
-                // and proc macros (which must stay dynamic).
-                .env("RUSTFLAGS", rustflags)
-                .env_remove("CARGO_ENCODED_RUSTFLAGS")
-                .status()
-                .expect("cargo build runs");
-            assert!(status.success(), "building the static executor failed");
-            let exe = dir.join(triple).join("release").join("executor");
-            let file = Command::new("file")
+            let script =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/build-static");
+            let out = Command::new(&script)
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .unwrap_or_else(|e| panic!("{} does not run: {e}", script.display()));
+            assert!(out.status.success(), "building the static executor failed");
+            let paths = String::from_utf8_lossy(&out.stdout);
+            let exe = PathBuf::from(paths.lines().next().expect("build-static prints paths"));
+            let described = Command::new("file")
                 .arg(&exe)
                 .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
                 .expect("file(1) runs");
-            let described = String::from_utf8_lossy(&file.stdout);
             assert!(
                 described.contains("statically linked") || described.contains("static-pie linked"),
                 "the static executor is not static: {described}"

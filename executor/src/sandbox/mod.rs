@@ -17,7 +17,7 @@ use std::str::FromStr;
 
 use caps::{CapSet, Capability, CapsHashSet};
 use nix::sched::CloneFlags;
-use nix::sys::resource::{setrlimit, Resource};
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::unistd::{Gid, Uid};
 
 use crate::plan::{RlimitKind, SandboxPlan};
@@ -127,7 +127,13 @@ pub fn confine_process(plan: &SandboxPlan) -> Result<(), SandboxError> {
             RlimitKind::Nproc => Resource::RLIMIT_NPROC,
             RlimitKind::As => Resource::RLIMIT_AS,
         };
-        setrlimit(resource, limit.value, limit.value).map_err(|source| SandboxError::Rlimit {
+        // A limit is a ceiling: where the host already set a lower hard one (a container's
+        // --ulimit), that one stays; raising it would need CAP_SYS_RESOURCE and loosen it.
+        let value = match getrlimit(resource) {
+            Ok((_, hard)) if hard < limit.value => hard,
+            _ => limit.value,
+        };
+        setrlimit(resource, value, value).map_err(|source| SandboxError::Rlimit {
             kind: limit.kind,
             source,
         })?;

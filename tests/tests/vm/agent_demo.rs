@@ -29,15 +29,13 @@ async fn the_agent_demo_task_is_submitted_against_the_vm() {
         stdout.contains("+  echo $(( $1 + $2 ))"),
         "no fix in the diff: {stdout}"
     );
-    // From outside: the repository in the VM holds the fix the model made.
-    let trajectory = stdout
+    // From outside: the repository in the VM holds the fix the model made. It lies in the
+    // executor's workspace (strict's /tmp is private to each command).
+    let repo = stdout
         .lines()
-        .find_map(|l| l.strip_prefix("Trajectory: "))
-        .expect("the agent names its trajectory");
-    let repo = std::path::Path::new(trajectory.trim())
-        .parent()
-        .unwrap()
-        .join("repo");
-    let lib = vm.outside_ok(&format!("cat {}/mathlib.sh", repo.display()));
+        .find_map(|l| l.strip_prefix("Demo repository: "))
+        .and_then(|l| l.strip_suffix(" (on the executor's machine)"))
+        .unwrap_or_else(|| panic!("the agent names the repository on the VM: {stdout}"));
+    let lib = vm.outside_ok(&format!("cat {repo}/mathlib.sh"));
     assert!(lib.contains("$1 + $2"), "the VM's mathlib.sh: {lib}");
 }
