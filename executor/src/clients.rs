@@ -366,7 +366,8 @@ fn check_isolation(
                 "client {:?} may use profile {:?}, which writes files that other clients' \
                  commands run, while client {:?} has a private workspace: {:?} could plant code \
                  that runs in {:?}'s commands. List {:?}'s profiles without {:?}, or serve it \
-                 from a daemon of its own",
+                 from a daemon on a machine of its own (a second daemon here would share the \
+                 same host files)",
                 client.name,
                 writer.name,
                 private.name,
@@ -417,6 +418,15 @@ fn check_uids(clients: &[Arc<Client>]) -> Result<(), String> {
             return Err(format!(
                 "client {name:?}: uid {uid} belongs to user {:?} on this host; set \"uid\" to an unused one",
                 user.name
+            ));
+        }
+        // Its commands run with gid = uid: a group of the host would hand them its files
+        // (103 ssl-cert: the host's TLS keys; shadow; disk).
+        if let Ok(Some(group)) = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(uid)) {
+            return Err(format!(
+                "client {name:?}: its commands would run with gid {uid}, which is group {:?} on \
+                 this host; set \"uid\" to a number that is neither a user nor a group",
+                group.name
             ));
         }
     }
@@ -717,6 +727,29 @@ mod tests {
         .unwrap();
         table(&format!(
             r#"{{"clients":[{private},{{"name":"w","token":"{A}","profiles":["strict","landlock"]}}]}}"#
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn a_client_uid_that_is_a_group_of_the_host_is_refused() {
+        // A gid of the host with no user of the same number (ssl-cert, shadow on Debian).
+        let Some(gid) = (1..60000u32).find(|n| {
+            nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(*n)).is_ok_and(|g| g.is_some())
+                && nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(*n))
+                    .is_ok_and(|u| u.is_none())
+        }) else {
+            return;
+        };
+        let err = table(&format!(
+            r#"{{"clients":[{{"name":"g","token":"{A}","workspace":"per_client","profiles":["strict"],"uid":{gid}}}]}}"#
+        ))
+        .err()
+        .unwrap_or_default();
+        assert!(err.contains("group"), "{gid}: {err}");
+        // Control: a number nobody uses.
+        table(&format!(
+            r#"{{"clients":[{{"name":"g","token":"{A}","workspace":"per_client","profiles":["strict"],"uid":61111}}]}}"#
         ))
         .unwrap();
     }

@@ -283,25 +283,37 @@ impl Profile {
     }
 
     /// Whether a command of this profile can change files that commands of `profiles` (any of
-    /// them, this one included) read or execute from the host: a profile without a filesystem
-    /// policy writes everything; otherwise a writable grant at, above or below another
-    /// profile's read-only grant (task-container's `/` holds strict's `/usr`). Grants made
-    /// per client (`{workspace}`, `{home}`) and private tmpfs mounts do not count.
+    /// them, this one included) read or execute from the host:
+    /// - a profile without a filesystem policy writes everything;
+    /// - one that shows the host's root in a mount namespace writes every top-level directory
+    ///   (`mounts.rs` makes each a writable mount, whatever the writable list says);
+    /// - otherwise, a writable grant at, above or below another profile's read-only grant
+    ///   (compared as this host resolves them, symlinks followed), as task-container's `/`
+    ///   holds strict's `/usr`.
+    ///
+    /// Grants made per client (`{workspace}`, `{home}`: `check` allows no other template in a
+    /// writable grant, and no `..` anywhere) and private tmpfs mounts do not count.
     pub fn writes_shared_files<'a>(&self, profiles: impl IntoIterator<Item = &'a Profile>) -> bool {
         let Some(fs) = &self.filesystem else {
             return true;
         };
-        let read: Vec<&Path> = profiles
+        if fs.root == RootMode::Host && self.namespaces.contains(&Namespace::Mount) {
+            return true;
+        }
+        let resolve = |path: &str| {
+            std::fs::canonicalize(path).unwrap_or_else(|_| std::path::PathBuf::from(path))
+        };
+        let read: Vec<std::path::PathBuf> = profiles
             .into_iter()
             .filter_map(|p| p.filesystem.as_ref())
-            .flat_map(|f| f.read_only.iter().map(|g| Path::new(&g.path)))
+            .flat_map(|f| f.read_only.iter().map(|g| resolve(&g.path)))
             .collect();
         fs.writable
             .iter()
-            .filter(|w| !w.path.contains('{'))
+            .filter(|w| !w.path.starts_with('{'))
             .any(|w| {
-                let w = Path::new(&w.path);
-                read.iter().any(|r| r.starts_with(w) || w.starts_with(r))
+                let w = resolve(&w.path);
+                read.iter().any(|r| r.starts_with(&w) || w.starts_with(r))
             })
     }
 
@@ -341,6 +353,39 @@ impl Profile {
         }
         let mount_ns = self.namespaces.contains(&Namespace::Mount);
         if let Some(fs) = &self.filesystem {
+            let grants = fs
+                .read_only
+                .iter()
+                .chain(&fs.writable)
+                .chain(&fs.hidden)
+                .map(|g| g.path.as_str())
+                .chain(fs.tmpfs.iter().map(|t| t.path.as_str()));
+            for path in grants {
+                // A `..` would take a grant anywhere (`{home}/..`, `/tmp/../usr`).
+                if Path::new(path)
+                    .components()
+                    .any(|c| c == std::path::Component::ParentDir)
+                {
+                    return Err(invalid(&format!("path {path} contains `..`")));
+                }
+                let template = path.starts_with('{');
+                if !template && !path.starts_with('/') {
+                    return Err(invalid(&format!("path {path} is not absolute")));
+                }
+            }
+            for grant in &fs.writable {
+                // Writable templates are the client's own places only: `{state_dir}` or
+                // `{executor_bin}` would hand the daemon's files to commands.
+                let own = ["{workspace}", "{home}"]
+                    .iter()
+                    .any(|t| grant.path == *t || grant.path.starts_with(&format!("{t}/")));
+                if grant.path.contains('{') && !own {
+                    return Err(invalid(&format!(
+                        "writable path {} may use only {{workspace}} or {{home}}, at its start",
+                        grant.path
+                    )));
+                }
+            }
             if !mount_ns && !self.landlock.enabled() {
                 return Err(invalid(
                     "a filesystem policy needs the mount namespace or landlock to enforce it",
@@ -473,6 +518,52 @@ pub(crate) mod tests {
         value["filesystem"]["hidden"] =
             serde_json::json!([{"path": "/srv/secrets", "reason": "not ours"}]);
         Profile::parse("landlock", &value.to_string()).unwrap();
+    }
+
+    #[test]
+    fn profiles_that_write_the_host_are_told_whatever_their_writable_list_says() {
+        let all = Profile::all_builtin().unwrap();
+        // task-container without `/` in its writable list still shows the host's root with
+        // every top-level directory writable.
+        let mut tc = builtin("task-container");
+        if let Some(fs) = tc.filesystem.as_mut() {
+            fs.writable.retain(|g| g.path != "/");
+        }
+        assert!(tc.writes_shared_files(&all) && !tc.offered_by_default(&all));
+        // `..` and templates other than the client's own are refused outright.
+        let landlock = include_str!("../../sandbox-profiles/landlock.json");
+        for path in [
+            "{home}/..",
+            "/tmp/../usr",
+            "{state_dir}",
+            "{workspace}x",
+            "usr/local",
+        ] {
+            let mut value: serde_json::Value = serde_json::from_str(landlock).unwrap();
+            value["filesystem"]["writable"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({"path": path, "reason": "test"}));
+            let err = Profile::parse("landlock", &value.to_string()).unwrap_err();
+            assert!(err.to_string().contains(path), "{path}: {err}");
+        }
+        // A literal writable path is compared as resolved on this host.
+        let dir = std::env::temp_dir().join(format!("profile-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("usr-link");
+        std::os::unix::fs::symlink("/usr", &link).unwrap();
+        let mut value: serde_json::Value = serde_json::from_str(landlock).unwrap();
+        value["filesystem"]["writable"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"path": link, "reason": "test"}));
+        let sneaky = Profile::parse("landlock", &value.to_string()).unwrap();
+        assert!(sneaky.writes_shared_files(&all));
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Control: the shipped filtered profiles write nothing shared.
+        assert!(!builtin("landlock").writes_shared_files(&all));
+        assert!(!builtin("strict").writes_shared_files(&all));
     }
 
     #[test]

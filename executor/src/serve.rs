@@ -15,9 +15,10 @@ use crate::{
     workspaces, LogFormat, ServeArgs,
 };
 
-pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
+pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     sys::tune_allocator();
     init_logging(args.log_format);
+    resolve_daemon_paths(&mut args);
     let mut limits = default_limits();
     apply_overrides(&mut limits, &args);
     // Same-uid commands must not read our memory or environment through /proc or ptrace.
@@ -292,6 +293,38 @@ pub(crate) fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("executor stopped");
         Ok(())
     })
+}
+
+/// The daemon's files are used by the paths they resolve to at start, for its whole life: the
+/// sandbox covers and pins those, and a symlink on the way (`--clients /srv/c/link/clients.json`)
+/// could otherwise be pointed elsewhere by a command of a profile that writes the host, and be
+/// followed at the next reload. The link itself is the operator's to keep safe until the next
+/// start: say so.
+fn resolve_daemon_paths(args: &mut ServeArgs) {
+    let paths = [
+        &mut args.clients,
+        &mut args.token_file,
+        &mut args.tls_cert,
+        &mut args.tls_key,
+        &mut args.profiles_dir,
+        &mut args.audit_log,
+    ];
+    for slot in paths.into_iter() {
+        let Some(given) = slot.as_ref() else { continue };
+        let Ok(real) = std::fs::canonicalize(given) else {
+            continue; // Not there yet (a token to create): made where it is named.
+        };
+        if real != *given && std::path::absolute(given).is_ok_and(|a| a != real) {
+            tracing::warn!(
+                given = %given.display(),
+                resolved = %real.display(),
+                "a daemon file is named through a symlink: it is used as resolved until the \
+                 daemon stops, but a command of a profile that writes the host could point the \
+                 link elsewhere before the next start; name the resolved path instead"
+            );
+        }
+        *slot = Some(real);
+    }
 }
 
 /// A listening socket whose accept queue holds as many connections as the daemon serves (the

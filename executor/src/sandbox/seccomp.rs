@@ -134,9 +134,17 @@ const NAMESPACE_FLAGS: &[u64] = &[
 /// Syscall numbers at or above this belong to the x32 ABI.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
-/// SysV IPC syscalls: refused where the command has no IPC namespace of its own, since their
-/// keys would reach the host's segments, queues and semaphores.
+/// SysV IPC and POSIX message queue syscalls: refused where the command has no IPC namespace
+/// of its own, since their keys and names reach the host's segments, queues and semaphores
+/// (and a queue a command creates outlives it: a few hundred filled the host's queue limit for
+/// every other user).
 const SYSV_IPC: &[i64] = &[
+    libc::SYS_mq_open,
+    libc::SYS_mq_unlink,
+    libc::SYS_mq_timedsend,
+    libc::SYS_mq_timedreceive,
+    libc::SYS_mq_notify,
+    libc::SYS_mq_getsetattr,
     libc::SYS_shmget,
     libc::SYS_shmat,
     libc::SYS_shmctl,

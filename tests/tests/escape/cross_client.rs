@@ -574,6 +574,46 @@ async fn a_profile_that_writes_what_others_run_cannot_serve_beside_a_private_wor
             "{writer}: {log}"
         );
     }
+    // A copy of task-container made to look tamer (its `/` grant removed) still shows the
+    // host's root writable: not offered unless named, and refused beside a private client
+    // when named.
+    let profiles = tempfile::tempdir().unwrap();
+    let mut tamer: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../sandbox-profiles/task-container.json"
+    ))
+    .unwrap();
+    tamer["name"] = "tamer".into();
+    tamer["filesystem"]["writable"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|g| g["path"] != "/");
+    std::fs::write(profiles.path().join("tamer.json"), tamer.to_string()).unwrap();
+    let dir = profiles.path().display().to_string();
+    let named = [
+        "--allow-profile",
+        "tamer",
+        "--allow-profile",
+        "strict",
+        "--allow-profile",
+        "landlock",
+    ];
+    for allow in [&[][..], &named[..]] {
+        let mut extra = vec!["--profiles-dir", dir.as_str()];
+        extra.extend_from_slice(allow);
+        let log = clients_daemon(
+            &serde_json::json!({"clients": [
+                alice.clone(),
+                {"name": "mallory", "token": MALLORY, "profiles": ["strict", "tamer"]},
+            ]}),
+            &extra,
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{allow:?}: the daemon started"));
+        assert!(
+            log.contains("no profile \"tamer\"") || log.contains("may use profile \"tamer\""),
+            "{allow:?}: {log}"
+        );
+    }
     // Control: without the private workspace the writer may serve (and writes the host).
     let daemon = clients_daemon(
         &serde_json::json!({"clients": [
@@ -596,4 +636,58 @@ async fn a_profile_that_writes_what_others_run_cannot_serve_beside_a_private_wor
     let _ = std::fs::remove_file(&planted);
     assert_eq!(field(&out, "rc"), Some("0"), "{out}");
     assert!(written, "control: task-container writes the host's /usr");
+}
+
+#[tokio::test]
+async fn posix_message_queues_of_the_host_are_out_of_reach_without_an_ipc_namespace() {
+    // landlock has no IPC namespace: a command's queues were the host's, and outlived it (a few
+    // hundred filled the host's limit for every user). strict has its own IPC namespace.
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let name = format!("escape-mq-{m}");
+    let probe = python(&format!(
+        r#"
+r, e = sc(240, ctypes.c_char_p(b"{name}"), os.O_CREAT | os.O_RDWR, 0o600, 0)   # mq_open
+print(f"mq={{r}} mq_errno={{e}}")
+"#
+    ));
+    // The host's queues, seen through a mqueue filesystem of the test's own.
+    let mnt = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "mqueue", "mqueue"])
+        .arg(mnt.path())
+        .status()
+        .unwrap()
+        .success();
+    assert!(mounted);
+    let on_host = || mnt.path().join(&name).exists();
+    for (profile, expect) in [(LANDLOCK, Denied), (STRICT, Allowed), (TRUSTED, Allowed)] {
+        let l = label(profile, expect);
+        let out = run_in(&mut client, profile, "mq", &probe).await.output;
+        match (profile, expect) {
+            (_, Denied) => {
+                assert_eq!(field(&out, "mq_errno"), Some("1"), "{l} {out}");
+                assert!(!on_host(), "{l} created a host queue");
+            }
+            // Its own namespace (where landlock refuses the queue file anyway): whatever the
+            // call returns, the host never sees a queue.
+            (STRICT, _) => {
+                assert!(field(&out, "mq_errno").is_some(), "{l} {out}");
+                assert!(!on_host(), "{l} the queue reached the host");
+            }
+            // Control: with no policy the same call makes a host queue, which the test sees.
+            _ => {
+                assert_eq!(field(&out, "mq_errno"), Some("0"), "{l} {out}");
+                assert!(on_host(), "{l} control: the host queue is visible");
+                let _ = std::fs::remove_file(mnt.path().join(&name));
+            }
+        }
+    }
+    let _ = std::process::Command::new("umount")
+        .arg(mnt.path())
+        .status();
+    assert_daemon_intact(&daemon).await;
 }

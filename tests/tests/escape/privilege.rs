@@ -609,3 +609,88 @@ async fn task_container_cannot_rename_a_directory_above_the_daemons_files() {
     assert!(free.with_extension("moved").is_dir() && !free.exists());
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn a_clients_file_named_through_a_symlink_is_reloaded_from_where_it_resolved() {
+    // The covers apply to the resolved clients file; the daemon re-read the path as given on
+    // SIGHUP. A task-container client pointed the symlink at a file of its own granting itself
+    // `trusted`, and after the reload ran as root on the host.
+    if !require("root", is_root()) {
+        return;
+    }
+    const OPS: &str = "ops-token-0123456789abcdef0123456789abcd";
+    const BENCH: &str = "bench-token-0123456789abcdef0123456789ab";
+    let root = tempfile::Builder::new()
+        .prefix("escape-clients-link-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let real = root.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let file = real.join("clients.json");
+    let clients = serde_json::json!({"clients": [
+        {"name": "ops", "token": OPS, "profiles": ["trusted"]},
+        {"name": "bench", "token": BENCH, "profiles": ["task-container"]},
+    ]});
+    std::fs::write(&file, clients.to_string()).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let link = root.path().join("link");
+    std::os::unix::fs::symlink("real", &link).unwrap();
+    let daemon = executor_tests::Daemon::start_opts(executor_tests::DaemonOptions {
+        extra: vec![
+            "--clients".into(),
+            link.join("clients.json").display().to_string(),
+        ]
+        .into_iter()
+        .chain(executor_tests::ALLOW_ALL_PROFILES.map(String::from))
+        .collect(),
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    let mut bench = executor_tests::Client::connect(&daemon.url, Some(BENCH))
+        .await
+        .unwrap();
+    let evil = serde_json::json!({"clients": [
+        {"name": "bench", "token": BENCH},
+    ]});
+    let attack = format!(
+        "mkdir -p {r}/evil && echo '{evil}' > {r}/evil/clients.json && chmod 600 {r}/evil/clients.json \
+         && ln -sfn evil {r}/link.new && mv -T {r}/link.new {r}/link; echo swap=$?",
+        r = root.path().display()
+    );
+    let out = run_in(&mut bench, TASK, "swap-link", &attack).await.output;
+    let swapped = std::fs::read_link(&link).is_ok_and(|t| t == std::path::Path::new("evil"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    assert!(
+        executor_tests::eventually(Duration::from_secs(10), || daemon
+            .log()
+            .contains("clients reloaded"))
+        .await,
+        "{}",
+        daemon.log()
+    );
+    // The reload read the file the daemon started with: bench still may not use trusted, and
+    // ops still connects.
+    let mut bench = executor_tests::Client::connect(&daemon.url, Some(BENCH))
+        .await
+        .unwrap();
+    let refused = bench
+        .exec(preq(TRUSTED, "root", "id -u", 10.0))
+        .await
+        .result
+        .unwrap_err();
+    assert_eq!(
+        refused.code,
+        protocol::ErrorCode::ProfileDenied,
+        "{out} / {refused:?}"
+    );
+    assert!(executor_tests::Client::connect(&daemon.url, Some(OPS))
+        .await
+        .is_ok());
+    // The attack itself ran (the link is the command's to change): it just changes nothing.
+    assert!(swapped, "control: the command swapped the link: {out}");
+}
