@@ -10,11 +10,14 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::config::Mode;
 use crate::console::{Console, Decision, Resume};
-use crate::environment::{EnvError, Environment, Output};
+use crate::executor_client::{EnvError, Environment, Output};
 use crate::model::openai::action_json;
 use crate::model::{timestamp, Action, Model, ModelError};
 use crate::templates::{render, Templates};
 use crate::trajectory::{write_atomic, Trajectory};
+
+/// Exit code when interrupted before the loop started (and of `agent exec` on Ctrl-C).
+pub const INTERRUPTED: u8 = 130;
 
 /// First line of a command's output that submits the rest.
 pub const SUBMIT_SENTINEL: &str = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT";

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::environment::Environment;
+use crate::executor_client::Environment;
 
 pub const TASK: &str = "The test suite of this repository fails: `bash test.sh` reports that \
 `add 2 3` is not 5. Fix the bug in the library (do not change the test), check that the test \
@@ -41,7 +41,7 @@ pub async fn setup(env: &mut Environment, repo: &Path) -> anyhow::Result<()> {
     let repo = repo.display().to_string();
     let command = format!(
         "mkdir -p {repo} && cd {repo} && {SETUP}",
-        repo = crate::environment::quote(&repo)
+        repo = crate::shell::quote(&repo)
     );
     let out = env
         .run_raw(command, None, Some(60.0))

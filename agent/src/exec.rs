@@ -4,16 +4,35 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use anyhow::{bail, Context};
+use clap::Args;
 use futures_util::{SinkExt, StreamExt};
 use protocol::{ClientMessage, Ending, ExecRequest, ServerMessage};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::agent_loop::Interrupts;
-use crate::cli::{ExecArgs, INTERRUPTED};
+use crate::agent_loop::{Interrupts, INTERRUPTED};
 use crate::config;
-use crate::environment::{self, Environment};
-use crate::local::Target;
+use crate::deploy::local::Target;
+use crate::deploy::ExecutorArgs;
+use crate::executor_client::{self, Environment};
 use crate::tls::Tls;
+
+#[derive(Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub executor: ExecutorArgs,
+    /// Seconds before the command's whole process tree is killed.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
+    /// Working directory (default: the executor's workspace; for a local executor, here).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Extra environment variable NAME=VALUE; repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// The command; several words are joined with spaces, as ssh does.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
 
 /// Exit code of `agent exec` for its own failures (as ssh uses 255).
 const EXEC_FAILED: u8 = 255;
@@ -87,7 +106,7 @@ async fn exec_with(
         }
         None => None,
     };
-    let (mut ws, _hello) = environment::connect(&target.url, target.token.as_deref(), tls)
+    let (mut ws, _hello) = executor_client::connect(&target.url, target.token.as_deref(), tls)
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to the executor at {}: {e}", target.url))?;
     let request = ExecRequest {
@@ -109,7 +128,7 @@ async fn exec_with(
 
 /// Send the command and stream its output until its result.
 async fn run_command(
-    ws: &mut environment::Ws,
+    ws: &mut executor_client::Ws,
     text: String,
     timeout: f64,
     interrupts: &mut Interrupts,

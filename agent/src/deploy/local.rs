@@ -104,7 +104,7 @@ impl LocalExecutor {
             // We are its only client and the user's own: every profile is ours to choose from
             // (a shared executor offers only the filtered ones unless its operator says so).
             .args(
-                crate::environment::PROFILE_PREFERENCE
+                crate::executor_client::PROFILE_PREFERENCE
                     .iter()
                     .flat_map(|name| ["--allow-profile", name]),
             )
