@@ -83,30 +83,48 @@ pub struct Settings {
     /// Agent-config values offered to templates (mini exposes its config to them).
     pub agent_vars: Map<String, Value>,
     pub model_vars: Map<String, Value>,
+    /// Progress lines go here when set, else to stderr.
+    pub status: Option<Status>,
 }
 
 /// Ctrl-C and SIGTERM both end the run as `Interrupted`, after saving. Installed before
 /// anything is started, so a signal never kills the agent while it owns a local executor.
-pub struct Interrupts {
-    int: Signal,
-    term: Signal,
+pub enum Interrupts {
+    Signals {
+        int: Signal,
+        term: Signal,
+    },
+    /// A batch worker: its run stops when the batch does (the batch holds the signals).
+    Stop(tokio::sync::watch::Receiver<bool>),
 }
 
 impl Interrupts {
     pub fn install() -> std::io::Result<Self> {
-        Ok(Self {
+        Ok(Self::Signals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
         })
     }
 
     pub async fn recv(&mut self) -> Caught {
-        tokio::select! {
-            _ = self.int.recv() => Caught::Interrupt,
-            _ = self.term.recv() => Caught::Terminate,
+        match self {
+            Self::Signals { int, term } => tokio::select! {
+                _ = int.recv() => Caught::Interrupt,
+                _ = term.recv() => Caught::Terminate,
+            },
+            Self::Stop(stop) => {
+                if stop.wait_for(|stopped| *stopped).await.is_err() {
+                    // The batch is gone without saying stop: nothing will interrupt us.
+                    std::future::pending::<()>().await;
+                }
+                Caught::Terminate
+            }
         }
     }
 }
+
+/// Where a run's progress lines go instead of stderr (a batch worker's status line).
+pub type Status = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Which signal arrived: Ctrl-C at a terminal opens the interrupt menu, SIGTERM always stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,7 +365,7 @@ impl Agent {
                     .as_str()
                     .filter(|t| !t.trim().is_empty())
                 {
-                    progress(&format!("[step {step_no}] {}", first_line(text, 160)));
+                    self.progress(&format!("[step {step_no}] {}", first_line(text, 160)));
                 }
                 self.messages.push(reply.message);
                 Ok(Some(reply.actions))
@@ -360,7 +378,7 @@ impl Agent {
             }) => {
                 self.cost += cost;
                 self.format_errors += 1;
-                progress(&format!("[step {step_no}] format error: {error}"));
+                self.progress(&format!("[step {step_no}] format error: {error}"));
                 let mut vars = self.vars();
                 vars.insert("error".into(), json!(error));
                 vars.insert("actions".into(), json!(actions));
@@ -460,7 +478,7 @@ impl Agent {
             }
         }
 
-        progress(&format!(
+        self.progress(&format!(
             "[step {} | ${:.4} | {:.1}s] $ {}",
             self.n_calls,
             self.cost,
@@ -487,7 +505,7 @@ impl Agent {
                 return Some(Self::exit(ExitStatus::EnvironmentError, err.to_string()))
             }
         };
-        progress(&format!(
+        self.progress(&format!(
             "    -> returncode {}{}, {} characters",
             output.returncode,
             if output.exception_info.is_empty() {
@@ -579,7 +597,14 @@ impl Agent {
         }
         .to_json();
         if let Err(e) = write_atomic(&self.settings.output, &doc) {
-            eprintln!("agent: {e}");
+            crate::notes::note!("agent: {e}");
+        }
+    }
+
+    fn progress(&self, line: &str) {
+        match &self.settings.status {
+            Some(status) => status(line),
+            None => eprintln!("{line}"),
         }
     }
 
@@ -607,10 +632,6 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
-}
-
-fn progress(line: &str) {
-    eprintln!("{line}");
 }
 
 fn first_line(text: &str, max: usize) -> String {

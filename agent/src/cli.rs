@@ -22,11 +22,15 @@ enum Command {
     Run(Box<RunArgs>),
     /// Run one command through an executor; its output on stdout, its return code as ours.
     Exec(Box<ExecArgs>),
+    /// Start executors for other clients, or remove what a killed agent left behind.
+    #[command(subcommand)]
+    Deploy(crate::deploy::cli::DeployCommand),
 }
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Run(args) => crate::run::run(*args).await,
         Command::Exec(args) => crate::exec::exec(*args).await,
+        Command::Deploy(command) => crate::deploy::cli::dispatch(command).await,
     }
 }

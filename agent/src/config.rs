@@ -261,6 +261,26 @@ pub struct EnvironmentConfig {
     /// Reconnection attempts after a lost connection before `EnvironmentError`.
     #[serde(default = "default_reconnect_attempts")]
     pub reconnect_attempts: u32,
+    /// Where executors run: `local`, `remote`, `docker`, `ssh` (default: `remote` when an
+    /// executor URL is given, else `local`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    /// Seconds a deployment may take to give a usable executor (not a command timeout).
+    #[serde(default = "crate::deploy::config::default_start_timeout")]
+    pub start_timeout: f64,
+    /// The task's image (`docker`); a batch instance's own image wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The static executor copied or mounted into targets (`docker`, `ssh`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor_static: Option<PathBuf>,
+    /// A pool of running executors (`remote`); `executor_url` adds one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote: Vec<crate::deploy::config::RemoteExecutor>,
+    #[serde(default)]
+    pub docker: crate::deploy::config::DockerConfig,
+    #[serde(default)]
+    pub ssh: crate::deploy::config::SshConfig,
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
 }
@@ -281,6 +301,13 @@ impl Default for EnvironmentConfig {
             tls_ca: None,
             executor_bin: None,
             reconnect_attempts: default_reconnect_attempts(),
+            deployment: None,
+            start_timeout: crate::deploy::config::default_start_timeout(),
+            image: None,
+            executor_static: None,
+            remote: Vec::new(),
+            docker: Default::default(),
+            ssh: Default::default(),
             other: BTreeMap::new(),
         }
     }

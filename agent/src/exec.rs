@@ -11,8 +11,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::agent_loop::{Interrupts, INTERRUPTED};
 use crate::config;
-use crate::deploy::local::Target;
-use crate::deploy::ExecutorArgs;
+use crate::deploy::flags::ExecutorArgs;
+use crate::deploy::{Deployed, TaskSpec};
 use crate::executor_client::{self, Environment};
 use crate::tls::Tls;
 
@@ -39,22 +39,33 @@ const EXEC_FAILED: u8 = 255;
 
 pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
-    let tls = match Tls::new(
-        args.executor.tls_fingerprint.as_deref(),
-        args.executor.tls_ca.as_deref(),
-    ) {
-        Ok(tls) => tls,
-        Err(e) => {
-            eprintln!("agent exec: {e}");
-            return Ok(EXEC_FAILED);
-        }
-    };
+    let mut environment = config::EnvironmentConfig::default();
+    if let Err(e) = args.executor.apply(&mut environment) {
+        eprintln!("agent exec: {e:#}");
+        return Ok(EXEC_FAILED);
+    }
     let here = std::env::current_dir().context("cannot read the current directory")?;
-    let resolve = Target::resolve(
-        args.executor.executor.clone(),
-        args.executor.token_file.as_deref(),
-        args.executor.executor_bin.as_deref(),
-        &here,
+    let deployment =
+        match crate::deploy::from_config(&environment, &format!("exec{}", std::process::id())) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("agent exec: {e:#}");
+                return Ok(EXEC_FAILED);
+            }
+        };
+    let task = TaskSpec {
+        name: "exec".into(),
+        image: environment.image.clone(),
+        workspace: if deployment.kind() == "local" {
+            Some(here.display().to_string())
+        } else {
+            None
+        },
+    };
+    let resolve = crate::deploy::start_within(
+        deployment.as_ref(),
+        &task,
+        crate::deploy::start_timeout(&environment),
     );
     let target = tokio::select! {
         target = resolve => match target {
@@ -65,6 +76,25 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
             }
         },
         _ = interrupts.recv() => return Ok(INTERRUPTED),
+    };
+    let tls = match Tls::new(
+        target
+            .endpoint
+            .tls_fingerprint
+            .as_deref()
+            .or(environment.tls_fingerprint.as_deref()),
+        target
+            .endpoint
+            .tls_ca
+            .as_deref()
+            .or(environment.tls_ca.as_deref()),
+    ) {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("agent exec: {e}");
+            target.stop().await;
+            return Ok(EXEC_FAILED);
+        }
     };
     let result = exec_with(&args, &target, &tls, &mut interrupts).await;
     target.stop().await;
@@ -79,7 +109,7 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
 
 async fn exec_with(
     args: &ExecArgs,
-    target: &Target,
+    target: &Deployed,
     tls: &Tls,
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<u8> {
@@ -93,10 +123,9 @@ async fn exec_with(
     // A local executor: the strongest profile whose commands can write here, as `run` does.
     let profile = match &args.executor.profile {
         Some(p) => Some(p.clone()),
-        None if target.local.is_some() => {
-            let mut probe = Environment::open(
-                &target.url,
-                target.token.clone(),
+        None if target.owned => {
+            let mut probe = Environment::open_endpoint(
+                &target.endpoint,
                 config::EnvironmentConfig::default(),
                 true,
             )
@@ -106,9 +135,15 @@ async fn exec_with(
         }
         None => None,
     };
-    let (mut ws, _hello) = executor_client::connect(&target.url, target.token.as_deref(), tls)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to the executor at {}: {e}", target.url))?;
+    let (mut ws, _hello) =
+        executor_client::connect(&target.endpoint.url, target.endpoint.token.as_deref(), tls)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot connect to the executor at {}: {e}",
+                    target.endpoint.url
+                )
+            })?;
     let request = ExecRequest {
         id: "exec".into(),
         command: args.command.join(" "),

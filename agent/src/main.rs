@@ -11,6 +11,7 @@ mod deploy;
 mod exec;
 mod executor_client;
 mod model;
+mod notes;
 mod run;
 mod shell;
 mod templates;

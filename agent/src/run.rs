@@ -10,8 +10,8 @@ use serde_json::{json, Map, Value};
 use crate::agent_loop::{Agent, Interrupts, Settings, INTERRUPTED};
 use crate::config::{self, Config, Mode};
 use crate::console::Console;
-use crate::deploy::local::Target;
-use crate::deploy::ExecutorArgs;
+use crate::deploy::flags::ExecutorArgs;
+use crate::deploy::{Deployed, TaskSpec};
 use crate::executor_client::{Environment, PROFILE_PREFERENCE};
 use crate::model::{self, Kind, Model};
 use crate::templates::Templates;
@@ -77,7 +77,7 @@ pub struct RunArgs {
 pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
     let mut config = config::load(&args.config)?;
-    apply_flags(&mut config, &args);
+    apply_flags(&mut config, &args)?;
     let ignored = config.ignored_keys();
     if !ignored.is_empty() {
         eprintln!(
@@ -161,24 +161,32 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let console = Console::open();
 
     // The executor.
-    let workspace = match (&demo_dir, &config.environment.cwd) {
-        (Some(dir), _) => dir.clone(),
-        (None, Some(cwd)) => std::path::absolute(cwd).unwrap_or_else(|_| PathBuf::from(cwd)),
-        (None, None) => std::env::current_dir().context("cannot read the current directory")?,
+    let deployment =
+        crate::deploy::from_config(&config.environment, &format!("run{}", std::process::id()))?;
+    let local = deployment.kind() == "local";
+    let workspace = if local {
+        let dir = match (&demo_dir, &config.environment.cwd) {
+            (Some(dir), _) => dir.clone(),
+            (None, Some(cwd)) => std::path::absolute(cwd).unwrap_or_else(|_| PathBuf::from(cwd)),
+            (None, None) => std::env::current_dir().context("cannot read the current directory")?,
+        };
+        if demo_dir.is_none() {
+            // A local executor's workspace is the working directory itself (made absolute
+            // here, since the executor does not share our current directory).
+            config.environment.cwd = Some(dir.display().to_string());
+        }
+        Some(dir.display().to_string())
+    } else {
+        config.environment.cwd.clone()
     };
-    let local = config.environment.executor_url.is_none();
-    if local && demo_dir.is_none() {
-        // A local executor's workspace is the working directory itself (made absolute here,
-        // since the executor does not share our current directory).
-        config.environment.cwd = Some(workspace.display().to_string());
-    }
+    let task_spec = TaskSpec {
+        name: args.instance_id.clone().unwrap_or_else(|| "run".into()),
+        image: config.environment.image.clone(),
+        workspace,
+    };
+    let deadline = crate::deploy::start_timeout(&config.environment);
     let target = tokio::select! {
-        target = Target::resolve(
-            config.environment.executor_url.clone(),
-            config.environment.token_file.as_deref(),
-            config.environment.executor_bin.as_deref(),
-            &workspace,
-        ) => target?,
+        target = crate::deploy::start_within(deployment.as_ref(), &task_spec, deadline) => target?,
         _ = interrupts.recv() => {
             eprintln!("agent: interrupted while starting");
             return Ok(INTERRUPTED);
@@ -188,8 +196,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
         interrupts, config, model, kind, templates, mode, console, &target, &task, &args, demo_dir,
     )
     .await;
-    if let (Err(_), Some(local)) = (&result, &target.local) {
-        let log = local.log();
+    if result.is_err() {
+        let log = target.log();
         if !log.trim().is_empty() {
             eprintln!("executor log:\n{}", log.trim_end());
         }
@@ -207,7 +215,7 @@ async fn run_with(
     templates: Templates,
     mode: Mode,
     console: Option<Console>,
-    target: &Target,
+    target: &Deployed,
     task: &str,
     args: &RunArgs,
     demo_dir: Option<PathBuf>,
@@ -249,6 +257,7 @@ async fn run_with(
         }),
         agent_vars,
         model_vars,
+        status: None,
     };
     eprintln!("trajectory: {}", output.display());
     let mut agent = Agent::new(model, env, settings, console, interrupts);
@@ -287,7 +296,7 @@ async fn run_with(
     let _ = writeln!(out, "Model: {model_name}{scripted}");
     let _ = writeln!(out, "Model calls: {calls}, cost: ${cost:.4}");
     if let Some(repo) = &demo_repo {
-        let where_ = if target.local.is_some() {
+        let where_ = if target.local_fs {
             ""
         } else {
             " (on the executor's machine)"
@@ -301,17 +310,13 @@ async fn run_with(
 /// Connect, settle the profile, and prepare the working directory (and the demo repository).
 async fn start_environment(
     config: &Config,
-    target: &Target,
+    target: &Deployed,
     demo_dir: Option<&Path>,
 ) -> anyhow::Result<Environment> {
-    let local = target.local.is_some();
-    let mut env = Environment::open(
-        &target.url,
-        target.token.clone(),
-        config.environment.clone(),
-        local,
-    )
-    .await?;
+    let local = target.local_fs;
+    let mut env =
+        Environment::open_endpoint(&target.endpoint, config.environment.clone(), target.owned)
+            .await?;
     let layers = env.profile_layers();
     if local {
         eprintln!(
@@ -324,7 +329,7 @@ async fn start_environment(
         eprintln!(
             "executor: {} at {}, profile {:?}; layers: {}",
             env.hello.server,
-            target.url,
+            target.endpoint.url,
             env.effective_profile(),
             layers.join(", ")
         );
@@ -353,7 +358,7 @@ async fn start_environment(
     Ok(env)
 }
 
-fn apply_flags(config: &mut Config, args: &RunArgs) {
+fn apply_flags(config: &mut Config, args: &RunArgs) -> anyhow::Result<()> {
     let m = &mut config.model;
     if args.model.is_some() {
         m.model_name = args.model.clone();
@@ -367,26 +372,8 @@ fn apply_flags(config: &mut Config, args: &RunArgs) {
     if args.script.is_some() {
         m.script = args.script.clone();
     }
+    args.executor.apply(&mut config.environment)?;
     let e = &mut config.environment;
-    let x = &args.executor;
-    if x.executor.is_some() {
-        e.executor_url = x.executor.clone();
-    }
-    if x.token_file.is_some() {
-        e.token_file = x.token_file.clone();
-    }
-    if x.tls_fingerprint.is_some() {
-        e.tls_fingerprint = x.tls_fingerprint.clone();
-    }
-    if x.tls_ca.is_some() {
-        e.tls_ca = x.tls_ca.clone();
-    }
-    if x.executor_bin.is_some() {
-        e.executor_bin = x.executor_bin.clone();
-    }
-    if x.profile.is_some() {
-        e.profile = x.profile.clone();
-    }
     if args.cwd.is_some() {
         e.cwd = args.cwd.clone();
     }
@@ -400,6 +387,7 @@ fn apply_flags(config: &mut Config, args: &RunArgs) {
     if let Some(c) = args.cost_limit {
         a.cost_limit = c;
     }
+    Ok(())
 }
 
 fn resolve_mode(args: &RunArgs, config: &Config) -> anyhow::Result<Mode> {

@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use futures_util::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -196,58 +197,66 @@ fn tail(text: &str, max: usize) -> &str {
     &text[start..]
 }
 
-/// Where commands go: a URL and token, and the local executor if we started one.
-pub struct Target {
-    pub url: String,
-    pub token: Option<String>,
-    pub local: Option<LocalExecutor>,
+/// `local`: an `executor serve` of our own on this host per task, its workspace the task's.
+pub struct Local {
+    binary: PathBuf,
 }
 
-impl Target {
-    pub async fn resolve(
-        url: Option<String>,
-        token_file: Option<&Path>,
-        binary: Option<&Path>,
-        workspace: &Path,
-    ) -> anyhow::Result<Self> {
-        if let Some(url) = url {
-            let token = match token_file {
-                Some(path) => Some(
-                    std::fs::read_to_string(path)
-                        .with_context(|| format!("cannot read the token file {}", path.display()))?
-                        .trim()
-                        .to_string(),
-                ),
-                None => std::env::var("EXECUTOR_TOKEN")
-                    .ok()
-                    .filter(|t| !t.is_empty()),
-            };
-            return Ok(Self {
-                url,
-                token,
-                local: None,
-            });
-        }
-        let binary = find_executor(binary)?;
-        std::fs::create_dir_all(workspace)
-            .with_context(|| format!("cannot create the workspace {}", workspace.display()))?;
-        let local = LocalExecutor::start(&binary, workspace).await?;
-        eprintln!(
-            "executor: started a local executor ({}) at {} with workspace {}",
-            local.binary.display(),
-            local.url,
-            workspace.display()
-        );
+impl Local {
+    pub fn new(binary: Option<&Path>) -> anyhow::Result<Self> {
         Ok(Self {
-            url: local.url.clone(),
-            token: Some(local.token.clone()),
-            local: Some(local),
+            binary: find_executor(binary)?,
         })
     }
+}
 
-    pub async fn stop(self) {
-        if let Some(local) = self.local {
-            local.stop().await;
-        }
+impl super::Deployment for Local {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    fn start<'a>(
+        &'a self,
+        task: &'a super::TaskSpec,
+    ) -> BoxFuture<'a, anyhow::Result<super::Deployed>> {
+        Box::pin(async move {
+            let workspace = match &task.workspace {
+                Some(w) => PathBuf::from(w),
+                None => std::env::current_dir().context("cannot read the current directory")?,
+            };
+            std::fs::create_dir_all(&workspace)
+                .with_context(|| format!("cannot create the workspace {}", workspace.display()))?;
+            let local = LocalExecutor::start(&self.binary, &workspace).await?;
+            crate::notes::note!(
+                "executor: started a local executor ({}) at {} with workspace {}",
+                local.binary.display(),
+                local.url,
+                workspace.display()
+            );
+            Ok(super::Deployed {
+                endpoint: super::Endpoint {
+                    url: local.url.clone(),
+                    token: Some(local.token.clone()),
+                    token_file: Some(local.state.path().join("token")),
+                    tls_fingerprint: None,
+                    tls_ca: None,
+                },
+                kind: "local",
+                id: local.child.id().map(|p| p.to_string()).unwrap_or_default(),
+                owned: true,
+                local_fs: true,
+                handle: Box::new(local),
+            })
+        })
+    }
+}
+
+impl super::Handle for LocalExecutor {
+    fn stop(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(LocalExecutor::stop(*self))
+    }
+
+    fn log(&self) -> String {
+        LocalExecutor::log(self)
     }
 }

@@ -1,30 +1,211 @@
-//! Where the executor runs: the deployments, one module each, and the flags that choose one.
+//! Where executors run. Each deployment (one module each) starts an executor for a task and
+//! hands back how to reach it and a handle whose `stop` tears it down; dropping the handle
+//! without `stop` (a panic, an aborted task) still tears down, synchronously and best effort.
+//!
+//! | deployment | the executor | its lifeline |
+//! |---|---|---|
+//! | `local` | `executor serve` on a loopback port of this host | its stdin, our pipe |
+//! | `remote` | already running; a pool hands each task a free one | none: not ours |
+//! | `docker` | the static executor, bind-mounted read-only as the entrypoint of the task's image | `docker run -i`'s stdin, and the container's name (`rm -f`) |
+//! | `ssh` | the static executor, copied to the host and started in the ssh session | the ssh session |
 
+pub mod cli;
+pub mod config;
+pub mod docker;
+pub mod flags;
 pub mod local;
+pub mod reap;
+pub mod remote;
+pub mod ssh;
+pub mod up;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use clap::Args;
+use anyhow::{bail, Context};
+use futures_util::future::BoxFuture;
 
-#[derive(Args, Clone, Default)]
-pub struct ExecutorArgs {
-    /// Executor URL (ws:// or wss://). Without it a local `executor serve` is started.
-    #[arg(long = "executor", value_name = "URL")]
-    pub executor: Option<String>,
-    /// File holding the executor's bearer token (or set EXECUTOR_TOKEN).
-    #[arg(long, value_name = "PATH")]
+use crate::config::EnvironmentConfig;
+
+/// How to reach a started executor.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// `ws://` or `wss://` URL of `/v1/ws`.
+    pub url: String,
+    pub token: Option<String>,
+    /// A file holding the token (mode 0600), for clients that read one.
     pub token_file: Option<PathBuf>,
-    /// Accept exactly the wss:// executor certificate with this SHA-256 fingerprint
-    /// (sha256:<hex>, as `executor tls-fingerprint` prints it), whoever issued it.
-    #[arg(long, value_name = "sha256:HEX", conflicts_with = "tls_ca")]
+    /// `sha256:<hex>` of a `wss://` executor's certificate, to pin.
     pub tls_fingerprint: Option<String>,
-    /// Also trust this CA certificate (PEM) for wss:// executors, besides the WebPKI roots.
-    #[arg(long, value_name = "PATH")]
     pub tls_ca: Option<PathBuf>,
-    /// The `executor` binary to start locally (default: next to `agent`, then PATH).
-    #[arg(long, value_name = "PATH")]
-    pub executor_bin: Option<PathBuf>,
-    /// Sandbox profile (default: the strongest a local executor offers, else the executor's).
-    #[arg(long)]
-    pub profile: Option<String>,
+}
+
+/// What one task asks of its deployment.
+#[derive(Debug, Clone, Default)]
+pub struct TaskSpec {
+    /// Names and labels what is started for it (the instance id in a batch).
+    pub name: String,
+    /// The task's image (`docker`).
+    pub image: Option<String>,
+    /// Default working directory of the executor: a host path for `local`, a path in the
+    /// container for `docker`, on the host for `ssh`; ignored by `remote`.
+    pub workspace: Option<String>,
+}
+
+/// A started executor, owned until [`Deployed::stop`].
+pub struct Deployed {
+    pub endpoint: Endpoint,
+    /// `local`, `remote`, `docker`, `ssh`.
+    pub kind: &'static str,
+    /// The container id, process id, or URL: what a person would look for.
+    pub id: String,
+    /// We started it for ourselves: every profile is ours to choose from (the strongest that
+    /// works is taken), where a shared executor's default is respected.
+    pub owned: bool,
+    /// It shares this host's filesystem (paths we create are its paths).
+    pub local_fs: bool,
+    handle: Box<dyn Handle>,
+}
+
+impl Deployed {
+    /// The executor's own log so far (for error reports), where we have it.
+    pub fn log(&self) -> String {
+        self.handle.log()
+    }
+
+    /// Tear down: stop the executor and remove what was made for it. Always completes.
+    pub async fn stop(self) {
+        self.handle.stop().await;
+    }
+}
+
+/// The part of a started executor that must be torn down.
+pub trait Handle: Send {
+    fn stop(self: Box<Self>) -> BoxFuture<'static, ()>;
+    fn log(&self) -> String {
+        String::new()
+    }
+}
+
+/// One kind of deployment.
+pub trait Deployment: Send + Sync {
+    fn kind(&self) -> &'static str;
+    /// Start an executor for `task`. Called under the start deadline: if the deadline passes,
+    /// the future is dropped, so whatever it made must be removed by its own `Drop`.
+    fn start<'a>(&'a self, task: &'a TaskSpec) -> BoxFuture<'a, anyhow::Result<Deployed>>;
+}
+
+/// [`Deployment::start`] within `deadline`.
+pub async fn start_within(
+    deployment: &dyn Deployment,
+    task: &TaskSpec,
+    deadline: Duration,
+) -> anyhow::Result<Deployed> {
+    match tokio::time::timeout(deadline, deployment.start(task)).await {
+        Ok(started) => started,
+        Err(_) => bail!(
+            "the {} executor did not come up within the start timeout of {:.0}s \
+             (environment.start_timeout)",
+            deployment.kind(),
+            deadline.as_secs_f64()
+        ),
+    }
+}
+
+/// The start deadline of `config`.
+pub fn start_timeout(config: &EnvironmentConfig) -> Duration {
+    Duration::try_from_secs_f64(config.start_timeout).unwrap_or(Duration::from_secs(120))
+}
+
+/// The deployment `config` names, ready to start executors.
+pub fn from_config(
+    config: &EnvironmentConfig,
+    run_id: &str,
+) -> anyhow::Result<Box<dyn Deployment>> {
+    let remote = remote::entries(config);
+    let kind = match config.deployment.as_deref() {
+        Some(kind) => kind,
+        None if !remote.is_empty() => "remote",
+        None => "local",
+    };
+    Ok(match kind {
+        "local" => Box::new(local::Local::new(config.executor_bin.as_deref())?),
+        "remote" => Box::new(remote::Pool::new(remote)?),
+        "docker" => Box::new(docker::Docker::new(config, run_id)?),
+        "ssh" => Box::new(ssh::Ssh::new(config)?),
+        other => bail!(
+            "unknown deployment {other:?} (environment.deployment, --deploy): local, remote, docker or ssh"
+        ),
+    })
+}
+
+/// The static executor for targets that do not share this host's libraries: the configured
+/// one, else `executor-static` next to `agent`, else the musl release build of this
+/// workspace (`.ci/build-static` prints its path).
+pub fn static_executor(configured: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = configured {
+        if path.is_file() {
+            return Ok(path.to_path_buf());
+        }
+        bail!("the static executor {} does not exist", path.display());
+    }
+    let exe = std::env::current_exe().context("cannot find this agent's own path")?;
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut candidates = vec![dir.join("executor-static")];
+    // target/<profile>/agent -> target/x86_64-unknown-linux-musl/release/executor
+    if let Some(target) = dir.parent() {
+        candidates.push(target.join("x86_64-unknown-linux-musl/release/executor"));
+    }
+    if let Some(found) = candidates.into_iter().find(|c| c.is_file()) {
+        return Ok(found);
+    }
+    bail!(
+        "cannot find the static executor (executor-static next to agent, or the musl build): \
+         build it with `.ci/build-static` and pass --executor-static PATH \
+         (environment.executor_static)"
+    )
+}
+
+/// A fresh bearer token: 32 random bytes as hex.
+pub fn fresh_token() -> anyhow::Result<String> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| anyhow::anyhow!("no randomness for a token"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A private directory (0700) holding `token` in a file (0600); removed when dropped.
+pub fn private_token_dir(token: &str) -> anyhow::Result<(tempfile::TempDir, PathBuf)> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = tempfile::Builder::new()
+        .prefix("agent-deploy-")
+        .tempdir()
+        .context("cannot create a directory for the executor's token")?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+        .context("cannot restrict the token directory")?;
+    let path = dir.path().join("token");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(token.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok((dir, path))
+}
+
+/// Keep the last `max` bytes of a stream's text, for error reports.
+pub fn keep_tail(buffer: &mut String, more: &str, max: usize) {
+    buffer.push_str(more);
+    if buffer.len() > max {
+        let mut cut = buffer.len() - max;
+        while !buffer.is_char_boundary(cut) {
+            cut += 1;
+        }
+        buffer.drain(..cut);
+    }
 }

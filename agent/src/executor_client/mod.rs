@@ -87,6 +87,25 @@ pub struct Environment {
 }
 
 impl Environment {
+    /// [`Environment::open`] on a deployed executor: its URL, token and certificate pin.
+    pub async fn open_endpoint(
+        endpoint: &crate::deploy::Endpoint,
+        mut config: EnvironmentConfig,
+        choose_strongest: bool,
+    ) -> anyhow::Result<Self> {
+        if endpoint.tls_fingerprint.is_some() || endpoint.tls_ca.is_some() {
+            config.tls_fingerprint.clone_from(&endpoint.tls_fingerprint);
+            config.tls_ca.clone_from(&endpoint.tls_ca);
+        }
+        Self::open(
+            &endpoint.url,
+            endpoint.token.clone(),
+            config,
+            choose_strongest,
+        )
+        .await
+    }
+
     /// Connect, read the hello, and settle the profile. `choose_strongest` applies the
     /// preference order when no profile is configured (local executors).
     pub async fn open(

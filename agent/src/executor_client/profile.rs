@@ -27,7 +27,7 @@ impl Environment {
         for name in candidates {
             let summary = self.hello.profiles.iter().find(|p| p.name == name);
             if let Some(p) = summary.filter(|p| !p.available) {
-                eprintln!(
+                crate::notes::note!(
                     "executor: not using profile {name:?}: unavailable on this host ({})",
                     p.unavailable_reason.as_deref().unwrap_or("no reason given")
                 );
@@ -39,11 +39,11 @@ impl Environment {
                 .await;
             match probe {
                 Ok(out) if out.returncode == 0 => return Ok(name),
-                Ok(_) => eprintln!(
+                Ok(_) => crate::notes::note!(
                     "executor: not using profile {name:?}: its commands cannot write {place}"
                 ),
                 Err(EnvError::Unusable { code, message }) => {
-                    eprintln!("executor: not using profile {name:?}: {code}: {message}")
+                    crate::notes::note!("executor: not using profile {name:?}: {code}: {message}")
                 }
                 Err(lost @ EnvError::Lost { .. }) => return Err(lost.into()),
             }

@@ -256,13 +256,13 @@ impl Environment {
                 }
             };
             if !self.may_resume() {
-                eprintln!("executor: reconnected to {}", self.url);
+                crate::notes::note!("executor: reconnected to {}", self.url);
                 self.start_fresh(ws, hello);
                 return Ok(Reconnected::Fresh);
             }
             match resume(&mut ws, &self.session, awaiting).await {
                 Ok(Resume::Resumed(running)) => {
-                    eprintln!(
+                    crate::notes::note!(
                         "executor: reconnected to {} and resumed session {} ({} of its commands \
                          still running)",
                         self.url,
@@ -283,7 +283,7 @@ impl Environment {
                 Ok(Resume::Refused(reason)) => {
                     // Expired (the executor killed its commands) or unknown: the connection
                     // goes on as the fresh session its hello announced.
-                    eprintln!(
+                    crate::notes::note!(
                         "executor: reconnected to {}, but session {} could not be resumed: {reason}",
                         self.url, self.session
                     );

@@ -1,0 +1,19 @@
+//! `agent deploy`: start one executor for another client (`up`), remove leftovers (`reap`).
+
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum DeployCommand {
+    /// Start one executor, print how to reach it as one JSON line, and tear it down when
+    /// stdin closes (or on SIGTERM/SIGINT).
+    Up(Box<super::up::UpArgs>),
+    /// Remove the containers a killed agent left behind (by label).
+    Reap(super::reap::ReapArgs),
+}
+
+pub async fn dispatch(command: DeployCommand) -> anyhow::Result<u8> {
+    match command {
+        DeployCommand::Up(args) => super::up::command(*args).await,
+        DeployCommand::Reap(args) => super::reap::command(args).await,
+    }
+}
