@@ -22,6 +22,9 @@ enum Command {
     Run(Box<RunArgs>),
     /// Run one command through an executor; its output on stdout, its return code as ours.
     Exec(Box<ExecArgs>),
+    /// Run a benchmark: many instances, each with its own executor, several at once
+    /// (mirrors `mini-extra swebench`).
+    Batch(Box<crate::batch::BatchArgs>),
     /// Start executors for other clients, or remove what a killed agent left behind.
     #[command(subcommand)]
     Deploy(crate::deploy::cli::DeployCommand),
@@ -31,6 +34,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Run(args) => crate::run::run(*args).await,
         Command::Exec(args) => crate::exec::exec(*args).await,
+        Command::Batch(args) => crate::batch::command(*args).await,
         Command::Deploy(command) => crate::deploy::cli::dispatch(command).await,
     }
 }

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod agent_loop;
+mod batch;
 mod cli;
 mod config;
 mod console;

@@ -124,36 +124,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let kind = Kind::resolve(config.model.model_class.as_deref(), &model_name)?;
     let model = build_model(&config, kind, &model_name, args.demo)?;
 
-    let mut templates = Templates::defaults(kind.style());
-    let c = &config;
-    if let Some(t) = &c.agent.system_template {
-        templates.system_template = t.clone();
-    }
-    if let Some(t) = &c.agent.instance_template {
-        templates.instance_template = t.clone();
-    }
-    if let Some(t) = c
-        .model
-        .observation_template
-        .as_ref()
-        .or(c.agent.action_observation_template.as_ref())
-    {
-        templates.observation_template = t.clone();
-    }
-    if let Some(t) = c
-        .model
-        .format_error_template
-        .as_ref()
-        .or(c.agent.format_error_template.as_ref())
-    {
-        templates.format_error_template = t.clone();
-    }
-
-    // The trajectory records the templates in effect, as mini's does.
-    config.agent.system_template = Some(templates.system_template.clone());
-    config.agent.instance_template = Some(templates.instance_template.clone());
-    config.model.observation_template = Some(templates.observation_template.clone());
-    config.model.format_error_template = Some(templates.format_error_template.clone());
+    let templates = templates_from(&mut config, kind);
 
     let mode = resolve_mode(&args, &config)?;
     config.agent.mode = Some(mode);
@@ -358,6 +329,43 @@ async fn start_environment(
     Ok(env)
 }
 
+/// The templates in effect: the config's, else the defaults of the model's style. The config
+/// then records them, so the trajectory shows what was rendered, as mini's does.
+pub fn templates_from(config: &mut Config, kind: Kind) -> Templates {
+    let mut templates = Templates::defaults(kind.style());
+    let c = &*config;
+    if let Some(t) = &c.agent.system_template {
+        templates.system_template = t.clone();
+    }
+    if let Some(t) = &c.agent.instance_template {
+        templates.instance_template = t.clone();
+    }
+    if let Some(t) = c
+        .model
+        .observation_template
+        .as_ref()
+        .or(c.agent.action_observation_template.as_ref())
+    {
+        templates.observation_template = t.clone();
+    }
+    if let Some(t) = c
+        .model
+        .format_error_template
+        .as_ref()
+        .or(c.agent.format_error_template.as_ref())
+    {
+        templates.format_error_template = t.clone();
+    }
+
+    // The trajectory records the templates in effect, as mini's does.
+    config.agent.system_template = Some(templates.system_template.clone());
+    config.agent.instance_template = Some(templates.instance_template.clone());
+    config.model.observation_template = Some(templates.observation_template.clone());
+    config.model.format_error_template = Some(templates.format_error_template.clone());
+
+    templates
+}
+
 fn apply_flags(config: &mut Config, args: &RunArgs) -> anyhow::Result<()> {
     let m = &mut config.model;
     if args.model.is_some() {
@@ -417,7 +425,12 @@ fn resolve_mode(args: &RunArgs, config: &Config) -> anyhow::Result<Mode> {
     }
 }
 
-fn build_model(config: &Config, kind: Kind, model_name: &str, demo: bool) -> anyhow::Result<Model> {
+pub fn build_model(
+    config: &Config,
+    kind: Kind,
+    model_name: &str,
+    demo: bool,
+) -> anyhow::Result<Model> {
     let m = &config.model;
     let model = match kind {
         Kind::Scripted => {
@@ -429,7 +442,7 @@ fn build_model(config: &Config, kind: Kind, model_name: &str, demo: bool) -> any
                 )?,
                 (None, false) => bail!("the scripted model needs --script FILE (or model.script)"),
             };
-            eprintln!(
+            crate::notes::note!(
                 "model: SCRIPTED: replaying {} canned responses from {}; no language model is called",
                 scripted.len(),
                 scripted.source
@@ -443,7 +456,7 @@ fn build_model(config: &Config, kind: Kind, model_name: &str, demo: bool) -> any
             };
             let client = model::openai::OpenAiModel::new(m, model_name, parser)?;
             warn_prices(client.prices(), model_name);
-            eprintln!(
+            crate::notes::note!(
                 "model: {model_name} (OpenAI-compatible chat completions, {})",
                 if kind == Kind::Text {
                     "text mode"
@@ -456,7 +469,7 @@ fn build_model(config: &Config, kind: Kind, model_name: &str, demo: bool) -> any
         Kind::Anthropic => {
             let client = model::anthropic::AnthropicModel::new(m, model_name)?;
             warn_prices(client.prices(), model_name);
-            eprintln!("model: {model_name} (Anthropic Messages API, tool use)");
+            crate::notes::note!("model: {model_name} (Anthropic Messages API, tool use)");
             Model::Anthropic(client)
         }
     };
@@ -465,21 +478,21 @@ fn build_model(config: &Config, kind: Kind, model_name: &str, demo: bool) -> any
 
 fn warn_prices(prices: model::Prices, model_name: &str) {
     if !prices.known {
-        eprintln!(
+        crate::notes::note!(
             "model: no token prices configured for {model_name}; cost counts as $0 and cost_limit \
              cannot stop the run (set model.input_cost_per_token / output_cost_per_token)"
         );
     }
 }
 
-fn to_map<T: serde::Serialize>(value: &T) -> Map<String, Value> {
+pub fn to_map<T: serde::Serialize>(value: &T) -> Map<String, Value> {
     match serde_json::to_value(value) {
         Ok(Value::Object(map)) => map,
         _ => Map::new(),
     }
 }
 
-fn unix_seconds() -> u64 {
+pub fn unix_seconds() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

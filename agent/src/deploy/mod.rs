@@ -80,7 +80,7 @@ impl Deployed {
 }
 
 /// The part of a started executor that must be torn down.
-pub trait Handle: Send {
+pub trait Handle: Send + Sync {
     fn stop(self: Box<Self>) -> BoxFuture<'static, ()>;
     fn log(&self) -> String {
         String::new()

@@ -1,0 +1,173 @@
+//! A batch's output directory, in mini's layout: `preds.json` (rewritten atomically under a
+//! lock after each instance), `<iid>/<iid>.traj.json`, `exit_statuses_<time>.yaml`
+//! (`instances_by_exit_status`) and a log file.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use crate::trajectory::{update_preds, write_atomic, Trajectory};
+
+/// mini's log file name, so tools that look for it find it.
+pub const LOG_FILE: &str = "minisweagent.log";
+
+pub struct Outputs {
+    pub dir: PathBuf,
+    preds_lock: Mutex<()>,
+    statuses: Mutex<BTreeMap<String, Vec<String>>>,
+    statuses_file: PathBuf,
+    log: Mutex<std::fs::File>,
+}
+
+impl Outputs {
+    pub fn create(dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+        let log_path = dir.join(LOG_FILE);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("cannot open {}", log_path.display()))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            preds_lock: Mutex::new(()),
+            statuses: Mutex::new(BTreeMap::new()),
+            statuses_file: dir.join(format!("exit_statuses_{}.yaml", crate::run::unix_seconds())),
+            log: Mutex::new(log),
+        })
+    }
+
+    pub fn preds_path(&self) -> PathBuf {
+        self.dir.join("preds.json")
+    }
+
+    pub fn trajectory_path(&self, id: &str) -> PathBuf {
+        self.dir.join(id).join(format!("{id}.traj.json"))
+    }
+
+    /// Instance ids already in preds.json (done: a rerun skips them).
+    pub fn done(&self) -> Vec<String> {
+        std::fs::read_to_string(self.preds_path())
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v.as_object().map(|m| m.keys().cloned().collect()))
+            .unwrap_or_default()
+    }
+
+    /// Before (re)running an instance, as mini does: out of preds.json, old trajectory gone.
+    pub fn forget(&self, id: &str) -> anyhow::Result<()> {
+        let _held = self
+            .preds_lock
+            .lock()
+            .map_err(|_| anyhow::anyhow!("preds lock poisoned"))?;
+        let path = self.preds_path();
+        if let Some(mut preds) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        {
+            if let Some(map) = preds.as_object_mut() {
+                if map.remove(id).is_some() {
+                    write_atomic(&path, &preds)?;
+                }
+            }
+        }
+        let _ = std::fs::remove_file(self.trajectory_path(id));
+        Ok(())
+    }
+
+    /// Record a finished instance in preds.json (under the lock: one writer at a time, each
+    /// rewrite atomic).
+    pub fn record_pred(&self, id: &str, model: &str, patch: &str) -> anyhow::Result<()> {
+        let _held = self
+            .preds_lock
+            .lock()
+            .map_err(|_| anyhow::anyhow!("preds lock poisoned"))?;
+        update_preds(&self.preds_path(), id, model, patch)?;
+        Ok(())
+    }
+
+    /// Add `id` under `status` and rewrite the exit statuses file.
+    pub fn record_status(&self, id: &str, status: &str) -> anyhow::Result<()> {
+        let doc = {
+            let mut statuses = self
+                .statuses
+                .lock()
+                .map_err(|_| anyhow::anyhow!("statuses lock poisoned"))?;
+            statuses
+                .entry(status.to_string())
+                .or_default()
+                .push(id.to_string());
+            json!({ "instances_by_exit_status": *statuses })
+        };
+        let text = serde_norway::to_string(&doc).context("cannot write YAML")?;
+        let tmp = self.statuses_file.with_extension("yaml.tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &self.statuses_file))
+            .with_context(|| format!("cannot write {}", self.statuses_file.display()))?;
+        Ok(())
+    }
+
+    /// The trajectory of an instance that failed before its agent ran (mini saves one for
+    /// every instance it got that far with; ours says why in `info.traceback`).
+    pub fn write_failure_trajectory(
+        &self,
+        id: &str,
+        status: &str,
+        reason: &str,
+        config: Value,
+    ) -> anyhow::Result<()> {
+        let doc = Trajectory {
+            messages: &[],
+            cost: 0.0,
+            api_calls: 0,
+            exit_status: status,
+            submission: "",
+            config,
+            extra_info: json!({ "traceback": reason, "instance_id": id }),
+        }
+        .to_json();
+        write_atomic(&self.trajectory_path(id), &doc)?;
+        Ok(())
+    }
+
+    /// One line in the log file, with the time.
+    pub fn log(&self, line: &str) {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        if let Ok(mut log) = self.log.lock() {
+            let _ = writeln!(log, "{stamp:.3} {line}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_mini_yaml_and_preds_forget_reruns() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Outputs::create(dir.path()).unwrap();
+        out.record_status("a", "Submitted").unwrap();
+        out.record_status("b", "Submitted").unwrap();
+        out.record_status("c", "DeploymentError").unwrap();
+        let text = std::fs::read_to_string(&out.statuses_file).unwrap();
+        let yaml: Value = serde_norway::from_str(&text).unwrap();
+        assert_eq!(
+            yaml["instances_by_exit_status"]["Submitted"],
+            json!(["a", "b"])
+        );
+        out.record_pred("a", "m", "diff").unwrap();
+        out.record_pred("b", "m", "").unwrap();
+        assert_eq!(out.done(), ["a", "b"]);
+        out.forget("a").unwrap();
+        assert_eq!(out.done(), ["b"]);
+    }
+}
