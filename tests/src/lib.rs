@@ -730,3 +730,20 @@ impl Drop for Tmpfs {
             .status();
     }
 }
+
+/// Merge `layer` into `base`: objects key by key, anything else replaced.
+pub fn merge_json(base: &mut serde_json::Value, layer: serde_json::Value) {
+    match (base, layer) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(layer)) => {
+            for (key, value) in layer {
+                match base.get_mut(&key) {
+                    Some(slot) => merge_json(slot, value),
+                    None => {
+                        base.insert(key, value);
+                    }
+                }
+            }
+        }
+        (slot, value) => *slot = value,
+    }
+}

@@ -38,6 +38,8 @@ const TOKEN_IN_CONTAINER: &str = "/.executor/token";
 const PORT: u16 = 7681;
 /// How long a stopping container may drain before it is removed by force.
 const STOP_PATIENCE: Duration = Duration::from_secs(10);
+/// Seconds the executor keeps a dropped connection's commands for a resume.
+const RESUME_GRACE: &str = "5";
 /// Bytes of the client's stderr kept for error reports.
 const LOG_TAIL: usize = 8192;
 
@@ -132,7 +134,9 @@ impl Deployment for Docker {
             run.args(["serve", "--listen", &format!("0.0.0.0:{PORT}"), "--tls"])
                 .args(["--token-file", TOKEN_IN_CONTAINER])
                 .arg("--exit-on-stdin-eof")
-                .args(["--resume-grace", "30"])
+                // A loopback connection to a container rarely breaks; when it does because
+                // the container died, a short grace ends the instance quickly.
+                .args(["--resume-grace", RESUME_GRACE])
                 .args(&self.profiles);
             if let Some(workspace) = &task.workspace {
                 run.args(["--workspace", workspace]);

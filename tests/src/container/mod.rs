@@ -115,32 +115,53 @@ fn podman_ok(args: &[&str]) -> Result<String, String> {
 pub fn image() -> Result<String, String> {
     static IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
     IMAGE
+        .get_or_init(|| import(&Rootfs::base(), "executor-tests"))
+        .clone()
+}
+
+/// A task image, as a benchmark's would be: the test image plus git (the host's, with its
+/// libraries), so tasks can be git repositories and submissions `git diff`s. Imported once
+/// per run, tagged by the digest of its inputs.
+pub fn task_image() -> Result<String, String> {
+    static IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
+    IMAGE
         .get_or_init(|| {
-            let fs = Rootfs::base();
-            let name = format!("localhost/executor-tests:{}", &fs.digest()[..16]);
-            let exists = podman().args(["image", "exists", &name]).status();
-            if exists.is_ok_and(|s| s.success()) {
-                return Ok(name);
-            }
-            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-            let tree = dir.path().join("root");
-            fs.write_to(&tree);
-            let status = Command::new("sh")
-                .args([
-                    "-c",
-                    "tar --numeric-owner --owner=0 --group=0 -C \"$1\" -c . | podman import - \"$2\" >/dev/null",
-                    "import",
-                ])
-                .arg(&tree)
-                .arg(&name)
-                .status()
-                .map_err(|e| e.to_string())?;
-            if !status.success() {
-                return Err(format!("podman import {name} failed"));
-            }
-            Ok(name)
+            let mut fs = Rootfs::base();
+            fs.program_with_libraries("/usr/bin/git");
+            import(&fs, "executor-tests-task")
         })
         .clone()
+}
+
+/// Import `fs` as `localhost/<repo>:<digest>` unless podman has it; returns its name.
+fn import(fs: &Rootfs, repo: &str) -> Result<String, String> {
+    let name = format!("localhost/{repo}:{}", &fs.digest()[..16]);
+    let exists = podman().args(["image", "exists", &name]).status();
+    if exists.is_ok_and(|s| s.success()) {
+        return Ok(name);
+    }
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let tree = dir.path().join("root");
+    fs.write_to(&tree);
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "tar --numeric-owner --owner=0 --group=0 -C \"$1\" -c . | podman import - \"$2\" >/dev/null",
+            "import",
+        ])
+        .arg(&tree)
+        .arg(&name)
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("podman import {name} failed"));
+    }
+    Ok(name)
+}
+
+/// Whether podman, runc and the image inputs are here (fails in CI when not).
+pub fn available() -> bool {
+    tools_present()
 }
 
 impl Container {

@@ -1,0 +1,255 @@
+//! `agent batch` with the `docker` deployment, driven through podman (docker's CLI): one
+//! container per instance from its image, the static executor mounted as its entrypoint.
+//! What is left on the host is read with `podman ps -a --filter label=...`.
+
+use std::time::Duration;
+
+use executor_tests::container;
+use serde_json::json;
+
+use crate::{assert_fixed, interrupt, slow_script, wait_for, Bench, SHORT_SCRIPT};
+
+/// The flags that point the batch at podman on this host (runc, the lab's ulimits), the
+/// static executor, and a label of the test's own.
+pub fn podman_flags(label: &str) -> Vec<String> {
+    [
+        "--deploy",
+        "docker",
+        "--docker-executable",
+        "podman",
+        "--docker-global-arg=--runtime=runc",
+        "--docker-run-arg=--ulimit=nofile=1024:1024",
+        "--docker-run-arg=--ulimit=nproc=4096:4096",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "--executor-static".to_string(),
+        executor_tests::static_executor().display().to_string(),
+        "--label".to_string(),
+        format!("executor-tests-deploy={label}"),
+    ])
+    .collect()
+}
+
+/// Containers (running or not) carrying our test label.
+pub fn containers(label: &str) -> Vec<String> {
+    let out = container::podman()
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!("label=executor-tests-deploy={label}"),
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn ready() -> Option<String> {
+    if !container::available() {
+        return None;
+    }
+    Some(container::task_image().unwrap())
+}
+
+/// Point every instance at `image` (the default for all is the task image).
+fn with_image(bench: &Bench, image: &str, extra: serde_json::Value) {
+    let mut config = json!({
+        "run": {"env_startup_command": crate::STARTUP},
+        "environment": {"image": image, "docker": {"pull": "never"}},
+    });
+    executor_tests::merge_json(&mut config, extra);
+    std::fs::write(
+        bench.path().join("config.yaml"),
+        serde_norway::to_string(&config).unwrap(),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_in_podman_containers_submits_every_instance_and_leaves_no_container() {
+    let Some(image) = ready() else { return };
+    // Instance 2 also tries to read the token the executor was handed: it cannot.
+    let snoop = format!(
+        "- thought: snoop\n  command: cat /.executor/token; echo rc=$?\n{}",
+        crate::FIX_SCRIPT
+    );
+    let bench = Bench::new(3, &[(2, &snoop)], &[]);
+    with_image(&bench, &image, json!({}));
+    let flags = podman_flags(&bench.tag);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["-w", "2"]);
+    let run = bench.run(&args).await;
+    assert_eq!(run.code, 0);
+    for i in 0..3 {
+        assert_eq!(bench.status_of(i), "Submitted", "{}", bench.log());
+        assert_fixed(&bench.patch(i), i);
+        assert_eq!(
+            bench.trajectory(i)["info"]["config"]["deployment"],
+            "docker"
+        );
+    }
+    // The denial, beside the control (the same command's other turns read f.txt).
+    let messages = bench.trajectory(2)["messages"].as_array().unwrap().clone();
+    let observed = |needle: &str| {
+        messages
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .find(|m| {
+                m["extra"]["command"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(needle)
+            })
+            .map(|m| {
+                m["extra"]["raw_output"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .unwrap()
+    };
+    let snooped = observed("/.executor/token");
+    assert!(snooped.contains("rc=1"), "{snooped}");
+    assert!(
+        !snooped
+            .split_whitespace()
+            .any(|w| w.len() == 64 && w.chars().all(|c| c.is_ascii_hexdigit())),
+        "{snooped}"
+    );
+    assert!(observed("cat f.txt").contains("value=2"));
+    assert!(
+        containers(&bench.tag).is_empty(),
+        "{:?}",
+        containers(&bench.tag)
+    );
+}
+
+#[tokio::test]
+async fn a_missing_image_a_killed_container_and_a_model_error_are_recorded_and_the_batch_goes_on() {
+    let Some(image) = ready() else { return };
+    let bench = Bench::new(
+        4,
+        &[(2, &slow_script(121)), (3, SHORT_SCRIPT)],
+        &[(
+            1,
+            json!({"image_name": "localhost/executor-tests-no-such-image:1"}),
+        )],
+    );
+    with_image(
+        &bench,
+        &image,
+        json!({"environment": {"reconnect_attempts": 1}}),
+    );
+    let flags = podman_flags(&bench.tag);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["-w", "4"]);
+    let child = bench.command(&args).spawn().unwrap();
+    // Kill instance 2's container once its long command runs.
+    let victim_label = format!("executor-agent.task={}", bench.id(2));
+    let victim = || {
+        let out = container::podman()
+            .args(["ps", "-q", "--filter", &format!("label={victim_label}")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let running = wait_for(Duration::from_secs(90), || {
+        !victim().is_empty() && crate::processes_with("sleep 121").len() == 1
+    })
+    .await;
+    assert!(
+        running,
+        "instance 2 never ran its long command: {}",
+        bench.log()
+    );
+    let killed = container::podman()
+        .args(["kill", &victim()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let run = crate::finish(child).await;
+    assert_eq!(run.code, 0);
+    assert_eq!(bench.status_of(0), "Submitted", "{}", bench.log());
+    assert_fixed(&bench.patch(0), 0);
+    assert_eq!(bench.status_of(1), "DeploymentError");
+    assert!(bench.log().contains("no-such-image"), "{}", bench.log());
+    assert_eq!(bench.status_of(2), "EnvironmentError");
+    assert_eq!(bench.status_of(3), "ModelError");
+    for i in 1..4 {
+        assert_eq!(bench.patch(i), "");
+    }
+    assert!(
+        containers(&bench.tag).is_empty(),
+        "{:?}",
+        containers(&bench.tag)
+    );
+}
+
+#[tokio::test]
+async fn an_executor_that_never_comes_up_is_given_up_at_the_start_deadline_and_removed() {
+    let Some(image) = ready() else { return };
+    let bench = Bench::new(1, &[], &[]);
+    with_image(&bench, &image, json!({"environment": {"start_timeout": 5}}));
+    // An "executor" that never prints its ready line.
+    let hang = bench.path().join("hang");
+    std::fs::write(&hang, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hang, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut flags = podman_flags(&bench.tag);
+    let at = flags.iter().position(|f| f == "--executor-static").unwrap();
+    flags[at + 1] = hang.display().to_string();
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let started = std::time::Instant::now();
+    let run = bench.run(&args).await;
+    assert_eq!(run.code, 0);
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(bench.status_of(0), "DeploymentError");
+    assert!(bench.log().contains("start timeout"), "{}", bench.log());
+    assert!(
+        containers(&bench.tag).is_empty(),
+        "{:?}",
+        containers(&bench.tag)
+    );
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_a_docker_batch_and_leaves_no_container() {
+    let Some(image) = ready() else { return };
+    let bench = Bench::new(
+        3,
+        &[
+            (0, &slow_script(122)),
+            (1, &slow_script(122)),
+            (2, &slow_script(122)),
+        ],
+        &[],
+    );
+    with_image(&bench, &image, json!({}));
+    let flags = podman_flags(&bench.tag);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["-w", "2"]);
+    let child = bench.command(&args).spawn().unwrap();
+    let running = wait_for(Duration::from_secs(90), || {
+        bench.log().matches("executor docker").count() >= 2
+            && crate::processes_with("sleep 122").len() >= 2
+    })
+    .await;
+    assert!(running, "{}", bench.log());
+    assert_eq!(containers(&bench.tag).len(), 2);
+    interrupt(&child);
+    let run = crate::finish(child).await;
+    assert_eq!(run.code, 130);
+    assert!(
+        containers(&bench.tag).is_empty(),
+        "{:?}",
+        containers(&bench.tag)
+    );
+    assert!(bench.preds().is_empty(), "{:?}", bench.preds());
+    assert_eq!(bench.starts(2), 0, "a new instance started after Ctrl-C");
+}

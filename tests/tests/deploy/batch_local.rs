@@ -1,0 +1,129 @@
+//! `agent batch` with the `local` deployment: an executor of its own per instance on this host.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::{assert_fixed, interrupt, processes_with, slow_script, wait_for, Bench, SHORT_SCRIPT};
+
+#[tokio::test]
+async fn a_local_batch_writes_minis_outputs_and_a_rerun_skips_what_is_done() {
+    let bench = Bench::new(3, &[], &[]);
+    let run = bench.run(&["-w", "2"]).await;
+    assert_eq!(run.code, 0);
+    let preds = bench.preds();
+    assert_eq!(preds.len(), 3, "{preds:?}");
+    for i in 0..3 {
+        let id = bench.id(i);
+        assert_eq!(preds[&id]["instance_id"], id.as_str());
+        assert_eq!(preds[&id]["model_name_or_path"], "scripted");
+        assert_fixed(&bench.patch(i), i);
+        let traj = bench.trajectory(i);
+        assert_eq!(traj["trajectory_format"], "mini-swe-agent-1.1");
+        assert_eq!(traj["info"]["exit_status"], "Submitted");
+        assert_eq!(traj["info"]["config"]["deployment"], "local");
+    }
+    assert_eq!(bench.statuses()["Submitted"].len(), 3);
+    assert!(
+        bench.log().contains("started a local executor"),
+        "{}",
+        bench.log()
+    );
+    // Every executor went with its instance.
+    assert!(
+        processes_with(&bench.tag).is_empty(),
+        "{:?}",
+        processes_with(&bench.tag)
+    );
+
+    // A rerun finds every id in preds.json and runs nothing.
+    let again = bench.run(&["-w", "2"]).await;
+    assert_eq!(again.code, 0);
+    assert!(again.stderr.contains("3 already in"), "{}", again.stderr);
+    for i in 0..3 {
+        assert_eq!(bench.starts(i), 1, "instance {i} ran twice");
+    }
+    // --redo-existing runs them again (the control of the skip).
+    let redo = bench
+        .run(&["--redo-existing", "--filter", &bench.id(1)])
+        .await;
+    assert_eq!(redo.code, 0);
+    assert_eq!(bench.starts(1), 2);
+    assert_eq!(bench.starts(0), 1);
+    assert_eq!(bench.preds().len(), 3);
+}
+
+#[tokio::test]
+async fn a_model_error_and_a_failing_startup_command_are_recorded_and_the_batch_goes_on() {
+    // 0 submits; 1's model runs out of answers; 2's startup command fails.
+    let bench = Bench::new(
+        3,
+        &[(1, SHORT_SCRIPT)],
+        &[(2, json!({"value": "2; exit 3"}))],
+    );
+    let run = bench.run(&["-w", "1"]).await;
+    assert_eq!(run.code, 0);
+    assert_eq!(bench.status_of(0), "Submitted");
+    assert_fixed(&bench.patch(0), 0);
+    assert_eq!(bench.status_of(1), "ModelError");
+    assert_eq!(bench.patch(1), "");
+    assert_eq!(bench.status_of(2), "RuntimeError");
+    assert_eq!(bench.patch(2), "");
+    let failed = bench.trajectory(2);
+    assert_eq!(failed["info"]["exit_status"], "RuntimeError");
+    assert!(
+        failed["info"]["traceback"]
+            .as_str()
+            .unwrap()
+            .contains("returned 3"),
+        "{failed}"
+    );
+    assert!(processes_with(&bench.tag).is_empty());
+}
+
+#[tokio::test]
+async fn an_interrupted_batch_resumes_without_running_a_finished_instance_twice() {
+    // 0 and 1 finish at once; 2 and 3 are still running their first command at Ctrl-C.
+    let bench = Bench::new(4, &[(2, &slow_script(60)), (3, &slow_script(60))], &[]);
+    let child = bench.command(&["-w", "2"]).spawn().unwrap();
+    let running = wait_for(Duration::from_secs(60), || {
+        bench.preds().len() == 2 && processes_with(&format!("sleep 60")).len() >= 2
+    })
+    .await;
+    assert!(
+        running,
+        "never reached two done and two running: {}",
+        bench.log()
+    );
+    interrupt(&child);
+    let first = crate::finish(child).await;
+    assert_eq!(first.code, 130);
+    // preds.json is whole and holds only what finished.
+    let preds = bench.preds();
+    assert_eq!(
+        preds.keys().cloned().collect::<Vec<_>>(),
+        [bench.id(0), bench.id(1)],
+        "{preds:?}"
+    );
+    assert_eq!(bench.trajectory(2)["info"]["exit_status"], "Interrupted");
+    assert!(
+        processes_with(&bench.tag).is_empty(),
+        "{:?}",
+        processes_with(&bench.tag)
+    );
+
+    bench.script(2, crate::FIX_SCRIPT);
+    bench.script(3, crate::FIX_SCRIPT);
+    let second = bench.run(&["-w", "2"]).await;
+    assert_eq!(second.code, 0);
+    assert_eq!(bench.preds().len(), 4);
+    for i in 0..4 {
+        assert_fixed(&bench.patch(i), i);
+    }
+    assert_eq!(
+        (bench.starts(0), bench.starts(1)),
+        (1, 1),
+        "a finished instance ran again"
+    );
+    assert_eq!((bench.starts(2), bench.starts(3)), (2, 2));
+}

@@ -1,0 +1,105 @@
+//! `agent batch` with the `remote` deployment: a pool of running executors, each task taking
+//! a free one.
+
+use std::time::{Duration, Instant};
+
+use executor_tests::Daemon;
+use serde_json::json;
+
+use crate::{assert_fixed, Bench};
+
+/// A config naming `executors` as (url, token file) pairs, plus the startup command.
+fn remote_config(
+    bench: &Bench,
+    executors: &[(String, std::path::PathBuf)],
+    extra: serde_json::Value,
+) {
+    let remote: Vec<_> = executors
+        .iter()
+        .map(|(url, token)| json!({"url": url, "token_file": token}))
+        .collect();
+    let mut config = json!({
+        "run": {"env_startup_command": crate::STARTUP},
+        "environment": {"deployment": "remote", "remote": remote},
+    });
+    executor_tests::merge_json(&mut config, extra);
+    std::fs::write(
+        bench.path().join("config.yaml"),
+        serde_norway::to_string(&config).unwrap(),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_over_two_remote_executors_runs_on_both() {
+    let a = Daemon::start();
+    let b = Daemon::start();
+    let bench = Bench::new(4, &[], &[]);
+    remote_config(
+        &bench,
+        &[
+            (a.url.clone(), a.state.path().join("token")),
+            (b.url.clone(), b.state.path().join("token")),
+        ],
+        json!({}),
+    );
+    let run = bench.run(&["-w", "2"]).await;
+    assert_eq!(run.code, 0);
+    for i in 0..4 {
+        assert_eq!(bench.status_of(i), "Submitted");
+        assert_fixed(&bench.patch(i), i);
+    }
+    let ran = |d: &Daemon| {
+        d.audit()
+            .iter()
+            .filter(|r| {
+                r["command"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("git init"))
+            })
+            .count()
+    };
+    assert!(
+        ran(&a) >= 1 && ran(&b) >= 1,
+        "a ran {}, b ran {}",
+        ran(&a),
+        ran(&b)
+    );
+    assert_eq!(ran(&a) + ran(&b), 4);
+}
+
+#[tokio::test]
+async fn an_unreachable_remote_and_one_that_never_answers_are_deployment_errors() {
+    // A closed port, and a listener that accepts and never says anything.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_url = format!("ws://{}/v1/ws", closed.local_addr().unwrap());
+    drop(closed);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("ws://{}/v1/ws", silent.local_addr().unwrap());
+    let bench = Bench::new(2, &[], &[]);
+    let token = bench.path().join("token");
+    std::fs::write(&token, "0123456789abcdef0123456789abcdef").unwrap();
+    remote_config(
+        &bench,
+        &[(closed_url, token.clone()), (silent_url, token)],
+        json!({"environment": {"start_timeout": 3, "reconnect_attempts": 1}}),
+    );
+    let began = Instant::now();
+    let run = bench.run(&["-w", "2"]).await;
+    assert_eq!(run.code, 0);
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        began.elapsed()
+    );
+    for i in 0..2 {
+        assert_eq!(bench.status_of(i), "DeploymentError", "{}", bench.log());
+        assert_eq!(bench.patch(i), "");
+    }
+    let log = bench.log();
+    assert!(
+        log.contains("did not answer within the start timeout"),
+        "{log}"
+    );
+    drop(silent);
+}

@@ -1,0 +1,188 @@
+//! The `ssh` deployment against a real sshd started by the test on a loopback port, with a
+//! key the test makes: the static executor is copied over, runs inside the ssh session and is
+//! reached through a tunnel; when the session ends, it and its files are gone.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use executor_tests::{binary, require};
+
+use crate::{assert_fixed, processes_with, wait_for, Bench};
+
+const SSHD: &str = "/usr/sbin/sshd";
+
+struct Sshd {
+    child: Child,
+    port: u16,
+    key: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn keygen(path: &Path) {
+    let ok = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+fn start_sshd() -> Option<Sshd> {
+    if !require("root", executor_tests::is_root())
+        || !require(
+            "openssh-server (apt-get install openssh-server)",
+            Path::new(SSHD).exists(),
+        )
+    {
+        return None;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("agent-sshd-")
+        .tempdir()
+        .unwrap();
+    let d = dir.path();
+    keygen(&d.join("host_key"));
+    keygen(&d.join("client_key"));
+    std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).unwrap();
+    // sshd's privilege separation directory.
+    std::fs::create_dir_all("/run/sshd").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
+         AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\n\
+         PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+         UsePAM no\nStrictModes no\nAllowTcpForwarding local\n",
+        d = d.display()
+    );
+    std::fs::write(d.join("sshd_config"), config).unwrap();
+    let child = Command::new(SSHD)
+        .args(["-D", "-e", "-f"])
+        .arg(d.join("sshd_config"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let up = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    assert!(
+        up,
+        "sshd did not start: {}",
+        std::fs::read_to_string(d.join("sshd.log")).unwrap_or_default()
+    );
+    Some(Sshd {
+        child,
+        port,
+        key: d.join("client_key"),
+        _dir: dir,
+    })
+}
+
+fn ssh_flags(sshd: &Sshd) -> Vec<String> {
+    vec![
+        "--deploy".into(),
+        "ssh".into(),
+        "--ssh-host".into(),
+        "root@127.0.0.1".into(),
+        "--ssh-port".into(),
+        sshd.port.to_string(),
+        "--ssh-identity".into(),
+        sshd.key.display().to_string(),
+        "--ssh-option".into(),
+        "StrictHostKeyChecking=no".into(),
+        "--ssh-option".into(),
+        "UserKnownHostsFile=/dev/null".into(),
+        "--ssh-option".into(),
+        "LogLevel=ERROR".into(),
+        "--executor-static".into(),
+        executor_tests::static_executor().display().to_string(),
+    ]
+}
+
+/// Executors of this sshd's sessions still running.
+fn remote_executors() -> Vec<String> {
+    processes_with("/tmp/agent-executor.")
+        .into_iter()
+        .filter(|p| p.contains(" serve "))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_batch_over_ssh_runs_each_instance_in_a_session_of_its_own_and_leaves_nothing() {
+    let Some(sshd) = start_sshd() else { return };
+    let bench = Bench::new(2, &[], &[]);
+    let flags = ssh_flags(&sshd);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["-w", "2"]);
+    let run = bench.run(&args).await;
+    assert_eq!(run.code, 0);
+    for i in 0..2 {
+        assert_eq!(bench.status_of(i), "Submitted", "{}", bench.log());
+        assert_fixed(&bench.patch(i), i);
+    }
+    assert!(wait_for(Duration::from_secs(10), || remote_executors().is_empty()).await);
+}
+
+#[tokio::test]
+async fn the_executor_dies_with_the_ssh_session_when_the_agent_is_killed() {
+    let Some(sshd) = start_sshd() else { return };
+    let flags = ssh_flags(&sshd);
+    let mut child = tokio::process::Command::new(binary("agent"))
+        .args(["deploy", "up", "--json"])
+        .args(&flags)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let line: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(line["deployment"], "ssh");
+    assert!(line["url"].as_str().unwrap().starts_with("ws://127.0.0.1:"));
+    // Reachable through the tunnel with the token it handed over.
+    let token = std::fs::read_to_string(line["token_file"].as_str().unwrap()).unwrap();
+    let mut client =
+        executor_tests::Client::connect(line["url"].as_str().unwrap(), Some(token.trim()))
+            .await
+            .unwrap();
+    assert_eq!(client.run("c1", "echo hi").await.output, "hi\n");
+    drop(client);
+    assert_eq!(remote_executors().len(), 1, "{:?}", remote_executors());
+    let remote_dir = line["id"]
+        .as_str()
+        .unwrap()
+        .split_once(':')
+        .unwrap()
+        .1
+        .to_string();
+    assert!(Path::new(&remote_dir).exists());
+    // SIGKILL: no teardown of ours runs; the session's end must do it.
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    assert!(
+        wait_for(Duration::from_secs(20), || remote_executors().is_empty()).await,
+        "{:?}",
+        remote_executors()
+    );
+    assert!(wait_for(Duration::from_secs(5), || !Path::new(&remote_dir).exists()).await);
+}

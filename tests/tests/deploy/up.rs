@@ -1,0 +1,174 @@
+//! `agent deploy up --json`, the contract other clients (the Python package) build on: one
+//! JSON line saying how to reach the executor, the deployment up until stdin closes (or
+//! SIGTERM), then nothing left; on failure a JSON error line and a non-zero exit.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use executor_tests::{binary, container, Client};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::batch_docker::{containers, podman_flags};
+
+struct Up {
+    child: tokio::process::Child,
+    line: Value,
+}
+
+async fn up(args: &[&str]) -> Up {
+    let mut child = tokio::process::Command::new(binary("agent"))
+        .args(["deploy", "up", "--json"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+        .await
+        .expect("no line from deploy up")
+        .unwrap()
+        .expect("deploy up closed stdout");
+    // Nothing else comes on stdout (drained so the child never blocks on it).
+    tokio::spawn(async move {
+        while let Ok(Some(extra)) = lines.next_line().await {
+            panic!("deploy up wrote a second line: {extra}");
+        }
+    });
+    Up {
+        child,
+        line: serde_json::from_str(&first).unwrap_or_else(|e| panic!("{first:?}: {e}")),
+    }
+}
+
+impl Up {
+    /// Connect like a client of the contract: the URL, the token from the file, the pin.
+    async fn client(&self) -> Client {
+        let url = self.line["url"].as_str().unwrap();
+        let token = std::fs::read_to_string(self.line["token_file"].as_str().unwrap()).unwrap();
+        match self.line["tls_fingerprint"].as_str() {
+            Some(pin) => Client::connect_pinned(url, Some(token.trim()), pin)
+                .await
+                .unwrap(),
+            None => Client::connect(url, Some(token.trim())).await.unwrap(),
+        }
+    }
+
+    /// Close stdin and wait for the exit code.
+    async fn close(mut self) -> i32 {
+        drop(self.child.stdin.take());
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("deploy up did not exit after stdin closed")
+            .unwrap();
+        status.code().unwrap_or(-1)
+    }
+}
+
+#[tokio::test]
+async fn a_local_deployment_is_reachable_from_its_json_line_and_gone_after_stdin_closes() {
+    let up = up(&["--deploy", "local"]).await;
+    let line = up.line.clone();
+    let keys: Vec<&str> = line
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        ["deployment", "id", "tls_fingerprint", "token_file", "url"]
+    );
+    assert_eq!(line["deployment"], "local");
+    assert!(line["url"].as_str().unwrap().starts_with("ws://127.0.0.1:"));
+    assert!(line["tls_fingerprint"].is_null());
+    let mut client = up.client().await;
+    let result = client.run("c1", "echo hi").await;
+    assert_eq!(result.output, "hi\n");
+    drop(client);
+    let pid: i32 = line["id"].as_str().unwrap().parse().unwrap();
+    let token_file = std::path::PathBuf::from(line["token_file"].as_str().unwrap());
+    assert_eq!(up.close().await, 0);
+    assert!(
+        executor_tests::process_state(pid).is_none(),
+        "the executor outlived deploy up"
+    );
+    assert!(!token_file.exists(), "the token file outlived deploy up");
+}
+
+#[tokio::test]
+async fn sigterm_tears_a_deployment_down_too() {
+    let up = up(&["--deploy", "local"]).await;
+    let pid: i32 = up.line["id"].as_str().unwrap().parse().unwrap();
+    let agent = nix::unistd::Pid::from_raw(up.child.id().unwrap() as i32);
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let mut child = up.child;
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(executor_tests::process_state(pid).is_none());
+}
+
+#[tokio::test]
+async fn a_docker_deployment_is_pinned_tls_on_loopback_and_removed_after_stdin_closes() {
+    if !container::available() {
+        return;
+    }
+    let image = container::task_image().unwrap();
+    let tag = executor_tests::marker();
+    let flags = podman_flags(&tag);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["--image", &image]);
+    let up = up(&args).await;
+    let line = up.line.clone();
+    assert_eq!(line["deployment"], "docker");
+    assert!(
+        line["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("wss://127.0.0.1:"),
+        "{line}"
+    );
+    assert!(line["tls_fingerprint"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
+    assert_eq!(containers(&tag).len(), 1);
+    let mut client = up.client().await;
+    assert_eq!(client.run("c1", "echo hi").await.output, "hi\n");
+    drop(client);
+    assert_eq!(up.close().await, 0);
+    assert!(containers(&tag).is_empty(), "{:?}", containers(&tag));
+}
+
+#[tokio::test]
+async fn a_deployment_that_cannot_start_says_so_in_json_and_exits_non_zero() {
+    let out = tokio::process::Command::new(binary("agent"))
+        .args([
+            "deploy", "up", "--json", "--deploy", "docker", "--image", "x",
+        ])
+        .args(["--docker-executable", "/nonexistent/docker"])
+        .args(["--executor-static", "/bin/true"])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let line: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(
+        line["error"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/docker"),
+        "{line}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).is_empty());
+}
