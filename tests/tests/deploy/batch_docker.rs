@@ -57,11 +57,22 @@ fn ready() -> Option<String> {
     Some(container::task_image().unwrap())
 }
 
-/// Point every instance at `image` (the default for all is the task image).
+/// Give every instance without an image `image` (as a benchmark's instances name theirs),
+/// and never pull.
 fn with_image(bench: &Bench, image: &str, extra: serde_json::Value) {
+    let file = bench.path().join("instances.jsonl");
+    let mut lines = String::new();
+    for line in std::fs::read_to_string(&file).unwrap().lines() {
+        let mut instance: serde_json::Value = serde_json::from_str(line).unwrap();
+        if instance.get("image_name").is_none() {
+            instance["image_name"] = json!(image);
+        }
+        lines.push_str(&format!("{instance}\n"));
+    }
+    std::fs::write(&file, lines).unwrap();
     let mut config = json!({
         "run": {"env_startup_command": crate::STARTUP},
-        "environment": {"image": image, "docker": {"pull": "never"}},
+        "environment": {"docker": {"pull": "never"}},
     });
     executor_tests::merge_json(&mut config, extra);
     std::fs::write(

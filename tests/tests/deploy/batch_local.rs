@@ -87,7 +87,7 @@ async fn an_interrupted_batch_resumes_without_running_a_finished_instance_twice(
     let bench = Bench::new(4, &[(2, &slow_script(60)), (3, &slow_script(60))], &[]);
     let child = bench.command(&["-w", "2"]).spawn().unwrap();
     let running = wait_for(Duration::from_secs(60), || {
-        bench.preds().len() == 2 && processes_with(&format!("sleep 60")).len() >= 2
+        bench.preds().len() == 2 && processes_with("sleep 60").len() >= 2
     })
     .await;
     assert!(

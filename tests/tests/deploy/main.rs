@@ -180,7 +180,7 @@ impl Bench {
             .into_iter()
             .filter(|(_, ids)| ids.contains(&id))
             .map(|(s, _)| s)
-            .last()
+            .next_back()
             .unwrap_or_default()
     }
 

@@ -117,7 +117,11 @@ fn ssh_flags(sshd: &Sshd) -> Vec<String> {
 fn remote_executors() -> Vec<String> {
     processes_with("/tmp/agent-executor.")
         .into_iter()
-        .filter(|p| p.contains(" serve "))
+        .filter(|p| {
+            // "STAT ARGS": the executor itself, not the ssh client or the shell around it.
+            p.split_once(' ')
+                .is_some_and(|(_, args)| args.trim_start().starts_with("/tmp/agent-executor."))
+        })
         .collect()
 }
 

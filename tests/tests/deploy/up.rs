@@ -35,7 +35,7 @@ async fn up(args: &[&str]) -> Up {
         .expect("deploy up closed stdout");
     // Nothing else comes on stdout (drained so the child never blocks on it).
     tokio::spawn(async move {
-        while let Ok(Some(extra)) = lines.next_line().await {
+        if let Ok(Some(extra)) = lines.next_line().await {
             panic!("deploy up wrote a second line: {extra}");
         }
     });
