@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod docker;
 pub mod flags;
+pub mod k8s;
 pub mod local;
 pub mod reap;
 pub mod remote;

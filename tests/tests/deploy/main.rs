@@ -8,6 +8,7 @@
 mod batch_docker;
 mod batch_local;
 mod batch_remote;
+mod k8s;
 mod ssh;
 mod up;
 

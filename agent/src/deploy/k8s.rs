@@ -1,0 +1,298 @@
+//! `agent deploy k8s`: Kubernetes manifests, written, not applied (no cluster is reached).
+//!
+//! - Per task, a Pod running the task's image, the executor copied by an init container into
+//!   an emptyDir (mounted read-only for the task's container, as Argo's emissary does) and
+//!   started as its command; the token and a TLS certificate made here in a Secret mounted
+//!   read-only with mode 0400. The certificate's fingerprint is known before the Pod exists,
+//!   so clients pin it: `<name>.json` says how to reach it (the Pod's address is the cluster's
+//!   to give).
+//! - For kubernetes-sigs/agent-sandbox: a SandboxTemplate with the same pod, a SandboxWarmPool
+//!   of it, and one Sandbox; sandboxes of a template share its Secret.
+//!
+//! The init container's image must hold the static executor at `/executor` and a `cp`
+//! (e.g. `FROM busybox` + `COPY executor /executor`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde_json::{json, Value};
+
+use super::docker::{LABEL, TASK_LABEL};
+
+const PORT: u16 = 7681;
+const EXECUTOR_DIR: &str = "/.executor";
+const SECRET_DIR: &str = "/.executor-secret";
+
+#[derive(Args)]
+pub struct K8sArgs {
+    /// The task's image (one Pod); or use --subset for one Pod per instance.
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// Name of the one Pod (with --image).
+    #[arg(long, default_value = "task")]
+    pub name: String,
+    /// Instances (as `agent batch --subset`): a Pod per instance, from its image.
+    #[arg(long, value_name = "PATH")]
+    pub subset: Option<PathBuf>,
+    #[arg(long, default_value = "dev")]
+    pub split: String,
+    /// Image holding the static executor at /executor, and cp.
+    #[arg(long, value_name = "IMAGE")]
+    pub executor_image: String,
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// Working directory of the commands, in the task's image.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<String>,
+    /// Sandboxes kept warm by the agent-sandbox SandboxWarmPool.
+    #[arg(long, default_value_t = 2)]
+    pub warm_pool: u32,
+    /// Output directory.
+    #[arg(short = 'o', long, value_name = "DIR")]
+    pub output: PathBuf,
+}
+
+/// A name Kubernetes accepts (DNS-1123 label): lowercase alphanumerics and `-`, 63 at most.
+pub fn dns_name(text: &str) -> String {
+    let mut out: String = text
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    out.truncate(63);
+    let out = out.trim_matches('-').to_string();
+    if out.is_empty() {
+        "task".into()
+    } else {
+        out
+    }
+}
+
+/// A label value: alphanumerics, `-`, `_`, `.`, 63 at most, alphanumeric at both ends.
+fn label_value(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    out.truncate(63);
+    out.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// A certificate, its key and its fingerprint.
+struct Credentials {
+    token: String,
+    cert_pem: String,
+    key_pem: String,
+    fingerprint: String,
+}
+
+fn credentials(name: &str) -> anyhow::Result<Credentials> {
+    let key = rcgen::KeyPair::generate().context("cannot generate a TLS key")?;
+    let mut params = rcgen::CertificateParams::new(vec![name.to_string()])
+        .context("cannot make certificate parameters")?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "executor (self-signed)");
+    let cert = params
+        .self_signed(&key)
+        .context("cannot sign the certificate")?;
+    Ok(Credentials {
+        token: super::fresh_token()?,
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        fingerprint: crate::tls::Fingerprint::of(cert.der()).to_string(),
+    })
+}
+
+fn secret(name: &str, namespace: &str, c: &Credentials) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace, "labels": {LABEL: "1"}},
+        "type": "Opaque",
+        "stringData": {"token": c.token, "tls.crt": c.cert_pem, "tls.key": c.key_pem},
+    })
+}
+
+/// The pod: the executor copied in by an init container, then started as the command of the
+/// task's container from its read-only copy.
+fn pod_spec(image: &str, executor_image: &str, secret: &str, workspace: Option<&str>) -> Value {
+    let mut serve = vec![
+        format!("{EXECUTOR_DIR}/executor"),
+        "serve".into(),
+        "--listen".into(),
+        format!("0.0.0.0:{PORT}"),
+        "--tls-cert".into(),
+        format!("{SECRET_DIR}/tls.crt"),
+        "--tls-key".into(),
+        format!("{SECRET_DIR}/tls.key"),
+        "--token-file".into(),
+        format!("{SECRET_DIR}/token"),
+    ];
+    for p in crate::executor_client::PROFILE_PREFERENCE {
+        serve.extend(["--allow-profile".into(), p.to_string()]);
+    }
+    if let Some(w) = workspace {
+        serve.extend(["--workspace".into(), w.to_string()]);
+    }
+    json!({
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": false,
+        "initContainers": [{
+            "name": "install-executor",
+            "image": executor_image,
+            "command": ["cp", "/executor", format!("{EXECUTOR_DIR}/executor")],
+            "volumeMounts": [{"name": "executor", "mountPath": EXECUTOR_DIR}],
+        }],
+        "containers": [{
+            "name": "task",
+            "image": image,
+            "command": serve,
+            "ports": [{"name": "executor", "containerPort": PORT, "protocol": "TCP"}],
+            "readinessProbe": {
+                "httpGet": {"path": "/readyz", "port": PORT, "scheme": "HTTPS"},
+                "periodSeconds": 2,
+            },
+            "volumeMounts": [
+                {"name": "executor", "mountPath": EXECUTOR_DIR, "readOnly": true},
+                {"name": "secret", "mountPath": SECRET_DIR, "readOnly": true},
+            ],
+        }],
+        "volumes": [
+            {"name": "executor", "emptyDir": {}},
+            {"name": "secret", "secret": {"secretName": secret, "defaultMode": 0o400}},
+        ],
+    })
+}
+
+/// What a client needs besides the Pod's address.
+fn connect_info(name: &str, c: &Credentials, token_file: &Path) -> Value {
+    json!({
+        "url": format!("wss://<address of pod {name}>:{PORT}/v1/ws"),
+        "token_file": token_file,
+        "tls_fingerprint": c.fingerprint,
+        "deployment": "k8s",
+        "id": name,
+    })
+}
+
+fn write_yaml(path: &Path, docs: &[Value]) -> anyhow::Result<()> {
+    let mut text = String::new();
+    for doc in docs {
+        text.push_str("---\n");
+        text.push_str(&serde_norway::to_string(doc).context("cannot write YAML")?);
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
+    let tasks: Vec<(String, String, String)> = match (&args.subset, &args.image) {
+        (Some(subset), _) => crate::batch::instances::load(subset, &args.split)?
+            .into_iter()
+            .map(|i| (dns_name(&i.id), i.id, i.image))
+            .collect(),
+        (None, Some(image)) => vec![(dns_name(&args.name), args.name.clone(), image.clone())],
+        (None, None) => bail!("give --image IMAGE (one Pod) or --subset PATH (a Pod per instance)"),
+    };
+    std::fs::create_dir_all(&args.output)
+        .with_context(|| format!("cannot create {}", args.output.display()))?;
+    let ns = &args.namespace;
+    let workspace = args.workspace.as_deref();
+    for (name, task, image) in &tasks {
+        let c = credentials(name)?;
+        let secret_name = format!("{name}-executor");
+        let pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {LABEL: "1", TASK_LABEL: label_value(task)},
+            },
+            "spec": pod_spec(image, &args.executor_image, &secret_name, workspace),
+        });
+        write_yaml(
+            &args.output.join(format!("{name}.yaml")),
+            &[secret(&secret_name, ns, &c), pod],
+        )?;
+        let token_file = args.output.join(format!("{name}.token"));
+        write_private(&token_file, &c.token)?;
+        let info = serde_json::to_string_pretty(&connect_info(name, &c, &token_file))?;
+        std::fs::write(args.output.join(format!("{name}.json")), info)?;
+    }
+    // agent-sandbox: one template (the first task's image), a warm pool of it, one sandbox.
+    let (first, _, image) = &tasks[0];
+    let c = credentials("agent-sandbox")?;
+    let secret_name = "agent-sandbox-executor".to_string();
+    let template = format!("executor-{first}");
+    let pod_template = json!({
+        "metadata": {"labels": {LABEL: "1"}},
+        "spec": pod_spec(image, &args.executor_image, &secret_name, workspace),
+    });
+    let docs = [
+        secret(&secret_name, ns, &c),
+        json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1alpha1",
+            "kind": "SandboxTemplate",
+            "metadata": {"name": template, "namespace": ns},
+            "spec": {"podTemplate": pod_template},
+        }),
+        json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1alpha1",
+            "kind": "SandboxWarmPool",
+            "metadata": {"name": format!("{template}-pool"), "namespace": ns},
+            "spec": {"replicas": args.warm_pool, "sandboxTemplateRef": {"name": template}},
+        }),
+        json!({
+            "apiVersion": "agents.x-k8s.io/v1alpha1",
+            "kind": "Sandbox",
+            "metadata": {"name": format!("{template}-sandbox"), "namespace": ns},
+            "spec": {"podTemplate": pod_template},
+        }),
+    ];
+    write_yaml(&args.output.join("agent-sandbox.yaml"), &docs)?;
+    let token_file = args.output.join("agent-sandbox.token");
+    write_private(&token_file, &c.token)?;
+    let info = serde_json::to_string_pretty(&connect_info("agent-sandbox", &c, &token_file))?;
+    std::fs::write(args.output.join("agent-sandbox.json"), info)?;
+    eprintln!(
+        "deploy k8s: wrote {} Pod manifest(s) and agent-sandbox.yaml to {} (not applied)",
+        tasks.len(),
+        args.output.display()
+    );
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels_are_what_kubernetes_accepts() {
+        assert_eq!(dns_name("Django__django-11099"), "django--django-11099");
+        assert_eq!(label_value("a/b__c-1"), "a_b__c-1");
+        assert_eq!(dns_name("__"), "task");
+    }
+}
