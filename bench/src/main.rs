@@ -20,6 +20,7 @@
 
 mod client;
 mod daemon;
+mod deployments;
 mod lab;
 mod report;
 mod stats;
@@ -106,6 +107,14 @@ struct Opts {
     /// executor in the test lab's VM or container, beside a bare spawn there (repeatable).
     #[arg(long, value_name = "PLACE", value_parser = ["vm", "container"])]
     lab: Vec<String>,
+    /// Instead of the local daemon: per-task overhead of these deployments (start to a first
+    /// command result) and `agent batch` throughput with 1, 4 and 8 workers (repeatable:
+    /// local, docker).
+    #[arg(long = "deployments", value_name = "KIND", value_parser = ["local", "docker"])]
+    deployments: Vec<String>,
+    /// Trivial instances per batch for --deployments.
+    #[arg(long, default_value_t = 16)]
+    batch_instances: usize,
 }
 
 impl Opts {
@@ -174,6 +183,21 @@ fn run(opts: Opts) -> anyhow::Result<()> {
         });
         let reports = reports.context("the lab took too long")??;
         println!("{}", lab::markdown(&reports));
+        return Ok(());
+    }
+    if !opts.deployments.is_empty() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let table = rt.block_on(async {
+            let overheads = deployments::overhead(&opts.deployments, settings.repeats.max(5)).await?;
+            let throughputs =
+                deployments::throughput(&opts.deployments, &[1, 4, 8], opts.batch_instances).await?;
+            anyhow::Ok(deployments::markdown(&overheads, &throughputs))
+        })?;
+        println!("{table}");
         return Ok(());
     }
     // Checked first: a host without unshare(1) should not lose a whole run to it.
