@@ -281,6 +281,8 @@ pub struct EnvironmentConfig {
     pub docker: crate::deploy::config::DockerConfig,
     #[serde(default)]
     pub ssh: crate::deploy::config::SshConfig,
+    #[serde(default)]
+    pub reverse: crate::deploy::config::ReverseConfig,
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
 }
@@ -308,6 +310,7 @@ impl Default for EnvironmentConfig {
             remote: Vec::new(),
             docker: Default::default(),
             ssh: Default::default(),
+            reverse: Default::default(),
             other: BTreeMap::new(),
         }
     }

@@ -30,6 +30,35 @@ pub struct Throughput {
     pub seconds: f64,
 }
 
+/// `target/release/agent`, built first with the executor beside it (a local deployment
+/// starts the executor next to the agent).
+pub fn build_agent() -> anyhow::Result<std::path::PathBuf> {
+    let me = std::env::current_exe().context("cannot locate the benchmark binary")?;
+    let target = me
+        .parent()
+        .and_then(std::path::Path::parent)
+        .context("cannot tell the target directory")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("bench: cargo build --release -p agent -p executor");
+    let status = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "agent",
+            "-p",
+            "executor",
+        ])
+        .env("CARGO_TARGET_DIR", target)
+        .status()
+        .context("cannot run cargo")?;
+    if !status.success() {
+        bail!("building the agent failed");
+    }
+    Ok(target.join("release").join("agent"))
+}
+
 fn podman_flags() -> anyhow::Result<Vec<String>> {
     let image = executor_tests::container::task_image().map_err(anyhow::Error::msg)?;
     Ok(vec![
@@ -57,9 +86,9 @@ fn flags_of(deployment: &str) -> anyhow::Result<Vec<String>> {
     })
 }
 
-async fn one_overhead(flags: &[String]) -> anyhow::Result<(f64, f64)> {
+async fn one_overhead(agent: &std::path::Path, flags: &[String]) -> anyhow::Result<(f64, f64)> {
     let began = Instant::now();
-    let mut child = tokio::process::Command::new(executor_tests::binary("agent"))
+    let mut child = tokio::process::Command::new(agent)
         .args(["deploy", "up", "--json"])
         .args(flags)
         .stdin(Stdio::piped())
@@ -70,7 +99,10 @@ async fn one_overhead(flags: &[String]) -> anyhow::Result<(f64, f64)> {
         .context("cannot run agent deploy up")?;
     let stdout = child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
-    let line = lines.next_line().await?.context("deploy up printed nothing")?;
+    let line = lines
+        .next_line()
+        .await?
+        .context("deploy up printed nothing")?;
     let up: serde_json::Value = serde_json::from_str(&line)?;
     if let Some(e) = up.get("error") {
         bail!("deploy up failed: {e}");
@@ -94,16 +126,20 @@ async fn one_overhead(flags: &[String]) -> anyhow::Result<(f64, f64)> {
     Ok((first, closing.elapsed().as_secs_f64() * 1000.0))
 }
 
-pub async fn overhead(deployments: &[String], repeats: usize) -> anyhow::Result<Vec<Overhead>> {
+pub async fn overhead(
+    agent: &std::path::Path,
+    deployments: &[String],
+    repeats: usize,
+) -> anyhow::Result<Vec<Overhead>> {
     let mut out = Vec::new();
     for deployment in deployments {
         let flags = flags_of(deployment)?;
         // One unmeasured start: images, page cache.
-        one_overhead(&flags).await?;
+        one_overhead(agent, &flags).await?;
         let mut firsts = Vec::new();
         let mut teardowns = Vec::new();
         for _ in 0..repeats.max(1) {
-            let (first, teardown) = one_overhead(&flags).await?;
+            let (first, teardown) = one_overhead(agent, &flags).await?;
             firsts.push(first);
             teardowns.push(teardown);
         }
@@ -118,6 +154,7 @@ pub async fn overhead(deployments: &[String], repeats: usize) -> anyhow::Result<
 }
 
 pub async fn throughput(
+    agent: &std::path::Path,
     deployments: &[String],
     workers: &[usize],
     instances: usize,
@@ -144,7 +181,10 @@ pub async fn throughput(
         let mut flags = flags_of(deployment)?;
         if deployment == "docker" {
             // The instances name their image.
-            let at = flags.iter().position(|f| f == "--image").unwrap_or(flags.len());
+            let at = flags
+                .iter()
+                .position(|f| f == "--image")
+                .unwrap_or(flags.len());
             flags.drain(at..(at + 2).min(flags.len()));
         }
         for &w in workers {
@@ -152,7 +192,7 @@ pub async fn throughput(
             let began = Instant::now();
             let status = tokio::time::timeout(
                 Duration::from_secs(1800),
-                tokio::process::Command::new(executor_tests::binary("agent"))
+                tokio::process::Command::new(agent)
                     .arg("batch")
                     .arg("--subset")
                     .arg(dir.path().join("instances.jsonl"))
@@ -176,7 +216,9 @@ pub async fn throughput(
                 .map(|m| m.len())
                 .unwrap_or(0);
             if !status.success() || submitted != instances {
-                bail!("batch {deployment} -w {w}: {status}, {submitted} of {instances} in preds.json");
+                bail!(
+                    "batch {deployment} -w {w}: {status}, {submitted} of {instances} in preds.json"
+                );
             }
             eprintln!("bench: batch {deployment} -w {w}: {instances} instances in {seconds:.1}s");
             out.push(Throughput {

@@ -191,10 +191,17 @@ fn run(opts: Opts) -> anyhow::Result<()> {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
+        let agent = deployments::build_agent()?;
         let table = rt.block_on(async {
-            let overheads = deployments::overhead(&opts.deployments, settings.repeats.max(5)).await?;
-            let throughputs =
-                deployments::throughput(&opts.deployments, &[1, 4, 8], opts.batch_instances).await?;
+            let overheads =
+                deployments::overhead(&agent, &opts.deployments, settings.repeats.max(5)).await?;
+            let throughputs = deployments::throughput(
+                &agent,
+                &opts.deployments,
+                &[1, 4, 8],
+                opts.batch_instances,
+            )
+            .await?;
             anyhow::Ok(deployments::markdown(&overheads, &throughputs))
         })?;
         println!("{table}");

@@ -4,6 +4,7 @@
 mod audit;
 mod cgroup;
 mod clients;
+mod connect;
 mod engine;
 mod helper;
 mod local;
@@ -58,6 +59,9 @@ enum Command {
     Run(RunArgs),
     /// Show which isolation layers and profiles work on this host, and why others do not.
     Check(CheckArgs),
+    /// Serve as `serve` does, but over connections this daemon dials out to an agent's relay
+    /// (targets that accept no inbound connection).
+    Connect(Box<connect::ConnectArgs>),
     /// Print the SHA-256 fingerprint of the daemon's TLS certificate, for clients to pin.
     TlsFingerprint(TlsFingerprintArgs),
 }
@@ -185,6 +189,9 @@ pub(crate) struct ServeArgs {
     log_format: LogFormat,
     #[command(flatten)]
     common: CommonArgs,
+    /// Set by `executor connect`: dial out to this relay once listening.
+    #[arg(skip)]
+    dial_out: Option<connect::Relay>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -224,6 +231,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::serve(*args).map(|()| ExitCode::SUCCESS),
+        Command::Connect(args) => connect::run(*args).map(|()| ExitCode::SUCCESS),
         Command::Run(args) => local::run_local(args),
         Command::Check(args) => local::check(args),
         Command::TlsFingerprint(args) => local::tls_fingerprint(args),

@@ -80,3 +80,28 @@ pub struct SshConfig {
     #[serde(default)]
     pub ssh_args: Vec<String>,
 }
+
+/// `reverse` deployment: we listen, executors dial in (`executor connect`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReverseConfig {
+    /// Where executors dial in (TLS).
+    #[serde(default = "default_reverse_listen")]
+    pub listen: String,
+    /// The name executors dial, in the printed command (default: the listen address's IP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+impl Default for ReverseConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_reverse_listen(),
+            host: None,
+        }
+    }
+}
+
+fn default_reverse_listen() -> String {
+    "0.0.0.0:7690".into()
+}

@@ -37,7 +37,7 @@ pub struct ExecutorArgs {
 #[derive(Args, Clone, Default)]
 pub struct DeployArgs {
     /// Where executors run: local, remote, docker, ssh (environment.deployment).
-    #[arg(long = "deploy", value_name = "KIND", value_parser = ["local", "remote", "docker", "ssh"])]
+    #[arg(long = "deploy", value_name = "KIND", value_parser = ["local", "remote", "docker", "ssh", "reverse"])]
     pub deployment: Option<String>,
     /// Seconds an executor may take to come up and answer (environment.start_timeout).
     #[arg(long, value_name = "S")]
@@ -78,6 +78,12 @@ pub struct DeployArgs {
     /// An extra ssh option, as for `ssh -o` (repeatable), e.g. StrictHostKeyChecking=accept-new.
     #[arg(long = "ssh-option", value_name = "OPTION")]
     pub ssh_options: Vec<String>,
+    /// reverse: where executors dial in (environment.reverse.listen, 0.0.0.0:7690).
+    #[arg(long, value_name = "ADDR")]
+    pub reverse_listen: Option<String>,
+    /// reverse: the name executors dial (environment.reverse.host).
+    #[arg(long, value_name = "HOST")]
+    pub reverse_host: Option<String>,
 }
 
 impl ExecutorArgs {
@@ -123,6 +129,10 @@ impl ExecutorArgs {
             e.ssh.port = d.ssh_port;
         }
         set(&mut e.ssh.identity_file, &d.ssh_identity);
+        if let Some(listen) = &d.reverse_listen {
+            e.reverse.listen = listen.clone();
+        }
+        set(&mut e.reverse.host, &d.reverse_host);
         for option in &d.ssh_options {
             e.ssh.ssh_args.extend(["-o".to_string(), option.clone()]);
         }

@@ -8,6 +8,7 @@
 //! | `remote` | already running; a pool hands each task a free one | none: not ours |
 //! | `docker` | the static executor, bind-mounted read-only as the entrypoint of the task's image | `docker run -i`'s stdin, and the container's name (`rm -f`) |
 //! | `ssh` | the static executor, copied to the host and started in the ssh session | the ssh session |
+//! | `reverse` | `executor connect`, dialling out to our relay | not ours |
 
 pub mod cli;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod k8s;
 pub mod local;
 pub mod reap;
 pub mod remote;
+pub mod reverse;
 pub mod ssh;
 pub mod up;
 
@@ -134,8 +136,14 @@ pub fn from_config(
         "remote" => Box::new(remote::Pool::new(remote)?),
         "docker" => Box::new(docker::Docker::new(config, run_id)?),
         "ssh" => Box::new(ssh::Ssh::new(config)?),
+        "reverse" => Box::new(reverse::Reverse::start(
+            config.reverse.listen.parse().with_context(|| {
+                format!("environment.reverse.listen {:?} is not an address", config.reverse.listen)
+            })?,
+            config.reverse.host.as_deref(),
+        )?),
         other => bail!(
-            "unknown deployment {other:?} (environment.deployment, --deploy): local, remote, docker or ssh"
+            "unknown deployment {other:?} (environment.deployment, --deploy): local, remote, docker, ssh or reverse"
         ),
     })
 }

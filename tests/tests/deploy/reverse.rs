@@ -1,0 +1,139 @@
+//! Reverse connect: `executor connect` dials out to the agent's relay over TLS, pinning the
+//! relay's certificate, and serves the usual protocol over the connections it opened. The
+//! relay (`agent deploy up --deploy reverse`) takes only executors with its token; an
+//! executor that was told another pin never hands its token over.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use executor_tests::{binary, Client};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::wait_for;
+
+struct Relay {
+    child: tokio::process::Child,
+    stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    url: String,
+    pin: String,
+    token_file: String,
+}
+
+async fn relay() -> Relay {
+    let mut child = tokio::process::Command::new(binary("agent"))
+        .args([
+            "deploy",
+            "up",
+            "--json",
+            "--deploy",
+            "reverse",
+            "--reverse-listen",
+            "127.0.0.1:0",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let line = stderr
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the relay said nothing");
+            if line.contains("executor connect wss://") {
+                return line;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after = |flag: &str| words[words.iter().position(|w| *w == flag).unwrap() + 1].to_string();
+    let url = after("connect");
+    Relay {
+        stdout: BufReader::new(child.stdout.take().unwrap()).lines(),
+        child,
+        pin: after("--tls-fingerprint"),
+        token_file: after("--token-file"),
+        url,
+    }
+}
+
+fn executor_connect(relay: &Relay, pin: &str, state: &std::path::Path) -> tokio::process::Child {
+    tokio::process::Command::new(binary("executor"))
+        .args([
+            "connect",
+            &relay.url,
+            "--tls-fingerprint",
+            pin,
+            "--token-file",
+            &relay.token_file,
+        ])
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--give-up-after", "3"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+fn exited(child: &mut tokio::process::Child) -> bool {
+    child.try_wait().unwrap().is_some()
+}
+
+#[tokio::test]
+async fn an_executor_dialling_out_serves_the_protocol_and_one_with_another_pin_gets_nowhere() {
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return;
+    }
+    let mut relay = relay().await;
+    let states = tempfile::tempdir().unwrap();
+    // Denial: a pin that is not the relay's. The handshake fails, the token is never sent,
+    // the relay has nobody to offer, and the executor gives up and exits.
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let mut impostor_side = executor_connect(&relay, &wrong, &states.path().join("a"));
+    let nothing = tokio::time::timeout(Duration::from_secs(4), relay.stdout.next_line()).await;
+    assert!(
+        nothing.is_err(),
+        "the relay took an executor that pinned another certificate"
+    );
+    assert!(wait_for(Duration::from_secs(30), || exited(&mut impostor_side)).await);
+
+    // Control: the right pin. The relay hands it out, and a client reaches it.
+    let mut executor = executor_connect(&relay, &relay.pin.clone(), &states.path().join("b"));
+    let line = tokio::time::timeout(Duration::from_secs(30), relay.stdout.next_line())
+        .await
+        .expect("no executor dialled in")
+        .unwrap()
+        .unwrap();
+    let up: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(up["deployment"], "reverse");
+    let token = std::fs::read_to_string(up["token_file"].as_str().unwrap()).unwrap();
+    let url = up["url"].as_str().unwrap().to_string();
+    let mut client = Client::connect(&url, Some(token.trim())).await.unwrap();
+    assert_eq!(client.run("c1", "echo hi").await.output, "hi\n");
+    drop(client);
+    // A second connection goes through too (the executor keeps one waiting).
+    let mut again = Client::connect(&url, Some(token.trim())).await.unwrap();
+    assert_eq!(again.run("c2", "echo again").await.output, "again\n");
+    drop(again);
+    // A wrong token is refused by the executor itself, as on any listener.
+    assert!(Client::connect(&url, Some(&"f".repeat(64))).await.is_err());
+
+    // The relay goes (stdin closed): the executor cannot reach it and exits.
+    drop(relay.child.stdin.take());
+    let status = tokio::time::timeout(Duration::from_secs(30), relay.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(wait_for(Duration::from_secs(30), || exited(&mut executor)).await);
+}
