@@ -116,8 +116,10 @@ class AsyncClient:
         ssl_context: ssl.SSLContext | None,
         connect_timeout: float,
         reconnect_attempts: int,
+        result_slack: float,
     ) -> None:
         self.url = url
+        self._result_slack = result_slack
         self._token = token
         self._ssl = ssl_context
         self._connect_timeout = connect_timeout
@@ -149,12 +151,15 @@ class AsyncClient:
         tls_ca: str | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
         reconnect_attempts: int = 5,
+        result_slack: float = RESULT_SLACK,
     ) -> AsyncClient:
         """Connect, read the hello, and check the protocol version.
 
         `tls_fingerprint` (`sha256:<hex>`, as `executor serve --tls` prints it) pins the
         certificate of a `wss://` executor; `tls_ca` adds a CA file instead. Without `token`
-        and `token_file`, `EXECUTOR_TOKEN` is used if set.
+        and `token_file`, `EXECUTOR_TOKEN` is used if set. A lost connection is retried
+        `reconnect_attempts` times (and on while the session's grace period lasts); a command
+        whose result has not come `result_slack` seconds past its timeout counts as lost.
         """
         client = cls(
             url,
@@ -162,6 +167,7 @@ class AsyncClient:
             ssl_context=_ssl_context(url, tls_fingerprint, tls_ca),
             connect_timeout=connect_timeout,
             reconnect_attempts=reconnect_attempts,
+            result_slack=result_slack,
         )
         ws, hello = await client._open()
         client._adopt(ws, hello)
@@ -203,7 +209,7 @@ class AsyncClient:
         if rid in self._pending:
             raise ValueError(f"a command with id {rid!r} is already waiting for its result")
         own = timeout if timeout is not None else self.hello.limits.default_timeout
-        wait = own + RESULT_SLACK
+        wait = own + self._result_slack
         loop = asyncio.get_running_loop()
         pending = _Pending(
             id=rid,

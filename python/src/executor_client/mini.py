@@ -38,7 +38,7 @@ from .errors import (
     QuotaExceededError,
 )
 from .launch import Deployment, LocalExecutor
-from .protocol import ExecResult, JsonDict
+from .protocol import ExecResult, Hello, JsonDict
 from .sync import Client
 
 #: Profiles from strongest to weakest; where we choose, we take the first that works.
@@ -136,6 +136,10 @@ class ExecutorEnvironment:
         self._resources = _Resources()
         self._finalizer = weakref.finalize(self, self._resources.close, wait=False)
         self.profile: str | None = None
+        #: The executor's hello and URL, kept for template variables and the trajectory
+        #: (mini saves it once more after the run, when the environment may be closed).
+        self.hello: Hello
+        self.url = ""
         try:
             self._start()
         except BaseException:
@@ -184,11 +188,10 @@ class ExecutorEnvironment:
                 "environment_type": f"{self.__class__.__module__}.{self.__class__.__name__}",
             }
         }
-        client = self._resources.client
-        if client is not None and not client.closed:
-            hello = client.hello
+        hello = getattr(self, "hello", None)
+        if hello is not None:
             info["executor"] = {
-                "url": client.url,
+                "url": self.url,
                 "server": hello.server,
                 "host": hello.raw.get("host", {}),
                 "profile": self._effective_profile(),
@@ -263,7 +266,8 @@ class ExecutorEnvironment:
             reconnect_attempts=config.reconnect_attempts,
         )
         self._resources.client = client
-        hello = client.hello
+        hello = self.hello = client.hello
+        self.url = url
         if not 0 < config.timeout <= hello.limits.max_timeout:
             raise ValueError(
                 f"timeout {config.timeout} is outside the executor's range "
@@ -324,10 +328,10 @@ class ExecutorEnvironment:
         )
 
     def _effective_profile(self) -> str:
-        return self.profile or self.client.hello.default_profile
+        return self.profile or self.hello.default_profile
 
     def _profile_layers(self) -> list[str]:
-        summary = self.client.hello.profile(self._effective_profile())
+        summary = self.hello.profile(self._effective_profile())
         return list(summary.layers) if summary else []
 
     def _wrap(self, command: str) -> str:
@@ -395,7 +399,7 @@ class ExecutorEnvironment:
     def _host_vars(self) -> dict[str, Any]:
         """`platform.uname()`'s fields for the executor's host (mini's templates use
         `{{system}} {{release}} {{version}} {{machine}}`), and the Rust agent's extras."""
-        hello = self.client.hello
+        hello = self.hello
         host = hello.host
         return {
             "system": host.system,

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from .aio import CONNECT_TIMEOUT, AsyncClient, OutputCallback
+from .aio import CONNECT_TIMEOUT, RESULT_SLACK, AsyncClient, OutputCallback
 from .protocol import ExecResult, Hello
 
 T = TypeVar("T")
@@ -42,6 +42,7 @@ class Client:
         tls_ca: str | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
         reconnect_attempts: int = 5,
+        result_slack: float = RESULT_SLACK,
     ) -> Client:
         """Connect and read the hello; see `AsyncClient.connect`."""
         loop = asyncio.new_event_loop()
@@ -55,6 +56,7 @@ class Client:
                     tls_ca=tls_ca,
                     connect_timeout=connect_timeout,
                     reconnect_attempts=reconnect_attempts,
+                    result_slack=result_slack,
                 )
             )
         except BaseException:
