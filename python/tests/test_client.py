@@ -4,9 +4,11 @@ asyncio concurrency, and one client per thread."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import platform
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -303,3 +305,47 @@ def test_closing_ends_the_session_and_kills_what_runs(daemon_factory):
 
 
 PATIENCE_S = 20
+
+
+def test_giving_up_on_a_command_cancels_it_on_the_executor(daemon):
+    marker = "29.7182"
+
+    async def scenario() -> None:
+        async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(client.exec(f"sleep {marker}"), 1)
+            # Killed now, not at its own timeout; and the connection serves on.
+            await asyncio.to_thread(
+                wait_until, lambda: not processes_with(marker), 5, "the command to die"
+            )
+            assert (await client.exec("echo next")).output == "next\n"
+
+    asyncio.run(scenario())
+    assert audit_ending(daemon, f"sleep {marker}") == "cancelled"
+
+
+def test_ctrl_c_in_the_sync_client_cancels_the_command(daemon):
+    marker = "28.1828"
+    previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    try:
+        with connect(daemon) as client:
+            signal.setitimer(signal.ITIMER_REAL, 1.0)
+            with pytest.raises(KeyboardInterrupt):
+                client.exec(f"sleep {marker}")
+            wait_until(lambda: not processes_with(marker), 5, "the command to die")
+            # Control: the client still works, and a command left alone runs.
+            assert client.exec("echo next").output == "next\n"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    # It ran, and ended by our cancel (not by the connection closing, nor its own end).
+    assert audit_ending(daemon, f"sleep {marker}") == "cancelled"
+
+
+def audit_ending(daemon, command: str) -> str:
+    """How the daemon's audit log says `command` ended."""
+    for line in (Path(daemon.state_dir) / "audit.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("command") == command:
+            return str(record.get("ended"))
+    raise AssertionError(f"no audit record of {command!r}")

@@ -231,6 +231,14 @@ class AsyncClient:
             await self._send_request(pending)
             pending.deadline = time.monotonic() + wait
             return await self._wait(pending)
+        except asyncio.CancelledError:
+            # Our caller gave up (a timeout around us, Ctrl-C in the sync client): the
+            # command would run on to its own timeout, so ask the executor to kill it.
+            ws = self._ws
+            if pending.sent and ws is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ws.send(json.dumps({"type": "cancel", "id": rid})), 2.0)
+            raise
         finally:
             self._pending.pop(rid, None)
 

@@ -146,4 +146,14 @@ class Client:
         if self._loop.is_closed():
             coroutine.close()
             raise RuntimeError("the client is closed")
-        return self._loop.run_until_complete(coroutine)
+        task = self._loop.create_task(coroutine)
+        try:
+            return self._loop.run_until_complete(task)
+        except BaseException:
+            # KeyboardInterrupt (Ctrl-C) or SystemExit left the call unfinished: cancel it
+            # properly, so that a running command is cancelled on the executor too.
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    self._loop.run_until_complete(task)
+            raise
