@@ -142,3 +142,39 @@ def test_the_real_agent_deploys_a_local_executor(agent_bin, executor_bin, tmp_pa
     finally:
         env.close()
     assert deployment.process.poll() is not None
+
+
+def test_mini_extra_executor_puts_our_class_in_the_docker_slot(stand_in, monkeypatch):
+    from minisweagent import environments
+    from minisweagent.run.benchmarks import swebench, swebench_single
+
+    from executor_client.swebench import install
+
+    # Undone after the test: install() changes mini's module state for this process.
+    mapping = environments._ENVIRONMENT_MAPPING
+    monkeypatch.setitem(mapping, "docker", mapping["docker"])
+    monkeypatch.setitem(mapping, "executor", "")
+    monkeypatch.setattr(swebench, "get_sb_environment", swebench.get_sb_environment)
+    monkeypatch.setattr(swebench_single, "get_sb_environment", swebench_single.get_sb_environment)
+    instance = {"instance_id": "demo__slot-1", "image_name": "img/slot:1"}
+    # Control: without it, a class named by its path gets no image from mini.
+    unpatched = swebench.get_sb_environment(
+        {"environment": {"environment_class": "executor_client.mini.ExecutorEnvironment"}},
+        instance,
+    )
+    assert unpatched.config.image is None  # it started a local executor instead
+    unpatched.close()
+    install()
+    install()  # idempotent
+    for name in ("docker", "executor", "executor_client.mini.ExecutorEnvironment", None):
+        block = {"agent_bin": STAND_IN}
+        if name:
+            block["environment_class"] = name
+        env = swebench.get_sb_environment({"environment": block}, instance)
+        try:
+            assert type(env) is ExecutorEnvironment
+            assert env.config.image == "img/slot:1"
+        finally:
+            env.close()
+    assert swebench_single.get_sb_environment is swebench.get_sb_environment
+    assert [e["image"] for e in stand_in() if e["event"] == "up"] == ["img/slot:1"] * 4
