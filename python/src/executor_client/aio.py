@@ -1,0 +1,624 @@
+"""The asyncio client: one WebSocket to an executor, any number of commands on it.
+
+A reader task per connection routes the executor's messages to the commands waiting for
+them. When the connection drops without a close frame and the executor keeps sessions for a
+while (`hello.resume_grace` > 0), the client reconnects with backoff, sends `resume` with the
+ids it has no result for, and the commands go on: their missed output and results arrive on
+the new connection, each exactly once. A request that may not have reached the executor
+before the break is sent again only when the executor's replay shows it never arrived (the
+answer to a `cancel` of an unused id comes after the whole replay). `protocol/README.md`
+("resume") is the contract; the Rust agent (`agent/src/environment.rs`) does the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from ._version import __version__
+from .errors import (
+    ConnectError,
+    ConnectionLostError,
+    ExecutorClientError,
+    NotFoundError,
+    PinMismatchError,
+    ProtocolError,
+    server_error,
+)
+from .protocol import PROTOCOL_VERSION, ExecResult, Hello, JsonDict, exec_request
+from .tls import PinRefused, client_context
+
+log = logging.getLogger("executor_client")
+
+#: How long opening a connection and reading its hello may take.
+CONNECT_TIMEOUT = 10.0
+#: Time past a command's own timeout before the executor counts as unresponsive.
+RESULT_SLACK = 30.0
+#: After a resume, time granted for the result the executor replays.
+REPLAY_PATIENCE = 10.0
+#: How long a deliberate close may spend taking back a session a lost connection left running.
+TAKE_BACK_PATIENCE = 5.0
+#: Largest message accepted from the executor: a result holds up to `max_output_bytes` (1 MiB
+#: by default) of output, which JSON escaping can make several times larger.
+MAX_INCOMING_BYTES = 64 * 1024 * 1024
+
+OutputCallback = Callable[[str], object]
+#: What a failing connection attempt raises (`asyncio.TimeoutError` is not the built-in one
+#: before Python 3.11).
+_CONNECTION_FAILURES = (OSError, asyncio.TimeoutError, TimeoutError, ConnectionClosed)
+
+
+@dataclass
+class _Pending:
+    """A command sent (or about to be) whose result has not arrived."""
+
+    id: str
+    message: JsonDict
+    on_output: OutputCallback | None
+    future: asyncio.Future[ExecResult]
+    deadline: float
+    #: Whether the request may have reached the executor.
+    sent: bool = False
+    #: Next streamed chunk expected; a replay never repeats one, this guards anyway.
+    next_seq: int = 0
+    callback_errors: list[BaseException] = field(default_factory=list)
+
+
+def read_token(token: str | None, token_file: str | os.PathLike[str] | None) -> str | None:
+    """The bearer token: given, read from a file, or `EXECUTOR_TOKEN`."""
+    if token:
+        return token.strip()
+    if token_file:
+        try:
+            return Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ConnectError(f"cannot read the token file {token_file}: {e}", retry=False) from e
+    return os.environ.get("EXECUTOR_TOKEN") or None
+
+
+def _ssl_context(url: str, fingerprint: str | None, ca_file: str | None) -> ssl.SSLContext | None:
+    if url.startswith("wss://"):
+        return client_context(fingerprint, ca_file)
+    if url.startswith("ws://"):
+        if fingerprint or ca_file:
+            raise ValueError(
+                f"a TLS fingerprint or CA is given but {url} is plain ws://: use wss://"
+            )
+        return None
+    raise ValueError(f"not a WebSocket URL: {url!r} (expected ws://HOST:PORT/v1/ws or wss://...)")
+
+
+class AsyncClient:
+    """A connection to an executor. Open it with `await AsyncClient.connect(url, ...)`.
+
+    Commands may run concurrently (`asyncio.gather` over `exec`), up to the executor's
+    `hello.limits.max_commands_per_connection`. Not thread-safe: use it from one event loop.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None,
+        ssl_context: ssl.SSLContext | None,
+        connect_timeout: float,
+        reconnect_attempts: int,
+        result_slack: float,
+    ) -> None:
+        self.url = url
+        self._result_slack = result_slack
+        self._token = token
+        self._ssl = ssl_context
+        self._connect_timeout = connect_timeout
+        self._reconnect_attempts = max(1, reconnect_attempts)
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._recovery: asyncio.Task[ClientConnection] | None = None
+        self._pending: dict[str, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._id_prefix = f"py{os.getpid()}-{id(self) & 0xFFFF:x}-"
+        self._closed = False
+        #: When the connection broke (no close frame), while the session may wait for us.
+        self._lost_at: float | None = None
+        #: After a resume: the id of a sync message and the requests whose fate it tells.
+        self._sync: tuple[str, list[str]] | None = None
+        self.hello: Hello
+        #: The session our commands belong to; a resume keeps it.
+        self.session = ""
+        self.resume_grace = 0.0
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        tls_fingerprint: str | None = None,
+        tls_ca: str | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        reconnect_attempts: int = 5,
+        result_slack: float = RESULT_SLACK,
+    ) -> AsyncClient:
+        """Connect, read the hello, and check the protocol version.
+
+        `tls_fingerprint` (`sha256:<hex>`, as `executor serve --tls` prints it) pins the
+        certificate of a `wss://` executor; `tls_ca` adds a CA file instead. Without `token`
+        and `token_file`, `EXECUTOR_TOKEN` is used if set. A lost connection is retried
+        `reconnect_attempts` times (and on while the session's grace period lasts); a command
+        whose result has not come `result_slack` seconds past its timeout counts as lost.
+        """
+        client = cls(
+            url,
+            token=read_token(token, token_file),
+            ssl_context=_ssl_context(url, tls_fingerprint, tls_ca),
+            connect_timeout=connect_timeout,
+            reconnect_attempts=reconnect_attempts,
+            result_slack=result_slack,
+        )
+        ws, hello = await client._open()
+        client._adopt(ws, hello)
+        return client
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- commands -------------------------------------------------------------------------
+
+    def new_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids)}"
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        profile: str | None = None,
+        on_output: OutputCallback | None = None,
+        request_id: str | None = None,
+    ) -> ExecResult:
+        """Run `command` (as `<interpreter> <command>`, `bash -c` by default) and wait for it.
+
+        `on_output(text)` is called with each chunk of output as it is produced (the request
+        asks for streaming only then). An `error` reply raises its `ServerError` subclass; a
+        result always returns, whatever the command's return code (a timeout is a result
+        with `extra["timed_out"]`). `ConnectionLostError` when the connection broke and the
+        session could not be taken back.
+        """
+        if self._closed:
+            raise ExecutorClientError("the client is closed")
+        rid = request_id or self.new_id()
+        if rid in self._pending:
+            raise ValueError(f"a command with id {rid!r} is already waiting for its result")
+        own = timeout if timeout is not None else self.hello.limits.default_timeout
+        wait = own + self._result_slack
+        loop = asyncio.get_running_loop()
+        pending = _Pending(
+            id=rid,
+            message=exec_request(
+                rid,
+                command,
+                cwd=cwd,
+                env=env,
+                timeout=timeout,
+                profile=profile,
+                stream=on_output is not None,
+            ),
+            on_output=on_output,
+            future=loop.create_future(),
+            deadline=time.monotonic() + wait,
+        )
+        self._pending[rid] = pending
+        try:
+            await self._send_request(pending)
+            pending.deadline = time.monotonic() + wait
+            return await self._wait(pending)
+        except asyncio.CancelledError:
+            # Our caller gave up (a timeout around us, Ctrl-C in the sync client): the
+            # command would run on to its own timeout, so ask the executor to kill it.
+            ws = self._ws
+            if pending.sent and ws is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ws.send(json.dumps({"type": "cancel", "id": rid})), 2.0)
+            raise
+        finally:
+            self._pending.pop(rid, None)
+
+    async def cancel(self, request_id: str) -> None:
+        """Ask the executor to kill a running command's whole tree.
+
+        Its `exec` then returns a result with `extra["cancelled"]`. A command that already
+        ended is left alone (the executor's `not_found` is ignored).
+        """
+        ws = await self._connection()
+        with contextlib.suppress(ConnectionClosed, OSError):
+            await ws.send(json.dumps({"type": "cancel", "id": request_id}))
+
+    async def close(self) -> None:
+        """End the session: a close frame makes the executor kill what still runs at once."""
+        if self._closed:
+            return
+        if self._ws is None and self._may_resume():
+            # A lost connection left the session (and maybe commands) running on the
+            # executor until its grace ends: take it back, briefly, to end it now.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._connection(), TAKE_BACK_PATIENCE)
+        self._closed = True
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.close(), 2.0)
+        for task in (self._reader, self._recovery):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._fail_pending(ConnectionLostError("the client was closed"))
+
+    @property
+    def connected(self) -> bool:
+        return self._ws is not None
+
+    # --- waiting --------------------------------------------------------------------------
+
+    async def _send_request(self, pending: _Pending) -> None:
+        ws = await self._connection()
+        pending.sent = True
+        try:
+            await ws.send(json.dumps(pending.message))
+        except (ConnectionClosed, OSError):
+            # It may or may not have reached the executor: the reader sees the drop, and the
+            # recovery finds out (see `_after_resume`).
+            log.debug("sending %s failed; the recovery decides whether to resend", pending.id)
+
+    async def _wait(self, pending: _Pending) -> ExecResult:
+        asked_again = False
+        while True:
+            remaining = pending.deadline - time.monotonic()
+            if remaining > 0:
+                done, _ = await asyncio.wait({pending.future}, timeout=remaining)
+                if done:
+                    return await self._finish(pending)
+                continue
+            recovery = self._recovery
+            if recovery is not None and not recovery.done():
+                # Reconnecting: that ends in bounded time, then the deadline is renewed.
+                await asyncio.wait({recovery})
+                continue
+            ws = self._ws
+            if ws is not None and self.resume_grace > 0 and not asked_again:
+                # The connection may have died silently (an outage that delivers no FIN or
+                # RST) with the result written into it: ask for the session on a new
+                # connection, whose replay holds the result if the command finished.
+                asked_again = True
+                log.info("no result for %s in time; reconnecting to ask again", pending.id)
+                ws.transport.abort()
+                pending.deadline = time.monotonic() + REPLAY_PATIENCE
+                continue
+            # Unresponsive: end the session (its commands die) rather than leave it running
+            # for a resume nobody will ask for.
+            if ws is not None:
+                self._ws = None
+                self._lost_at = None
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ws.close(), 2.0)
+            raise ConnectionLostError(f"the executor at {self.url} sent no result in time")
+
+    async def _finish(self, pending: _Pending) -> ExecResult:
+        result = pending.future.result()
+        if pending.callback_errors:
+            raise pending.callback_errors[0]
+        return result
+
+    # --- connections ----------------------------------------------------------------------
+
+    async def _open(self) -> tuple[ClientConnection, Hello]:
+        """A new connection and its hello."""
+        try:
+            ws, text = await asyncio.wait_for(self._handshake(), self._connect_timeout)
+        except PinRefused as e:
+            raise PinMismatchError(e.pinned, e.presented) from None
+        except InvalidStatus as e:
+            status = e.response.status_code
+            hint = {401: " (wrong or missing token)", 403: " (Origin or Host refused)"}
+            raise ConnectError(
+                f"the executor at {self.url} refused the connection: HTTP {status}"
+                + hint.get(status, ""),
+                retry=status not in (401, 403),
+            ) from e
+        except ssl.SSLCertVerificationError as e:
+            raise ConnectError(
+                f"the executor at {self.url} presented a certificate that does not verify: "
+                f"{e.verify_message or e}",
+                retry=False,
+            ) from e
+        except (*_CONNECTION_FAILURES, InvalidHandshake) as e:
+            raise ConnectError(f"cannot connect to the executor at {self.url}: {e!r}") from e
+        try:
+            hello = Hello.from_json(json.loads(text))
+        except (ValueError, ProtocolError) as e:
+            await ws.close()
+            raise ProtocolError(f"unreadable hello from {self.url}: {e}") from e
+        if hello.protocol != PROTOCOL_VERSION:
+            await ws.close()
+            raise ProtocolError(
+                f"the executor at {self.url} speaks protocol {hello.protocol}, "
+                f"this client speaks {PROTOCOL_VERSION}"
+            )
+        return ws, hello
+
+    async def _handshake(self) -> tuple[ClientConnection, str | bytes]:
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        ws = await connect(
+            self.url,
+            ssl=self._ssl,
+            additional_headers=headers,
+            user_agent_header=f"executor-client-python/{__version__}",
+            # The executor talks plain frames; proxies from the environment are not for it
+            # (the Rust agent ignores them too).
+            compression=None,
+            proxy=None,
+            open_timeout=None,
+            # No keepalive pings: a sync client runs its loop only during calls, and the
+            # executor sends none. A silent outage is noticed at the command's deadline.
+            ping_interval=None,
+            close_timeout=2,
+            max_size=MAX_INCOMING_BYTES,
+        )
+        try:
+            return ws, await ws.recv()
+        except BaseException:
+            await ws.close()
+            raise
+
+    def _adopt(self, ws: ClientConnection, hello: Hello) -> None:
+        """Use a new connection as a new session."""
+        self.hello = hello
+        self.session = hello.session
+        self.resume_grace = hello.resume_grace
+        self._start(ws)
+
+    def _start(self, ws: ClientConnection) -> None:
+        self._ws = ws
+        self._lost_at = None
+        self._reader = asyncio.ensure_future(self._read(ws))
+
+    async def _connection(self) -> ClientConnection:
+        """The open connection, reconnecting (and resuming) if it is gone."""
+        if self._closed:
+            raise ExecutorClientError("the client is closed")
+        if self._ws is not None:
+            return self._ws
+        if self._recovery is None or self._recovery.done():
+            self._recovery = asyncio.ensure_future(self._reconnect())
+        return await asyncio.shield(self._recovery)
+
+    def _may_resume(self) -> bool:
+        return bool(self.session) and self.resume_grace > 0 and self._lost_at is not None
+
+    async def _read(self, ws: ClientConnection) -> None:
+        try:
+            async for text in ws:
+                self._dispatch(json.loads(text))
+            deliberate = True  # a close frame from the executor ended the iteration
+        except ConnectionClosed as e:
+            deliberate = e.rcvd is not None
+        except (OSError, ValueError) as e:
+            log.debug("reading from %s failed: %r", self.url, e)
+            deliberate = False
+        if self._closed or self._ws is not ws:
+            return
+        self._ws = None
+        if deliberate:
+            # The executor closed the connection on purpose (shutdown, revoked client, a
+            # message too large): that ends the session and its commands; no resume.
+            self._lost_at = None
+            code = ws.close_code
+            reason = ws.close_reason or ""
+            self._fail_pending(
+                ConnectionLostError(
+                    f"the executor closed the connection (code {code}{': ' if reason else ''}"
+                    f"{reason}); its commands were killed"
+                )
+            )
+            return
+        if self._lost_at is None:
+            self._lost_at = time.monotonic()
+        log.info("lost the connection to %s", self.url)
+        if any(p.sent for p in self._pending.values()):
+            # Commands are waiting: get them back now rather than at their deadline.
+            task = self._recovery
+            if task is None or task.done():
+                self._recovery = asyncio.ensure_future(self._reconnect())
+                self._recovery.add_done_callback(_consume)
+
+    def _dispatch(self, message: JsonDict) -> None:
+        kind = message.get("type")
+        rid = message.get("id")
+        pending = self._pending.get(rid) if isinstance(rid, str) else None
+        if kind == "output":
+            seq = message.get("seq")
+            data = message.get("data")
+            if pending is None or not isinstance(seq, int) or not isinstance(data, str):
+                return
+            if seq < pending.next_seq or pending.on_output is None:
+                return
+            pending.next_seq = seq + 1
+            try:
+                pending.on_output(data)
+            except Exception as e:  # noqa: BLE001 - handed to the caller of exec
+                pending.callback_errors.append(e)
+        elif kind == "result":
+            if pending is not None and not pending.future.done():
+                try:
+                    pending.future.set_result(ExecResult.from_json(message))
+                except ProtocolError as e:
+                    pending.future.set_exception(e)
+        elif kind == "error":
+            code = str(message.get("code", ""))
+            text = str(message.get("message", ""))
+            if self._sync is not None and rid == self._sync[0]:
+                self._resend_unsure(self._sync[1])
+                self._sync = None
+            elif code == NotFoundError.code:
+                # The answer to a cancel of a command that had ended: nothing to do.
+                pass
+            elif pending is not None and not pending.future.done():
+                pending.future.set_exception(server_error(code, text, rid))
+            elif rid is None:
+                log.warning("the executor reported an error: %s: %s", code, text)
+
+    def _fail_pending(self, error: ExecutorClientError, *, only_sent: bool = False) -> None:
+        for pending in list(self._pending.values()):
+            if only_sent and not pending.sent:
+                continue
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    async def _reconnect(self) -> ClientConnection:
+        """Connect again with bounded backoff, taking the session back if it may wait for us.
+
+        At least `reconnect_attempts` attempts; while a resume is possible they go on (backoff
+        capped at 4 s) until the grace period ends, so an outage shorter than it costs nothing.
+        """
+        delay = 0.25
+        last = "not attempted"
+        attempt = 0
+        while True:
+            if attempt > 0:
+                grace_left = (
+                    self._lost_at is not None
+                    and time.monotonic() - self._lost_at + delay < self.resume_grace
+                )
+                if attempt >= self._reconnect_attempts and not grace_left:
+                    error = ConnectionLostError(
+                        f"lost the connection to the executor at {self.url} and could not "
+                        f"reconnect: {last}"
+                    )
+                    self._fail_pending(error, only_sent=True)
+                    raise error
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 4.0)
+            attempt += 1
+            try:
+                ws, hello = await self._open()
+            except ConnectError as e:
+                if not e.retry:
+                    self._fail_pending(ConnectionLostError(str(e)), only_sent=True)
+                    raise
+                last = str(e)
+                continue
+            if not self._may_resume():
+                self._fresh(ws, hello, "reconnected")
+                return ws
+            awaiting = [p.id for p in self._pending.values() if p.sent]
+            try:
+                running = await self._resume(ws, awaiting)
+            except (*_CONNECTION_FAILURES, ProtocolError) as e:
+                # The resume may have reached the executor (then the session is detached
+                # again, with a new grace period): try again.
+                last = f"the resume failed: {e!r}"
+                with contextlib.suppress(Exception):
+                    ws.transport.abort()
+                continue
+            if running is None:
+                self._fresh(ws, hello, f"session {self.session} could not be resumed")
+                return ws
+            log.info(
+                "reconnected to %s and resumed session %s (%d of its commands still running)",
+                self.url,
+                self.session,
+                len(running),
+            )
+            # The new hello's own session (and its workspace, for per-connection clients)
+            # was discarded by the executor: ours goes on.
+            self.hello = replace(hello, session=self.session, workspace=self.hello.workspace)
+            self._start(ws)
+            # Results come from the replay or live, even if a deadline passed meanwhile.
+            renewed = time.monotonic() + REPLAY_PATIENCE
+            for pending in self._pending.values():
+                pending.deadline = max(pending.deadline, renewed)
+            await self._after_resume(ws, [i for i in awaiting if i not in running])
+            return ws
+
+    def _fresh(self, ws: ClientConnection, hello: Hello, why: str) -> None:
+        """A new session: whatever the old one ran was killed with it."""
+        log.info("%s: %s; starting a new session", self.url, why)
+        self._fail_pending(
+            ConnectionLostError(
+                "the connection to the executor was lost while this command ran; the executor "
+                "killed it, so it may have run in part",
+                reconnected=True,
+            ),
+            only_sent=True,
+        )
+        self._adopt(ws, hello)
+
+    async def _resume(self, ws: ClientConnection, awaiting: list[str]) -> list[str] | None:
+        """Ask for our session back as the first message on `ws`: the ids still running, or
+        None when the executor no longer has it (the connection is then a fresh session)."""
+        request = {"type": "resume", "session": self.session, "awaiting": awaiting}
+
+        async def exchange() -> list[str] | None:
+            await ws.send(json.dumps(request))
+            while True:
+                message = json.loads(await ws.recv())
+                kind = message.get("type")
+                if kind == "resumed" and message.get("session") == self.session:
+                    running = message.get("running")
+                    return [r for r in running if isinstance(r, str)] if running else []
+                if kind == "error" and message.get("id") is None:
+                    # `not_found`: expired or unknown (its commands were killed).
+                    log.info("resume refused: %s", message.get("message"))
+                    return None
+                if kind in ("output", "result", "error"):
+                    raise ProtocolError(f"a {kind} before the answer to resume")
+
+        return await asyncio.wait_for(exchange(), self._connect_timeout)
+
+    async def _after_resume(self, ws: ClientConnection, unsure: list[str]) -> None:
+        """Requests neither running nor answered yet: their results are in the replay that
+        follows `resumed`, or they never reached the executor. The executor answers in order
+        and replays before it reads our next message, so its `not_found` to a cancel of an id
+        nobody uses marks the end of the replay (see `_dispatch`)."""
+        if not unsure:
+            return
+        sync = f"sync-{self.new_id()}"
+        self._sync = (sync, unsure)
+        with contextlib.suppress(ConnectionClosed, OSError):
+            await ws.send(json.dumps({"type": "cancel", "id": sync}))
+
+    def _resend_unsure(self, ids: list[str]) -> None:
+        ws = self._ws
+        for rid in ids:
+            pending = self._pending.get(rid)
+            if pending is None or pending.future.done() or ws is None:
+                continue
+            log.info("%s never reached the executor; sending it again", rid)
+            pending.deadline = max(pending.deadline, time.monotonic() + REPLAY_PATIENCE)
+            task = asyncio.ensure_future(ws.send(json.dumps(pending.message)))
+            task.add_done_callback(_consume)
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve a background task's exception (its waiters got it already)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,256 @@
+"""The wire types of protocol 1 (`protocol/README.md` in the repository), read from JSON.
+
+Replies may gain fields within protocol 1: readers here ignore what they do not know and keep
+the whole message in `raw`. Requests are built as plain dicts, with only the documented
+fields (the executor rejects unknown ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+WS_PATH = "/v1/ws"
+
+JsonDict = dict[str, Any]
+
+
+def _str(value: object, default: str = "") -> str:
+    return value if isinstance(value, str) else default
+
+
+def _int(value: object, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _float(value: object, default: float = 0.0) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return default
+
+
+def _strs(value: object) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _dict(value: object) -> JsonDict:
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The executor's host: `uname` facts and what it can enforce."""
+
+    hostname: str
+    #: `uname -s` and `uname -r` together, e.g. `Linux 6.18.44`.
+    kernel: str
+    #: `uname -v`.
+    version: str
+    #: `uname -m`.
+    arch: str
+    cores: int
+    #: `{mode, kill, pids, memory}`.
+    cgroups: JsonDict
+    landlock_abi: int
+
+    @property
+    def system(self) -> str:
+        """`uname -s` (`Linux`)."""
+        return self.kernel.split(" ", 1)[0]
+
+    @property
+    def release(self) -> str:
+        """`uname -r` (`6.18.44`)."""
+        parts = self.kernel.split(" ", 1)
+        return parts[1] if len(parts) > 1 else ""
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> HostFacts:
+        return cls(
+            hostname=_str(data.get("hostname")),
+            kernel=_str(data.get("kernel")),
+            version=_str(data.get("version")),
+            arch=_str(data.get("arch")),
+            cores=_int(data.get("cores")),
+            cgroups=_dict(data.get("cgroups")),
+            landlock_abi=_int(data.get("landlock_abi")),
+        )
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A sandbox profile this connection may use."""
+
+    name: str
+    description: str
+    #: Whether the executor's host can run it (it ran `true` under it at start).
+    available: bool
+    layers: list[str]
+    #: Parts of its policy this host cannot apply and the profile does without.
+    missing: list[str]
+    unavailable_reason: str | None
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> Profile:
+        reason = data.get("unavailable_reason")
+        return cls(
+            name=_str(data.get("name")),
+            description=_str(data.get("description")),
+            available=bool(data.get("available")),
+            layers=_strs(data.get("layers")),
+            missing=_strs(data.get("missing")),
+            unavailable_reason=reason if isinstance(reason, str) else None,
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int
+    max_command_bytes: int
+    max_env_entries: int
+    max_env_bytes: int
+    max_id_bytes: int
+    default_timeout: float
+    max_timeout: float
+    max_output_bytes: int
+    max_commands_per_connection: int
+    max_commands_total: int
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> Limits:
+        return cls(
+            max_message_bytes=_int(data.get("max_message_bytes")),
+            max_command_bytes=_int(data.get("max_command_bytes")),
+            max_env_entries=_int(data.get("max_env_entries")),
+            max_env_bytes=_int(data.get("max_env_bytes")),
+            max_id_bytes=_int(data.get("max_id_bytes")),
+            default_timeout=_float(data.get("default_timeout"), 30.0),
+            max_timeout=_float(data.get("max_timeout"), 86400.0),
+            max_output_bytes=_int(data.get("max_output_bytes")),
+            max_commands_per_connection=_int(data.get("max_commands_per_connection")),
+            max_commands_total=_int(data.get("max_commands_total")),
+        )
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The first message of every connection: what the executor is and offers."""
+
+    protocol: int
+    #: `executor <version>`.
+    server: str
+    host: HostFacts
+    profiles: list[Profile]
+    #: Used when a request names none; empty if neither `strict` nor `landlock` runs.
+    default_profile: str
+    limits: Limits
+    #: The argv a command is appended to, e.g. `["bash", "-c"]`.
+    interpreter: list[str]
+    workspace: str
+    client: str
+    session: str
+    #: Seconds this session's commands outlive a dropped connection (0: killed at once).
+    resume_grace: float
+    #: `[{name, reason}]`: profiles the daemon has but does not offer.
+    not_offered: list[JsonDict]
+    raw: JsonDict = field(repr=False, compare=False)
+
+    def profile(self, name: str) -> Profile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> Hello:
+        if data.get("type") != "hello":
+            raise ProtocolError(f"expected a hello, got {data.get('type')!r}")
+        return cls(
+            protocol=_int(data.get("protocol")),
+            server=_str(data.get("server")),
+            host=HostFacts.from_json(_dict(data.get("host"))),
+            profiles=[Profile.from_json(_dict(p)) for p in data.get("profiles") or []],
+            default_profile=_str(data.get("default_profile")),
+            limits=Limits.from_json(_dict(data.get("limits"))),
+            interpreter=_strs(data.get("interpreter")),
+            workspace=_str(data.get("workspace")),
+            client=_str(data.get("client")),
+            session=_str(data.get("session")),
+            resume_grace=_float(data.get("resume_grace")),
+            not_offered=[_dict(n) for n in data.get("not_offered") or []],
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A command's result: mini-swe-agent's result dictionary plus the executor's `extra`."""
+
+    id: str
+    #: stdout and stderr merged in order (head and tail kept past `max_output_bytes`).
+    output: str
+    #: The exit code; `-N` for signal N; -1 when it did not finish on its own.
+    returncode: int
+    #: Empty when it ran to its end; else what stopped it.
+    exception_info: str
+    #: `ended`, `timed_out`, `cancelled`, `duration_ms`, `output_bytes`, `isolation`, ...
+    extra: JsonDict
+
+    @property
+    def ended(self) -> str:
+        return _str(self.extra.get("ended"))
+
+    @property
+    def timed_out(self) -> bool:
+        return bool(self.extra.get("timed_out"))
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self.extra.get("cancelled"))
+
+    def to_dict(self) -> JsonDict:
+        """mini's shape: `output`, `returncode`, `exception_info`, `extra`."""
+        return {
+            "output": self.output,
+            "returncode": self.returncode,
+            "exception_info": self.exception_info,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> ExecResult:
+        returncode = data.get("returncode")
+        if not isinstance(returncode, int):
+            raise ProtocolError(f"a result without a return code: {data!r:.200}")
+        return cls(
+            id=_str(data.get("id")),
+            output=_str(data.get("output")),
+            returncode=returncode,
+            exception_info=_str(data.get("exception_info")),
+            extra=_dict(data.get("extra")),
+        )
+
+
+def exec_request(
+    request_id: str,
+    command: str,
+    *,
+    cwd: str | None,
+    env: dict[str, str] | None,
+    timeout: float | None,
+    profile: str | None,
+    stream: bool,
+) -> JsonDict:
+    """An `exec` message with only the fields that are set."""
+    message: JsonDict = {"type": "exec", "id": request_id, "command": command}
+    if cwd:
+        message["cwd"] = cwd
+    if env:
+        message["env"] = dict(env)
+    if timeout is not None:
+        message["timeout"] = timeout
+    if profile:
+        message["profile"] = profile
+    if stream:
+        message["stream"] = True
+    return message

@@ -1,0 +1,322 @@
+"""Shared test harness: real `executor serve` daemons, a TCP proxy that can cut connections,
+and checks on the host's processes.
+
+The binaries come from `EXECUTOR_BIN` / `EXECUTOR_AGENT_BIN` (the Rust test that runs this
+suite sets them), else from the repository's `target/debug/`. Tests need root, as the
+executor's own tests do: they skip locally without it, and fail instead when
+`EXECUTOR_TESTS_STRICT=1` (CI), so CI can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+
+REPO = Path(__file__).resolve().parents[2]
+ALL_PROFILES = ("strict", "landlock", "task-container", "trusted")
+PATIENCE = 20.0
+
+
+def require(what: str, available: bool) -> None:
+    """Skip (locally) or fail (CI) when a precondition is missing."""
+    if available:
+        return
+    if os.environ.get("EXECUTOR_TESTS_STRICT") == "1":
+        pytest.fail(f"EXECUTOR_TESTS_STRICT=1 and {what} is missing")
+    pytest.skip(f"{what} is missing")
+
+
+def binary(name: str, variable: str) -> str:
+    path = os.environ.get(variable) or str(REPO / "target" / "debug" / name)
+    require(
+        f"the {name} binary ({path}; build it with `cargo build -p executor -p agent`)",
+        Path(path).is_file(),
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def executor_bin() -> str:
+    require("root", os.geteuid() == 0)
+    return binary("executor", "EXECUTOR_BIN")
+
+
+@pytest.fixture(scope="session")
+def agent_bin() -> str:
+    return binary("agent", "EXECUTOR_AGENT_BIN")
+
+
+@pytest.fixture(autouse=True)
+def _binaries_on_path(executor_bin: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `ExecutorEnvironment` finds by itself: `EXECUTOR_BIN`."""
+    monkeypatch.setenv("EXECUTOR_BIN", executor_bin)
+
+
+def shared_dir(prefix: str = "pytest-exec-") -> str:
+    """A directory the sandbox's unprivileged identity (uid 65534) can write."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    Path(path).chmod(0o777)
+    return path
+
+
+@pytest.fixture
+def workdir() -> Iterator[str]:
+    path = shared_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Daemon:
+    """A real `executor serve` on a loopback port, with its own state directory."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    state_dir: str
+    workspace: str
+    fingerprint: str | None
+    log_path: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def token_file(self) -> str:
+        return str(Path(self.state_dir) / "token")
+
+    @property
+    def port(self) -> int:
+        return int(self.url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        shutil.rmtree(self.workspace, ignore_errors=True)
+
+
+def start_daemon(
+    executor: str,
+    *args: str,
+    tls: bool = False,
+    resume_grace: float = 0,
+    profiles: tuple[str, ...] = ALL_PROFILES,
+) -> Daemon:
+    state = tempfile.mkdtemp(prefix="pytest-state-", dir="/tmp")
+    Path(state).chmod(0o700)
+    workspace = shared_dir("pytest-ws-")
+    log_path = Path(state) / "serve.log"
+    argv = [
+        executor,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--state-dir",
+        state,
+        "--workspace",
+        workspace,
+        "--resume-grace",
+        f"{resume_grace:g}",
+    ]
+    for name in profiles:
+        argv += ["--allow-profile", name]
+    if tls:
+        argv.append("--tls")
+    argv += list(args)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL
+        )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], PATIENCE)
+    line = process.stdout.readline().decode() if ready else ""
+    process.stdout.close()
+    if not line.startswith("executor listening on "):
+        process.kill()
+        raise RuntimeError(f"executor did not start: {line!r}\n{log_path.read_text()}")
+    words = line.split()
+    fingerprint = words[words.index("tls-fingerprint") + 1] if "tls-fingerprint" in words else None
+    return Daemon(process, words[3], state, workspace, fingerprint, log_path)
+
+
+@pytest.fixture
+def daemon_factory(executor_bin: str) -> Iterator[object]:
+    started: list[Daemon] = []
+
+    def start(*args: str, **kwargs: object) -> Daemon:
+        daemon = start_daemon(executor_bin, *args, **kwargs)  # type: ignore[arg-type]
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def daemon(executor_bin: str) -> Iterator[Daemon]:
+    """One daemon for a module's tests that do not change its state."""
+    started = start_daemon(executor_bin)
+    yield started
+    started.stop()
+
+
+class Proxy:
+    """Forwards loopback connections to `target`, and simulates outages on them: `cut()`
+    resets both sockets of every current link (no WebSocket close frame); `refusing` drops new
+    connections at once; `drop_requests` discards what clients send (a request lost in the
+    break); `stall()` stops forwarding on the current links without closing anything (an
+    outage that delivers nothing). The Rust harness has the same (`tests/src/proxy.rs`)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.links: list[tuple[socket.socket, socket.socket, threading.Event]] = []
+        self.accepted = 0
+        self.refusing = False
+        self.drop_requests = False
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/ws"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.refusing:
+                _reset(client)
+                continue
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                _reset(client)
+                continue
+            stalled = threading.Event()
+            with self._lock:
+                self.links.append((client, server, stalled))
+            for source, sink, upstream in ((client, server, True), (server, client, False)):
+                threading.Thread(
+                    target=self._pump, args=(source, sink, upstream, stalled), daemon=True
+                ).start()
+
+    def _pump(
+        self, source: socket.socket, sink: socket.socket, upstream: bool, stalled: threading.Event
+    ) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                return
+            if not data:
+                with contextlib.suppress(OSError):
+                    sink.shutdown(socket.SHUT_WR)
+                return
+            while stalled.is_set() and not self._closed:
+                time.sleep(0.05)
+            if upstream and self.drop_requests:
+                continue
+            try:
+                sink.sendall(data)
+            except OSError:
+                return
+
+    def cut(self) -> int:
+        """Reset every current link; how many there were."""
+        with self._lock:
+            links, self.links = self.links, []
+        for client, server, _ in links:
+            _reset(client)
+            _reset(server)
+        return len(links)
+
+    def stall(self) -> int:
+        """Stop forwarding on every current link, closing nothing; how many there were."""
+        with self._lock:
+            for _, _, stalled in self.links:
+                stalled.set()
+            return len(self.links)
+
+    def close(self) -> None:
+        self._closed = True
+        self.listener.close()
+        self.cut()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Drop a connection with no WebSocket close frame, as a broken route does. `shutdown`
+    first: a plain `close` would not wake the pump blocked in `recv` on it, and the kernel
+    would keep the connection open until that returns."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+@pytest.fixture
+def proxy_factory() -> Iterator[object]:
+    proxies: list[Proxy] = []
+
+    def start(port: int) -> Proxy:
+        proxy = Proxy(port)
+        proxies.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in proxies:
+        proxy.close()
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of the host's processes whose command line contains `marker`."""
+    needle = marker.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmdline.replace(b"\0", b" ") and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until(predicate: object, timeout: float = PATIENCE, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
