@@ -18,6 +18,7 @@
 //! means.
 #![forbid(unsafe_code)]
 
+mod baselines;
 mod client;
 mod daemon;
 mod deployments;
@@ -27,7 +28,6 @@ mod stats;
 mod steps;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -46,8 +46,8 @@ use crate::report::{
 use crate::stats::{median, summarize};
 
 /// The command whose round trip is measured, as in the design notes' peer table.
-const ECHO: &str = "echo hi";
-const ECHO_OUTPUT: &str = "hi\n";
+pub(crate) const ECHO: &str = "echo hi";
+pub(crate) const ECHO_OUTPUT: &str = "hi\n";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -100,8 +100,10 @@ struct Opts {
     /// Runs of each `unshare` variant in the steps phase [default: 200; quick: 20].
     #[arg(long, value_name = "N")]
     step_iterations: Option<usize>,
-    /// Skip phases: latency, output, kill, connections, startup, steps (repeatable).
-    #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "startup", "steps"])]
+    /// Skip phases (repeatable): latency, output, kill, connections, startup, steps; and the
+    /// baselines: bubblewrap (the same loop through bwrap), cold (each profile again on a
+    /// daemon with --no-warm-workers), oneshot (`executor run` beside bwrap).
+    #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "startup", "steps", "bubblewrap", "cold", "oneshot"])]
     skip: Vec<String>,
     /// Instead of the local daemon: start-to-ready and `echo hi` round trips of the static
     /// executor in the test lab's VM or container, beside a bare spawn there (repeatable).
@@ -262,9 +264,26 @@ async fn bench(
     );
 
     let bare = if opts.runs("latency") {
-        Some(bare_spawn(&settings)?)
+        Some(baselines::measure(&baselines::Spawn::bare(), &settings)?)
     } else {
         None
+    };
+    let bwrap = baselines::Spawn::bubblewrap();
+    if bwrap.is_none() && (opts.runs("bubblewrap") || opts.runs("oneshot")) {
+        eprintln!("bench: bwrap is not installed; the bubblewrap baselines are left out");
+    }
+    // A baseline that cannot run here (no user namespaces, say) is left out, not fatal.
+    let bubblewrap = match &bwrap {
+        Some(spawn) if opts.runs("latency") && opts.runs("bubblewrap") => {
+            match baselines::measure(spawn, &settings) {
+                Ok(report) => Some(report),
+                Err(err) => {
+                    eprintln!("bench: bubblewrap cannot run here, left out: {err:#}");
+                    None
+                }
+            }
+        }
+        _ => None,
     };
 
     let mut profiles = Vec::new();
@@ -307,13 +326,18 @@ async fn bench(
         // connection in case the failure broke this one.
         let mut failures = Vec::new();
         if opts.runs("latency") {
-            match latency(&daemon, &mut first, &summary.name, &settings, &mut report).await {
-                Ok(()) => {
-                    if let (Some(bare), Some(own)) = (&bare, &report.sequential) {
-                        report.overhead_p50_ms = Some(own.p50_ms - bare.sequential.p50_ms);
-                        report.overhead_ratio_p50 = Some(own.p50_ms / bare.sequential.p50_ms);
-                    }
-                }
+            let label = summary.name.clone();
+            match latency(
+                &daemon,
+                &mut first,
+                &summary.name,
+                &settings,
+                &mut report,
+                &label,
+            )
+            .await
+            {
+                Ok(()) => report.set_overhead(bare.as_ref()),
                 Err(err) => failures.push(format!("latency: {err:#}")),
             }
         }
@@ -352,6 +376,27 @@ async fn bench(
     };
     daemon.stop()?;
 
+    let cold = if opts.runs("latency") && opts.runs("cold") {
+        cold_latency(executor, &profiles, &settings, bare.as_ref()).await?
+    } else {
+        Vec::new()
+    };
+    let oneshot = if opts.runs("oneshot") {
+        let measured: Vec<String> = profiles
+            .iter()
+            .filter(|p| p.skipped.is_none() && p.failures.is_empty())
+            .map(|p| p.name.clone())
+            .collect();
+        Some(baselines::oneshot(
+            executor,
+            &measured,
+            bwrap.as_ref(),
+            settings.repeats * 10,
+        )?)
+    } else {
+        None
+    };
+
     let (start_to_listening_ms, start_to_hello_ms) = if opts.runs("startup") {
         startup(executor, settings.repeats).await?
     } else {
@@ -384,7 +429,10 @@ async fn bench(
         machine,
         settings,
         bare,
+        bubblewrap,
         profiles,
+        cold,
+        oneshot,
         daemon: DaemonReport {
             rss_after_hello_kib,
             rss_idle_kib,
@@ -394,6 +442,41 @@ async fn bench(
         },
         steps,
     })
+}
+
+/// The latency phase again for each measured profile, on a second daemon started with
+/// `--no-warm-workers`: every command builds its sandbox while the client waits.
+async fn cold_latency(
+    executor: &std::path::Path,
+    warm: &[ProfileReport],
+    settings: &Settings,
+    bare: Option<&BareReport>,
+) -> anyhow::Result<Vec<ProfileReport>> {
+    let measured: Vec<&ProfileReport> = warm.iter().filter(|p| p.sequential.is_some()).collect();
+    if measured.is_empty() {
+        return Ok(Vec::new());
+    }
+    eprintln!("bench: starting a second daemon with --no-warm-workers");
+    let daemon = Daemon::start(executor, &["--no-warm-workers".to_string()])?;
+    let mut client = Client::connect(&daemon.url, &daemon.token).await?.0;
+    let mut reports = Vec::new();
+    for p in measured {
+        let mut report = ProfileReport::new(&p.name, &p.layers);
+        let label = format!("{} cold", p.name);
+        match latency(&daemon, &mut client, &p.name, settings, &mut report, &label).await {
+            Ok(()) => report.set_overhead(bare),
+            Err(err) => {
+                eprintln!("bench: [{label}] FAILED {err:#}");
+                report.failures.push(format!("cold latency: {err:#}"));
+                client.close().await;
+                client = Client::connect(&daemon.url, &daemon.token).await?.0;
+            }
+        }
+        reports.push(report);
+    }
+    client.close().await;
+    daemon.stop()?;
+    Ok(reports)
 }
 
 fn machine(hello: &Hello, executor: &std::path::Path) -> Machine {
@@ -420,14 +503,14 @@ async fn settle() {
 }
 
 /// Prints a progress line at most once a second during long loops.
-struct Progress {
+pub(crate) struct Progress {
     what: String,
     total: Option<usize>,
     last: Instant,
 }
 
 impl Progress {
-    fn new(what: String, total: Option<usize>) -> Self {
+    pub(crate) fn new(what: String, total: Option<usize>) -> Self {
         eprintln!("bench: {what} ...");
         Self {
             what,
@@ -436,7 +519,7 @@ impl Progress {
         }
     }
 
-    fn tick(&mut self, done: usize) {
+    pub(crate) fn tick(&mut self, done: usize) {
         if self.last.elapsed() >= Duration::from_secs(1) {
             self.last = Instant::now();
             match self.total {
@@ -447,106 +530,14 @@ impl Progress {
     }
 }
 
-// ---- bare spawn baseline -------------------------------------------------------------------
-
-/// `bash -c 'echo hi'` straight from this process: fork/exec, read the pipe, wait.
-fn bare_once() -> anyhow::Result<Duration> {
-    let t0 = Instant::now();
-    let out = Command::new("bash")
-        .args(["-c", ECHO])
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .context("cannot spawn bash")?;
-    let took = t0.elapsed();
-    if !out.status.success() || out.stdout != ECHO_OUTPUT.as_bytes() {
-        bail!("bare spawn gave {:?} {:?}", out.status, out.stdout);
-    }
-    Ok(took)
+/// Busy CPU time of the whole machine since `before`, per one of `count` commands: the honest
+/// total, as the fork server's helpers are reaped by the kernel and charged to nobody.
+pub(crate) fn per_command_machine_ms(before: Option<(f64, f64)>, count: usize) -> Option<f64> {
+    let ((busy0, _), (busy1, _)) = (before?, machine_cpu_ms()?);
+    Some((busy1 - busy0) / count.max(1) as f64)
 }
 
-fn bare_spawn(settings: &Settings) -> anyhow::Result<BareReport> {
-    for _ in 0..warmups(settings.iterations) {
-        bare_once()?;
-    }
-    let mut progress = Progress::new(
-        format!("[bare spawn] {} sequential spawns", settings.iterations),
-        Some(settings.iterations),
-    );
-    let mut samples = Vec::with_capacity(settings.iterations);
-    let me = std::process::id();
-    let cpu0 = CpuTimes::of(me);
-    let t0 = Instant::now();
-    for i in 0..settings.iterations {
-        samples.push(bare_once()?);
-        progress.tick(i + 1);
-    }
-    let elapsed = t0.elapsed();
-    let cpu = match (cpu0, CpuTimes::of(me)) {
-        (Some(a), Some(b)) => {
-            let per = b.per(a, settings.iterations);
-            Some(CpuPerCommand {
-                daemon_ms: None,
-                children_ms: per.children_ms,
-                client_ms: per.own_ms,
-            })
-        }
-        _ => None,
-    };
-    let Some(sequential) = summarize(&samples) else {
-        bail!("no samples");
-    };
-    let mut concurrent = Vec::new();
-    for &workers in &settings.concurrency {
-        eprintln!(
-            "bench: [bare spawn] {workers} threads for {:.1} s ...",
-            settings.duration_s
-        );
-        let deadline = Instant::now() + Duration::from_secs_f64(settings.duration_s);
-        let t0 = Instant::now();
-        let results: Vec<anyhow::Result<Vec<Duration>>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    scope.spawn(move || {
-                        let mut lat = Vec::new();
-                        while Instant::now() < deadline {
-                            lat.push(bare_once()?);
-                        }
-                        Ok(lat)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("thread panicked")))
-                })
-                .collect()
-        });
-        let elapsed = t0.elapsed();
-        let mut all = Vec::new();
-        for r in results {
-            all.extend(r?);
-        }
-        concurrent.push(Throughput::new(workers, &all, elapsed));
-    }
-    let report = BareReport {
-        cpu,
-        seq_cmd_per_s: settings.iterations as f64 / elapsed.as_secs_f64(),
-        sequential,
-        concurrent,
-    };
-    eprintln!(
-        "bench: [bare spawn] p50 {:.3} ms, {:.0} cmd/s sequential",
-        report.sequential.p50_ms, report.seq_cmd_per_s
-    );
-    Ok(report)
-}
-
-fn warmups(iterations: usize) -> usize {
+pub(crate) fn warmups(iterations: usize) -> usize {
     (iterations / 20).clamp(5, 100)
 }
 
@@ -573,23 +564,26 @@ async fn latency(
     profile: &str,
     settings: &Settings,
     report: &mut ProfileReport,
+    label: &str,
 ) -> anyhow::Result<()> {
     for i in 0..warmups(settings.iterations) {
         echo(client, format!("w{i}"), profile).await?;
     }
     let mut progress = Progress::new(
-        format!("[{profile}] {} sequential round trips", settings.iterations),
+        format!("[{label}] {} sequential round trips", settings.iterations),
         Some(settings.iterations),
     );
     let mut samples = Vec::with_capacity(settings.iterations);
     let me = std::process::id();
     let cpu0 = (CpuTimes::of(daemon.pid), CpuTimes::of(me));
+    let machine0 = machine_cpu_ms();
     let t0 = Instant::now();
     for i in 0..settings.iterations {
         samples.push(echo(client, format!("s{i}"), profile).await?);
         progress.tick(i + 1);
     }
     let elapsed = t0.elapsed();
+    let machine_ms = per_command_machine_ms(machine0, settings.iterations);
     // Helpers are the daemon's reaped children, and the shells the helpers' reaped children.
     if let ((Some(d0), Some(c0)), Some(d1), Some(c1)) =
         (cpu0, CpuTimes::of(daemon.pid), CpuTimes::of(me))
@@ -599,13 +593,14 @@ async fn latency(
             daemon_ms: Some(daemon_cpu.own_ms),
             children_ms: daemon_cpu.children_ms,
             client_ms: c1.per(c0, settings.iterations).own_ms,
+            machine_ms,
         });
     }
     report.seq_cmd_per_s = Some(settings.iterations as f64 / elapsed.as_secs_f64());
     report.sequential = summarize(&samples);
     if let Some(s) = &report.sequential {
         eprintln!(
-            "bench: [{profile}] p50 {:.3} ms p99 {:.3} ms, {:.0} cmd/s sequential",
+            "bench: [{label}] p50 {:.3} ms p99 {:.3} ms, {:.0} cmd/s sequential",
             s.p50_ms,
             s.p99_ms,
             settings.iterations as f64 / elapsed.as_secs_f64()
@@ -614,7 +609,7 @@ async fn latency(
 
     for &conns in &settings.concurrency {
         eprintln!(
-            "bench: [{profile}] {conns} concurrent connections for {:.1} s ...",
+            "bench: [{label}] {conns} concurrent connections for {:.1} s ...",
             settings.duration_s
         );
         let mut clients = Vec::with_capacity(conns);
@@ -643,7 +638,7 @@ async fn latency(
         }
         let tp = Throughput::new(conns, &all, t0.elapsed());
         eprintln!(
-            "bench: [{profile}] {conns} connections: {:.0} cmd/s",
+            "bench: [{label}] {conns} connections: {:.0} cmd/s",
             tp.cmd_per_s
         );
         report.concurrent.push(tp);

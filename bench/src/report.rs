@@ -13,7 +13,15 @@ pub struct Report {
     pub settings: Settings,
     /// `bash -c 'echo hi'` spawned by the benchmark itself; absent when latency is skipped.
     pub bare: Option<BareReport>,
+    /// The same loop through bubblewrap with strict's namespaces; absent when latency is
+    /// skipped or bwrap is not installed.
+    pub bubblewrap: Option<BareReport>,
     pub profiles: Vec<ProfileReport>,
+    /// Latency of each profile on a second daemon started with `--no-warm-workers`, so every
+    /// command pays its whole sandbox setup: the baseline the warm workers are measured by.
+    pub cold: Vec<ProfileReport>,
+    /// One-shot `executor run` beside bwrap and a bare spawn; absent when skipped.
+    pub oneshot: Option<OneShotReport>,
     pub daemon: DaemonReport,
     /// The cost of each isolation step on its own; absent when `steps` is skipped.
     pub steps: Option<StepsReport>,
@@ -52,6 +60,19 @@ pub struct Settings {
     pub step_iterations: usize,
 }
 
+/// Start-to-exit of one `true`, no daemon kept running.
+#[derive(Debug, Serialize)]
+pub struct OneShotReport {
+    pub runs: usize,
+    pub rows: Vec<OneShot>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OneShot {
+    pub label: String,
+    pub p50_ms: f64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct BareReport {
     pub sequential: Summary,
@@ -72,6 +93,8 @@ pub struct CpuPerCommand {
     pub children_ms: f64,
     /// The benchmark process: the client, or the spawning loop of the bare spawn.
     pub client_ms: f64,
+    /// Busy time of the whole machine (all processes) per command during the loop.
+    pub machine_ms: Option<f64>,
 }
 
 /// Commands completed by `workers` closed-loop clients (each waits for its result before
@@ -120,6 +143,14 @@ pub struct ProfileReport {
 }
 
 impl ProfileReport {
+    /// Overhead over the bare spawn, from the sequential p50s.
+    pub fn set_overhead(&mut self, bare: Option<&BareReport>) {
+        if let (Some(bare), Some(own)) = (bare, &self.sequential) {
+            self.overhead_p50_ms = Some(own.p50_ms - bare.sequential.p50_ms);
+            self.overhead_ratio_p50 = Some(own.p50_ms / bare.sequential.p50_ms);
+        }
+    }
+
     pub fn new(name: &str, layers: &[String]) -> Self {
         Self {
             name: name.to_string(),
@@ -278,19 +309,34 @@ pub fn markdown(r: &Report) -> String {
     header.push_str(" overhead p50 ms | ratio p50 |");
     rule.push_str("---:|---:|");
     let _ = writeln!(out, "{header}\n{rule}");
-    if let Some(b) = &r.bare {
+    for (label, b) in [
+        ("bare spawn, no daemon (threads for concurrency)", &r.bare),
+        ("bubblewrap, strict's namespaces, no daemon", &r.bubblewrap),
+    ] {
+        let Some(b) = b else { continue };
         let mut row = format!(
-            "| bare spawn, no daemon (threads for concurrency) | {:.2} | {:.2} | {:.2} | {:.0} |",
+            "| {label} | {:.2} | {:.2} | {:.2} | {:.0} |",
             b.sequential.p50_ms, b.sequential.p90_ms, b.sequential.p99_ms, b.seq_cmd_per_s
         );
         for c in &s.concurrency {
             let _ = write!(row, " {} |", rate(throughput_at(&b.concurrent, *c)));
         }
-        row.push_str(" - | 1.00x |");
+        match &r.bare {
+            Some(bare) if !std::ptr::eq(bare, b) => {
+                let _ = write!(
+                    row,
+                    " {:.2} | {:.2}x |",
+                    b.sequential.p50_ms - bare.sequential.p50_ms,
+                    b.sequential.p50_ms / bare.sequential.p50_ms
+                );
+            }
+            _ => row.push_str(" - | 1.00x |"),
+        }
         let _ = writeln!(out, "{row}");
     }
-    for p in &r.profiles {
-        let name = format!("{} ({})", p.name, p.layers.join(", "));
+    let cold = r.cold.iter().map(|p| (p, " cold (--no-warm-workers)"));
+    for (p, suffix) in r.profiles.iter().map(|p| (p, "")).chain(cold) {
+        let name = format!("{}{suffix} ({})", p.name, p.layers.join(", "));
         if let Some(why) = &p.skipped {
             let _ = writeln!(out, "| {name} | unavailable on this host: {why} |");
             continue;
@@ -321,31 +367,36 @@ pub fn markdown(r: &Report) -> String {
         let _ = writeln!(out, "{row}");
     }
 
-    // Where the CPU of one sequential command goes.
-    let mut cpu_lines = Vec::new();
-    if let Some(c) = r.bare.as_ref().and_then(|b| b.cpu.as_ref()) {
-        cpu_lines.push(format!(
-            "bare spawn: bash {:.2} ms, spawning process {:.2} ms",
-            c.children_ms, c.client_ms
-        ));
-    }
-    for p in &r.profiles {
-        if let Some(c) = &p.cpu {
-            cpu_lines.push(format!(
-                "{}: daemon {} ms, helper + bash {:.2} ms, client {:.2} ms",
-                p.name,
-                ms(c.daemon_ms),
-                c.children_ms,
-                c.client_ms
-            ));
+    // Where the CPU of one sequential command goes. The machine's busy time is the total;
+    // a helper's own time is not in the daemon's reaped children (the fork server lets the
+    // kernel reap them), so it is not shown on its own.
+    let mut cpu_rows = Vec::new();
+    for (label, b) in [("bare spawn", &r.bare), ("bubblewrap", &r.bubblewrap)] {
+        if let Some(c) = b.as_ref().and_then(|b| b.cpu.as_ref()) {
+            cpu_rows.push((label.to_string(), c));
         }
     }
-    if !cpu_lines.is_empty() {
+    let cold = r.cold.iter().map(|p| (p, " cold"));
+    for (p, suffix) in r.profiles.iter().map(|p| (p, "")).chain(cold) {
+        if let Some(c) = &p.cpu {
+            cpu_rows.push((format!("{}{suffix}", p.name), c));
+        }
+    }
+    if !cpu_rows.is_empty() {
         let _ = writeln!(
             out,
-            "\nCPU per sequential command (from /proc/PID/stat): {}.",
-            cpu_lines.join("; ")
+            "\n| CPU per sequential command, ms | whole machine | daemon | benchmark process |\n\
+             |---|---:|---:|---:|"
         );
+        for (label, c) in cpu_rows {
+            let _ = writeln!(
+                out,
+                "| {label} | {} | {} | {:.2} |",
+                ms(c.machine_ms),
+                ms(c.daemon_ms),
+                c.client_ms
+            );
+        }
     }
 
     // Output and timeout kill, per profile.
@@ -406,7 +457,18 @@ pub fn markdown(r: &Report) -> String {
         }
     }
 
-    for p in &r.profiles {
+    if let Some(o) = &r.oneshot {
+        let _ = writeln!(
+            out,
+            "\n| one-shot `true`, start to exit, p50 of {} | ms |\n|---|---:|",
+            o.runs
+        );
+        for row in &o.rows {
+            let _ = writeln!(out, "| {} | {:.2} |", row.label, row.p50_ms);
+        }
+    }
+
+    for p in r.profiles.iter().chain(&r.cold) {
         for failure in &p.failures {
             let _ = writeln!(out, "\n**{} FAILED** {failure}", p.name);
         }

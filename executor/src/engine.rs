@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use protocol::{ErrorCode, ExecResult, Isolation, Limits, ResultExtra};
 
@@ -72,7 +71,6 @@ pub struct Engine {
     pub runner: Runner,
     pub profiles: BTreeMap<String, Profile>,
     pub default_profile: String,
-    serial: AtomicU64,
 }
 
 impl Engine {
@@ -90,7 +88,6 @@ impl Engine {
             runner,
             profiles,
             default_profile,
-            serial: AtomicU64::new(0),
         }
     }
 
@@ -123,10 +120,12 @@ impl Engine {
         stop: impl Future<Output = StopReason>,
     ) -> Result<ExecResult, ExecError> {
         let profile = self.profile(req.profile.as_deref())?;
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let plan = plan_command(&req.spec, profile, &self.plan_settings, serial)
+        let plan = plan_command(&req.spec, profile, &self.plan_settings)
             .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
-        let outcome = self.runner.run(&plan, req.timeout, sink, stop).await?;
+        let outcome = self
+            .runner
+            .run(&plan, req.warm, req.timeout, sink, stop)
+            .await?;
         let captured = outcome.captured;
         Ok(ExecResult {
             id: req.id.clone(),
@@ -147,7 +146,7 @@ impl Engine {
                 isolation: Isolation {
                     profile: profile.name.clone(),
                     layers: outcome.layers,
-                    missing: plan.missing.clone(),
+                    missing: plan.template.missing.clone(),
                 },
             },
         })
@@ -194,6 +193,8 @@ impl Engine {
                 timeout: std::time::Duration::from_secs(10),
                 profile: Some(name.clone()),
                 stream: false,
+                // A probe's sandbox is no client's: keeping one warm would only waste it.
+                warm: false,
             };
             let outcome = match self.execute(&req, None, std::future::pending()).await {
                 Ok(result) if result.returncode == 0 => Ok(Probed {

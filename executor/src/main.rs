@@ -180,6 +180,11 @@ pub(crate) struct ServeArgs {
     /// in, instead of the daemon's own cgroup.
     #[arg(long, value_name = "DIR")]
     cgroup_parent: Option<PathBuf>,
+    /// Build each command's sandbox on demand only: no warm worker (a sandbox built ahead of
+    /// time, waiting for the client's next command) is kept. Saves the memory of the idle
+    /// workers; costs the sandbox's setup time on every command.
+    #[arg(long)]
+    no_warm_workers: bool,
     /// Drain and exit when stdin reaches end-of-file: a parent that starts the daemon with a
     /// pipe on stdin takes it down with it, even when the parent is killed with SIGKILL.
     #[arg(long)]

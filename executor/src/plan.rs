@@ -13,15 +13,19 @@ use serde::{Deserialize, Serialize};
 use crate::cgroup::{CgroupRoot, Controller};
 use crate::profile::{LandlockFeature, Namespace, Network, Profile, RootMode};
 
-/// What the helper applies, in the order `crate::helper` documents.
+/// What the helper applies, in the order `crate::helper` documents: the sandbox, which can be
+/// built before the command is known (a warm worker is prepared from it), and the command.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
-    /// Full argv of the payload: interpreter, its flag, the command.
-    pub argv: Vec<String>,
-    pub cwd: PathBuf,
-    /// The payload's whole environment (the helper starts from an empty one).
-    pub env: BTreeMap<String, String>,
+    pub template: Template,
+    pub command: CommandPlan,
+}
+
+/// Everything about a command's sandbox: equal templates give interchangeable workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Template {
     /// The command's cgroups, one per usable hierarchy; empty where the host has none (the
     /// subreaper sweep then does the killing alone).
     pub cgroups: Vec<CgroupDir>,
@@ -33,11 +37,28 @@ pub struct Plan {
     pub missing: Vec<String>,
 }
 
+/// The command itself, handed to a prepared sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandPlan {
+    /// Full argv of the payload: interpreter, its flag, the command.
+    pub argv: Vec<String>,
+    pub cwd: PathBuf,
+    /// The payload's whole environment (the helper starts from an empty one).
+    pub env: BTreeMap<String, String>,
+}
+
+/// The name of the cgroup directories of the helper with this pid (the helper knows its
+/// pid, and the daemon learns it when the helper starts).
+pub fn cgroup_name(helper_pid: u32) -> String {
+    format!("w-{helper_pid}")
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CgroupDir {
-    /// Directory to create for this command.
-    pub dir: PathBuf,
+    /// Where the command's directory is made (named by [`cgroup_name`]).
+    pub parent: PathBuf,
     /// Cgroup the helper moves back to once the payload is inside `dir`, so that killing `dir`
     /// never kills the helper.
     pub home: PathBuf,
@@ -239,12 +260,11 @@ pub enum PlanError {
     },
 }
 
-/// Build the plan for one command. `serial` makes the cgroup names unique within the daemon.
+/// Build the plan for one command.
 pub fn plan_command(
     spec: &CommandSpec,
     profile: &Profile,
     settings: &PlanSettings,
-    serial: u64,
 ) -> Result<Plan, PlanError> {
     let mut argv = settings.interpreter.clone();
     argv.push(spec.command.clone());
@@ -265,7 +285,7 @@ pub fn plan_command(
     env.extend(profile.env.iter().map(|(k, v)| (k.clone(), expand(v))));
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 
-    let cgroups = plan_cgroups(profile, &settings.cgroups, serial);
+    let cgroups = plan_cgroups(profile, &settings.cgroups);
     let rights = landlock_rights(profile, settings)?;
     let mut sandbox = plan_sandbox(profile, settings, &expand, &cgroups, &rights);
     // A client of its own identity runs as it wherever the profile would run an unprivileged
@@ -297,13 +317,17 @@ pub fn plan_command(
         .map(|f| f.layer().to_string())
         .collect();
     Ok(Plan {
-        missing,
-        argv,
-        cwd: spec.cwd.clone().unwrap_or_else(|| workspace.clone()),
-        env,
-        cgroups,
-        sandbox,
-        layers,
+        template: Template {
+            cgroups,
+            sandbox,
+            layers,
+            missing,
+        },
+        command: CommandPlan {
+            argv,
+            cwd: spec.cwd.clone().unwrap_or_else(|| workspace.clone()),
+            env,
+        },
     })
 }
 
@@ -431,8 +455,7 @@ fn landlock_rights(
     })
 }
 
-fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<CgroupDir> {
-    let name = format!("cmd-{serial}");
+fn plan_cgroups(profile: &Profile, root: &CgroupRoot) -> Vec<CgroupDir> {
     let limits = &profile.limits;
     let mut dirs = Vec::new();
     if let Some(h) = &root.unified {
@@ -452,7 +475,7 @@ fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<Cgroup
             settings.push(("memory.oom.group".into(), "1".into()));
         }
         dirs.push(CgroupDir {
-            dir: h.parent.join(&name),
+            parent: h.parent.clone(),
             home: h.back.clone(),
             settings,
             kill: true,
@@ -460,7 +483,7 @@ fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<Cgroup
     }
     if let (Some(Controller::V1(h)), Some(max)) = (&root.pids, limits.processes) {
         dirs.push(CgroupDir {
-            dir: h.parent.join(&name),
+            parent: h.parent.clone(),
             home: h.back.clone(),
             settings: vec![("pids.max".into(), max.to_string())],
             kill: false,
@@ -468,7 +491,7 @@ fn plan_cgroups(profile: &Profile, root: &CgroupRoot, serial: u64) -> Vec<Cgroup
     }
     if let (Some(Controller::V1(h)), Some(mb)) = (&root.memory, limits.memory_mb) {
         dirs.push(CgroupDir {
-            dir: h.parent.join(&name),
+            parent: h.parent.clone(),
             home: h.back.clone(),
             settings: vec![("memory.limit_in_bytes".into(), (mb * MIB).to_string())],
             kill: false,
@@ -698,33 +721,37 @@ mod tests {
         let profile = builtin("trusted");
         let mut request = spec("echo hi");
         request.env.insert("PAGER".into(), "less".into());
-        let plan = plan_command(&request, &profile, &settings(), 3).unwrap();
+        let plan = plan_command(&request, &profile, &settings()).unwrap();
         let mut env = profile.env.clone();
         env.insert("HOME".into(), "/root".into());
         env.insert("PAGER".into(), "less".into());
         assert_eq!(
             plan,
             Plan {
-                argv: vec!["bash".into(), "-c".into(), "echo hi".into()],
-                cwd: "/srv/state/workspace".into(),
-                env,
-                cgroups: vec![CgroupDir {
-                    dir: "/cg2/executor-7/cmd-3".into(),
-                    home: "/cg2".into(),
-                    settings: vec![],
-                    kill: true,
-                }],
-                sandbox: SandboxPlan::default(),
-                layers: vec!["session".into(), "subreaper".into(), "cgroup".into()],
-                missing: vec![],
+                template: Template {
+                    cgroups: vec![CgroupDir {
+                        parent: "/cg2/executor-7".into(),
+                        home: "/cg2".into(),
+                        settings: vec![],
+                        kill: true,
+                    }],
+                    sandbox: SandboxPlan::default(),
+                    layers: vec!["session".into(), "subreaper".into(), "cgroup".into()],
+                    missing: vec![],
+                },
+                command: CommandPlan {
+                    argv: vec!["bash".into(), "-c".into(), "echo hi".into()],
+                    cwd: "/srv/state/workspace".into(),
+                    env,
+                },
             }
         );
     }
 
     #[test]
     fn strict_plan_stacks_every_layer() {
-        let plan = plan_command(&spec("ls"), &builtin("strict"), &settings(), 9).unwrap();
-        let sandbox = &plan.sandbox;
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &settings()).unwrap();
+        let sandbox = &plan.template.sandbox;
         assert_eq!(sandbox.namespaces.len(), 6);
         assert_eq!(sandbox.user, Some((65534, 65534)));
         assert_eq!(sandbox.capabilities, Some(vec![]));
@@ -752,7 +779,7 @@ mod tests {
         assert!(!landlock.write.contains(&PathBuf::from("/usr")));
         // pids through the cgroup controller; memory has no controller here, so RLIMIT_AS.
         assert_eq!(
-            plan.cgroups[1].settings,
+            plan.template.cgroups[1].settings,
             vec![("pids.max".to_string(), "512".to_string())]
         );
         let kinds: Vec<RlimitKind> = sandbox.rlimits.iter().map(|r| r.kind).collect();
@@ -766,7 +793,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            plan.layers,
+            plan.template.layers,
             [
                 "session",
                 "subreaper",
@@ -791,8 +818,8 @@ mod tests {
 
     #[test]
     fn landlock_plan_needs_no_namespace_and_keeps_the_daemons_uid() {
-        let plan = plan_command(&spec("ls"), &builtin("landlock"), &settings(), 1).unwrap();
-        let sandbox = &plan.sandbox;
+        let plan = plan_command(&spec("ls"), &builtin("landlock"), &settings()).unwrap();
+        let sandbox = &plan.template.sandbox;
         assert!(sandbox.namespaces.is_empty());
         assert!(sandbox.mounts.is_none());
         // A root daemon runs landlock commands as nobody; no network means no IP sockets, no
@@ -809,13 +836,13 @@ mod tests {
             .read
             .iter()
             .any(|p| PathBuf::from("/srv/state/token").starts_with(p)));
-        assert!(!plan.layers.contains(&"pivot_root".to_string()));
+        assert!(!plan.template.layers.contains(&"pivot_root".to_string()));
     }
 
     #[test]
     fn task_container_hides_the_daemon_and_keeps_root() {
-        let plan = plan_command(&spec("ls"), &builtin("task-container"), &settings(), 1).unwrap();
-        let sandbox = &plan.sandbox;
+        let plan = plan_command(&spec("ls"), &builtin("task-container"), &settings()).unwrap();
+        let sandbox = &plan.template.sandbox;
         assert_eq!(sandbox.user, Some((0, 0)));
         assert!(!sandbox.namespaces.contains(&Namespace::Net));
         let mounts = sandbox.mounts.as_ref().unwrap();
@@ -864,14 +891,14 @@ mod tests {
         s.daemon_uid = 1000;
         s.state_dir = "/tmp/executor-state".into();
         s.daemon_files = vec!["/tmp/executor-state/token".into()];
-        let err = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap_err();
+        let err = plan_command(&spec("ls"), &builtin("landlock"), &s).unwrap_err();
         assert!(matches!(err, PlanError::DaemonFilesExposed { .. }), "{err}");
         // Control: the same daemon with its state outside /tmp and the workspace is fine,
         // and keeps its own uid.
         s.state_dir = "/var/lib/executor".into();
         s.daemon_files = vec!["/var/lib/executor/token".into()];
-        let plan = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap();
-        assert_eq!(plan.sandbox.user, None);
+        let plan = plan_command(&spec("ls"), &builtin("landlock"), &s).unwrap();
+        assert_eq!(plan.template.sandbox.user, None);
     }
 
     #[test]
@@ -881,7 +908,7 @@ mod tests {
         let mut request = spec("ls");
         request.workspace = Some("/tmp/executor-state/workspaces/client/alice".into());
         request.private_root = Some("/tmp/executor-state/workspaces".into());
-        let err = plan_command(&request, &builtin("landlock"), &s, 1).unwrap_err();
+        let err = plan_command(&request, &builtin("landlock"), &s).unwrap_err();
         assert!(
             matches!(err, PlanError::PrivateWorkspacesReachable { .. }),
             "{err}"
@@ -889,26 +916,26 @@ mod tests {
         // A shared client's command (no workspace of its own) is refused as well.
         let mut shared = spec("ls");
         shared.private_root = request.private_root.clone();
-        let err = plan_command(&shared, &builtin("landlock"), &s, 1).unwrap_err();
+        let err = plan_command(&shared, &builtin("landlock"), &s).unwrap_err();
         assert!(
             matches!(err, PlanError::PrivateWorkspacesReachable { .. }),
             "{err}"
         );
         // Controls: strict covers the siblings with its own root; outside /tmp landlock is fine,
         // and the plan uses the private workspace as the cwd and the writable rule.
-        let plan = plan_command(&request, &builtin("strict"), &s, 1).unwrap();
+        let plan = plan_command(&request, &builtin("strict"), &s).unwrap();
         assert_eq!(
-            plan.cwd,
+            plan.command.cwd,
             PathBuf::from("/tmp/executor-state/workspaces/client/alice")
         );
         request.workspace = Some("/var/lib/executor/workspaces/client/alice".into());
         request.private_root = Some("/var/lib/executor/workspaces".into());
-        let plan = plan_command(&request, &builtin("landlock"), &s, 1).unwrap();
+        let plan = plan_command(&request, &builtin("landlock"), &s).unwrap();
         assert_eq!(
-            plan.cwd,
+            plan.command.cwd,
             PathBuf::from("/var/lib/executor/workspaces/client/alice")
         );
-        let rules = plan.sandbox.landlock.unwrap();
+        let rules = plan.template.sandbox.landlock.unwrap();
         assert!(rules
             .write
             .contains(&PathBuf::from("/var/lib/executor/workspaces/client/alice")));
@@ -924,11 +951,11 @@ mod tests {
         s.cgroups.pids = Some(Controller::Unified);
         s.cgroups.memory = Some(Controller::Unified);
         s.cgroups.swap = true;
-        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 4).unwrap();
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s).unwrap();
         assert_eq!(
-            plan.cgroups,
+            plan.template.cgroups,
             [CgroupDir {
-                dir: "/cg2/executor-7/cmd-4".into(),
+                parent: "/cg2/executor-7".into(),
                 home: "/cg2".into(),
                 settings: vec![
                     ("pids.max".into(), "512".into()),
@@ -940,10 +967,16 @@ mod tests {
             }]
         );
         // No rlimit stands in for a limit a controller enforces.
-        let kinds: Vec<RlimitKind> = plan.sandbox.rlimits.iter().map(|r| r.kind).collect();
+        let kinds: Vec<RlimitKind> = plan
+            .template
+            .sandbox
+            .rlimits
+            .iter()
+            .map(|r| r.kind)
+            .collect();
         assert!(!kinds.contains(&RlimitKind::Nproc) && !kinds.contains(&RlimitKind::As));
         assert_eq!(
-            plan.layers[..5],
+            plan.template.layers[..5],
             [
                 "session",
                 "subreaper",
@@ -954,16 +987,22 @@ mod tests {
         );
         // Without swap accounting there is no swap file to write; without controllers, rlimits.
         s.cgroups.swap = false;
-        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 4).unwrap();
-        assert!(!plan.cgroups[0]
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s).unwrap();
+        assert!(!plan.template.cgroups[0]
             .settings
             .iter()
             .any(|(f, _)| f == "memory.swap.max"));
         s.cgroups.pids = None;
         s.cgroups.memory = None;
-        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 4).unwrap();
-        assert!(plan.cgroups[0].settings.is_empty());
-        let kinds: Vec<RlimitKind> = plan.sandbox.rlimits.iter().map(|r| r.kind).collect();
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s).unwrap();
+        assert!(plan.template.cgroups[0].settings.is_empty());
+        let kinds: Vec<RlimitKind> = plan
+            .template
+            .sandbox
+            .rlimits
+            .iter()
+            .map(|r| r.kind)
+            .collect();
         assert!(kinds.contains(&RlimitKind::Nproc) && kinds.contains(&RlimitKind::As));
     }
 
@@ -972,11 +1011,11 @@ mod tests {
         let mut s = settings();
         s.landlock_abi = 2;
         // strict: the namespaces carry the policy; landlock adds what ABI 2 has.
-        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 1).unwrap();
-        let rules = plan.sandbox.landlock.as_ref().unwrap();
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s).unwrap();
+        let rules = plan.template.sandbox.landlock.as_ref().unwrap();
         assert_eq!((rules.abi, rules.scope, rules.deny_tcp), (2, false, false));
         assert_eq!(
-            plan.missing,
+            plan.template.missing,
             [
                 "landlock_truncate",
                 "landlock_tcp",
@@ -984,15 +1023,15 @@ mod tests {
                 "landlock_scope"
             ]
         );
-        assert!(plan.layers.contains(&"landlock".to_string()));
+        assert!(plan.template.layers.contains(&"landlock".to_string()));
         // landlock under a root daemon: runs, the same rights missing.
-        let plan = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap();
-        assert_eq!(plan.missing.len(), 4);
+        let plan = plan_command(&spec("ls"), &builtin("landlock"), &s).unwrap();
+        assert_eq!(plan.template.missing.len(), 4);
         // Commands of the daemon's own uid need truncate (or they could empty its token).
         s.daemon_uid = 1000;
         s.state_dir = "/var/lib/executor".into();
         s.daemon_files = vec!["/var/lib/executor/token".into()];
-        let err = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap_err();
+        let err = plan_command(&spec("ls"), &builtin("landlock"), &s).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -1004,14 +1043,17 @@ mod tests {
             "{err}"
         );
         s.landlock_abi = 3;
-        plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap();
+        plan_command(&spec("ls"), &builtin("landlock"), &s).unwrap();
         // No landlock at all: strict runs without it and says so; landlock cannot run.
         let mut s = settings();
         s.landlock_abi = 0;
-        let plan = plan_command(&spec("ls"), &builtin("strict"), &s, 1).unwrap();
-        assert!(plan.sandbox.landlock.is_none());
-        assert!(plan.missing.contains(&"landlock_filesystem".to_string()));
-        let err = plan_command(&spec("ls"), &builtin("landlock"), &s, 1).unwrap_err();
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &s).unwrap();
+        assert!(plan.template.sandbox.landlock.is_none());
+        assert!(plan
+            .template
+            .missing
+            .contains(&"landlock_filesystem".to_string()));
+        let err = plan_command(&spec("ls"), &builtin("landlock"), &s).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -1023,9 +1065,9 @@ mod tests {
             "{err}"
         );
         // The newest kernel misses nothing.
-        let plan = plan_command(&spec("ls"), &builtin("strict"), &settings(), 1).unwrap();
-        assert!(plan.missing.is_empty());
-        let rules = plan.sandbox.landlock.unwrap();
+        let plan = plan_command(&spec("ls"), &builtin("strict"), &settings()).unwrap();
+        assert!(plan.template.missing.is_empty());
+        let rules = plan.template.sandbox.landlock.unwrap();
         assert_eq!((rules.abi, rules.scope, rules.deny_tcp), (6, true, true));
     }
 
@@ -1033,7 +1075,7 @@ mod tests {
     fn request_cwd_is_used() {
         let mut request = spec("pwd");
         request.cwd = Some("/tmp".into());
-        let plan = plan_command(&request, &builtin("trusted"), &settings(), 1).unwrap();
-        assert_eq!(plan.cwd, PathBuf::from("/tmp"));
+        let plan = plan_command(&request, &builtin("trusted"), &settings()).unwrap();
+        assert_eq!(plan.command.cwd, PathBuf::from("/tmp"));
     }
 }

@@ -20,6 +20,8 @@ pub struct ValidRequest {
     /// Profile asked for, if any; resolved against the allowed profiles by the engine.
     pub profile: Option<String>,
     pub stream: bool,
+    /// Keep a sandbox like this one ready for the client's next command.
+    pub warm: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -109,6 +111,7 @@ pub fn validate(req: ExecRequest, limits: &Limits) -> Result<ValidRequest, Reque
         timeout: Duration::from_secs_f64(seconds),
         profile: req.profile,
         stream: req.stream,
+        warm: true,
     })
 }
 
@@ -158,6 +161,7 @@ mod tests {
                 timeout: Duration::from_secs_f64(limits().default_timeout),
                 profile: None,
                 stream: false,
+                warm: true,
             }
         );
     }

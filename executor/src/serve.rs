@@ -167,6 +167,8 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
             spawner,
         )
         .await?;
+        let mut engine = engine;
+        engine.runner.warm_workers = !args.no_warm_workers;
         if workspace_created {
             hand_workspace_to(&engine, &workspace)?;
         }

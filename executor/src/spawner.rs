@@ -1,25 +1,39 @@
 //! The fork server: a small single-threaded process, our own binary started once as
-//! `executor __fork-server`, that forks a sandbox helper for each command.
+//! `executor __fork-server`, that forks the sandbox helpers and keeps a few of them warm.
 //!
 //! Starting a helper by exec costs a dynamic load and a Rust start-up per command (about 2 ms
 //! on a VM, most of it CPUID traps in the loader), and makes every helper read the loader's
 //! files from a filesystem that a `task-container` command may write. A fork of this small
-//! process costs a fraction of that, loads nothing, and runs the same code (`helper::main`).
+//! process costs a fraction of that, loads nothing, and runs the same code (`crate::helper`).
+//!
+//! **Warm workers.** Building a sandbox (namespaces, the new root, cgroups, identity,
+//! landlock, seccomp) takes longer than the command it is for. So after serving a command the
+//! server forks another helper for the same template (the sandbox part of a plan: profile,
+//! client identity, workspace, home), which builds the sandbox at once and waits, confined,
+//! for its command. The next command with that template is handed to it and only has to
+//! enter its working directory and exec. Each worker serves one command and is gone with it:
+//! nothing is shared between commands. Idle workers are dismissed after [`IDLE_FOR`], and at
+//! most [`MAX_IDLE`] wait at once, [`MAX_IDLE_PER_TEMPLATE`] of one template (the least
+//! recently made go first).
 //!
 //! It is exec'd once, at the daemon's start (so it holds none of the daemon's memory, and its
 //! command line, which every helper and sandbox init inherits, names nothing of the daemon's),
 //! then only forks. Protocol on a SOCK_SEQPACKET socket pair, the server's end being its
-//! stdin: the daemon sends one message with three descriptors (the helper's stdin, stdout and
-//! stderr, exactly what exec would have given it); the server forks and answers with the
-//! helper's pid (4 bytes, little endian). When the daemon goes away the socket reads
+//! stdin: the daemon sends one message (a byte saying whether to keep a worker warm for this
+//! template, then the template as JSON) with the command's three descriptors (lifeline,
+//! output, status); the server hands them to a waiting worker or a new one and answers with
+//! that helper's pid (4 bytes, little endian). A message of the one byte [`DISMISS_IDLE`]
+//! (sent when the clients file is reloaded) ends every idle worker. When the daemon goes away the socket reads
 //! end-of-file and the server exits; PR_SET_PDEATHSIG covers a daemon killed outright (its
-//! main thread, which started us, lives as long as it does).
+//! main thread, which started us, lives as long as it does), and every worker dies with us.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
 use nix::sys::socket::{
     recvmsg, sendmsg, setsockopt, socketpair, sockopt, AddressFamily, ControlMessage,
@@ -28,7 +42,18 @@ use nix::sys::socket::{
 use nix::sys::time::TimeVal;
 use nix::unistd::Pid;
 
+use crate::helper::Stdio;
+use crate::plan::Template;
 use crate::sys::{self, Forked};
+
+/// How long an idle worker waits for a command before it is dismissed.
+const IDLE_FOR: Duration = Duration::from_secs(60);
+/// Idle workers at once, over all templates.
+const MAX_IDLE: usize = 16;
+/// Idle workers of one template (one client's profile) at once.
+const MAX_IDLE_PER_TEMPLATE: usize = 4;
+/// The largest template a request may carry.
+const MAX_TEMPLATE_BYTES: usize = 128 << 10;
 
 /// The daemon's end.
 pub struct Spawner {
@@ -46,6 +71,11 @@ impl std::fmt::Debug for Spawner {
         f.write_str("Spawner")
     }
 }
+
+/// First byte of a message to the server: what it asks for.
+const RUN: u8 = 0;
+const RUN_AND_WARM: u8 = 1;
+const DISMISS_IDLE: u8 = 2;
 
 /// argv[1] that selects fork-server mode.
 pub const FORK_SERVER_ARG: &str = "__fork-server";
@@ -66,6 +96,8 @@ pub fn start(exe: &std::path::Path) -> io::Result<Spawner> {
         .stdout(std::process::Stdio::null())
         .spawn()?;
     setsockopt(&daemon_end, sockopt::ReceiveTimeout, &ANSWER_TIMEOUT)?;
+    // Room for the largest template in one message.
+    let _ = setsockopt(&daemon_end, sockopt::SndBuf, &(MAX_TEMPLATE_BYTES * 2));
     Ok(Spawner {
         sock: Mutex::new(daemon_end),
         broken: AtomicBool::new(false),
@@ -86,27 +118,53 @@ pub fn main() -> ! {
 }
 
 impl Spawner {
-    /// Start a helper with these descriptors as its stdin, stdout and stderr.
-    pub fn spawn(&self, stdio: [&OwnedFd; 3]) -> io::Result<Pid> {
+    /// Have a helper serve a command of `template` (JSON) with these descriptors (lifeline,
+    /// output, status); keep another warm for the template when `warm`. Returns the
+    /// helper's pid.
+    pub fn spawn(&self, template: &[u8], warm: bool, stdio: [&OwnedFd; 3]) -> io::Result<Pid> {
         if self.broken.load(Ordering::Acquire) {
             return Err(io::Error::other("the fork server failed before"));
         }
-        let result = self.request(stdio);
+        let result = self.request(template, warm, stdio);
         if result.is_err() {
             self.broken.store(true, Ordering::Release);
         }
         result
     }
 
-    fn request(&self, stdio: [&OwnedFd; 3]) -> io::Result<Pid> {
+    /// Dismiss every idle worker: their templates name clients as they were, and a reload
+    /// of the clients file may have changed what a client is.
+    pub fn dismiss_idle(&self) -> io::Result<()> {
+        if self.broken.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let sock = self
+            .sock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let sent = nix::unistd::write(&*sock, &[DISMISS_IDLE]).map_err(io::Error::from);
+        let mut reply = [0u8; 4];
+        let answered = sent.and_then(|_| Ok(nix::unistd::read(&*sock, &mut reply)?));
+        if !matches!(answered, Ok(4)) {
+            self.broken.store(true, Ordering::Release);
+            return Err(io::Error::other("the fork server did not answer"));
+        }
+        Ok(())
+    }
+
+    fn request(&self, template: &[u8], warm: bool, stdio: [&OwnedFd; 3]) -> io::Result<Pid> {
+        if template.len() > MAX_TEMPLATE_BYTES {
+            return Err(io::Error::other("the sandbox template is too large"));
+        }
         let sock = self
             .sock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let fds = stdio.map(|fd| fd.as_raw_fd());
+        let flag = [if warm { RUN_AND_WARM } else { RUN }];
         sendmsg::<()>(
             sock.as_raw_fd(),
-            &[IoSlice::new(b"spawn")],
+            &[IoSlice::new(&flag), IoSlice::new(template)],
             &[ControlMessage::ScmRights(&fds)],
             MsgFlags::empty(),
             None,
@@ -123,6 +181,15 @@ impl Spawner {
     }
 }
 
+/// A helper that is building, or has built, the sandbox of `template` and waits for its
+/// command on `control`.
+struct Idle {
+    template: Vec<u8>,
+    control: OwnedFd,
+    pid: Pid,
+    since: Instant,
+}
+
 /// The server's loop. Never returns.
 fn serve(sock: OwnedFd) -> ! {
     // Our stdin is the socket (`sock` is our own copy) and nothing reads our stdout: point
@@ -135,76 +202,198 @@ fn serve(sock: OwnedFd) -> ! {
         let _ = nix::unistd::dup2_stdin(&devnull);
         let _ = nix::unistd::dup2_stdout(&devnull);
     }
-    // Helpers are reaped by the kernel: nobody here waits for them.
-    if sys::ignore_children().is_err() {
+    // Give every helper the default signal state once: we were started by the daemon, whose
+    // runtime ignores SIGPIPE. Then let the kernel reap helpers: nobody here waits for them
+    // (each helper sets SIGCHLD back to the default for its own children).
+    if sys::reset_signals().is_err() || sys::ignore_children().is_err() {
         sys::exit_child(1);
     }
+    let mut idle: Vec<Idle> = Vec::new();
+    let mut buf = vec![0u8; MAX_TEMPLATE_BYTES + 1];
     loop {
-        let stdio = match receive(&sock) {
-            Ok(Some(stdio)) => stdio,
-            // End-of-file: the daemon is gone.
-            Ok(None) | Err(_) => sys::exit_child(0),
-        };
-        match sys::fork() {
-            Ok(Forked::Child) => {
-                drop(sock);
-                helper_child(stdio)
-            }
-            Ok(Forked::Parent(pid)) => {
-                drop(stdio);
-                let _ = nix::unistd::write(&sock, &pid.as_raw().to_le_bytes());
-            }
-            Err(_) => {
-                drop(stdio);
+        // Dismiss workers idle too long (closing their control socket ends them).
+        idle.retain(|w| w.since.elapsed() < IDLE_FOR);
+        let wait = idle
+            .iter()
+            .map(|w| IDLE_FOR.saturating_sub(w.since.elapsed()))
+            .min()
+            .map_or(PollTimeout::NONE, |d| {
+                PollTimeout::try_from(d.as_millis().min(60_000) as u64 + 1)
+                    .unwrap_or(PollTimeout::MAX)
+            });
+        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, wait) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => sys::exit_child(1),
+        }
+        let request = match receive(&sock, &mut buf) {
+            Ok(Some(Message::Run(request))) => request,
+            Ok(Some(Message::DismissIdle)) => {
+                idle.clear();
                 let _ = nix::unistd::write(&sock, &0i32.to_le_bytes());
+                continue;
+            }
+            // End-of-file: the daemon is gone (and every worker with us).
+            Ok(None) => sys::exit_child(0),
+            Err(_) => {
+                let _ = nix::unistd::write(&sock, &0i32.to_le_bytes());
+                continue;
+            }
+        };
+        let pid = dispatch(&sock, &mut idle, &request).map_or(0, Pid::as_raw);
+        let _ = nix::unistd::write(&sock, &pid.to_le_bytes());
+        drop(request.stdio);
+        // A worker for the next command of this template. One replaces each that is used, so
+        // as many wait as commands of the template came at once lately, up to a bound.
+        let waiting = idle
+            .iter()
+            .filter(|w| w.template == request.template)
+            .count();
+        if request.warm && pid > 0 && waiting < MAX_IDLE_PER_TEMPLATE {
+            if idle.len() >= MAX_IDLE {
+                // The least recently made goes.
+                idle.remove(0);
+            }
+            if let Ok(worker) = fork_worker(&sock, &idle, &request.template) {
+                idle.push(worker);
             }
         }
     }
 }
 
-/// In the forked helper: put the descriptors where exec would have, give back the default
-/// signal state (we ignore SIGCHLD here), and run the helper.
-fn helper_child(stdio: Vec<OwnedFd>) -> ! {
-    let [stdin, stdout, stderr] = match <[OwnedFd; 3]>::try_from(stdio) {
-        Ok(fds) => fds,
-        Err(_) => sys::exit_child(1),
-    };
-    let wired = nix::unistd::dup2_stdin(&stdin)
-        .and_then(|()| nix::unistd::dup2_stdout(&stdout))
-        .and_then(|()| nix::unistd::dup2_stderr(&stderr));
-    drop((stdin, stdout, stderr));
-    if wired.is_err() || sys::reset_signals().is_err() {
-        sys::exit_child(1);
-    }
-    let _ = crate::helper::main();
-    sys::exit_child(0)
+/// One request of the daemon.
+struct Request {
+    warm: bool,
+    template: Vec<u8>,
+    stdio: [OwnedFd; 3],
 }
 
-/// One request: three descriptors, or `None` at end-of-file.
-fn receive(sock: &OwnedFd) -> io::Result<Option<Vec<OwnedFd>>> {
-    let mut buf = [0u8; 16];
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 3]);
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
+/// Hand the command's descriptors to a waiting worker of its template, or to a new one.
+fn dispatch(sock: &OwnedFd, idle: &mut Vec<Idle>, request: &Request) -> Option<Pid> {
+    let stdio = [&request.stdio[0], &request.stdio[1], &request.stdio[2]];
+    if let Some(at) = idle.iter().position(|w| w.template == request.template) {
+        let worker = idle.remove(at);
+        if send_stdio(&worker.control, stdio).is_ok() {
+            return Some(worker.pid);
+        }
+        // It died while it waited (it failed, or a command of its uid killed it): a new one.
+    }
+    let worker = fork_worker(sock, idle, &request.template).ok()?;
+    send_stdio(&worker.control, stdio).ok()?;
+    Some(worker.pid)
+}
+
+/// Fork a helper that builds the sandbox of `template` and waits on its control socket.
+fn fork_worker(sock: &OwnedFd, idle: &[Idle], template: &[u8]) -> io::Result<Idle> {
+    let parsed: Template = serde_json::from_slice(template).map_err(io::Error::other)?;
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
     )?;
+    match sys::fork()? {
+        Forked::Child => {
+            // Nothing of the server's may stay open in the worker: the daemon's socket, the
+            // other workers' control sockets, our end of this one.
+            drop(ours);
+            sys::close_fds_above_stderr_except(theirs.as_raw_fd());
+            let _ = (sock, idle);
+            crate::helper::serve_worker(&parsed, theirs)
+        }
+        Forked::Parent(pid) => Ok(Idle {
+            template: template.to_vec(),
+            control: ours,
+            pid,
+            since: Instant::now(),
+        }),
+    }
+}
+
+fn send_stdio(control: &OwnedFd, stdio: [&OwnedFd; 3]) -> io::Result<()> {
+    let fds = stdio.map(|fd| fd.as_raw_fd());
+    sendmsg::<()>(
+        control.as_raw_fd(),
+        &[IoSlice::new(b"run")],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )?;
+    Ok(())
+}
+
+/// In a worker: the command's descriptors, or `None` when the server closed the socket.
+pub fn receive_stdio(control: &OwnedFd) -> io::Result<Option<Stdio>> {
+    let mut buf = [0u8; 16];
+    let Some((_, fds)) = receive_fds(control, &mut buf)? else {
+        return Ok(None);
+    };
+    let [lifeline, output, status] = three(fds)?;
+    Ok(Some(Stdio {
+        lifeline,
+        output,
+        status,
+    }))
+}
+
+/// One message and the descriptors that came with it, or `None` at end-of-file.
+fn receive_fds(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+    let mut iov = [IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 3]);
+    let msg = loop {
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other?,
+        }
+    };
     if msg.bytes == 0 {
         return Ok(None);
     }
+    let truncated = msg
+        .flags
+        .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
     let mut fds = Vec::new();
     for cmsg in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(raw) = cmsg {
             fds.extend(raw.into_iter().map(sys::own_received_fd));
         }
     }
-    if fds.len() == 3 {
-        Ok(Some(fds))
-    } else {
-        Err(io::Error::other(
-            "a spawn request without three descriptors",
-        ))
+    if truncated {
+        return Err(io::Error::other("a message too large"));
+    }
+    Ok(Some((msg.bytes, fds)))
+}
+
+fn three(fds: Vec<OwnedFd>) -> io::Result<[OwnedFd; 3]> {
+    <[OwnedFd; 3]>::try_from(fds)
+        .map_err(|_| io::Error::other("a message without three descriptors"))
+}
+
+/// What the daemon asks of the server.
+enum Message {
+    Run(Request),
+    DismissIdle,
+}
+
+/// One message of the daemon, or `None` at end-of-file.
+fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
+    let Some((bytes, fds)) = receive_fds(sock, buf)? else {
+        return Ok(None);
+    };
+    match buf[..bytes].split_first() {
+        Some((&DISMISS_IDLE, [])) if fds.is_empty() => Ok(Some(Message::DismissIdle)),
+        Some((&flag @ (RUN | RUN_AND_WARM), template)) => Ok(Some(Message::Run(Request {
+            warm: flag == RUN_AND_WARM,
+            template: template.to_vec(),
+            stdio: three(fds)?,
+        }))),
+        _ => Err(io::Error::other("a malformed request")),
     }
 }

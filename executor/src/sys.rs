@@ -20,9 +20,53 @@ pub fn cloexec_fds_above_stderr() -> io::Result<()> {
         )
     };
     if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+        return Ok(());
+    }
+    // An older kernel: one descriptor at a time, from /proc/self/fd.
+    for fd in open_fds_above_stderr()? {
+        // SAFETY: F_SETFD with FD_CLOEXEC only sets a flag on the descriptor (a plain
+        // integer argument); one closed meanwhile (the listing's own) answers EBADF.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(())
+}
+
+/// The descriptors above stderr this process holds, from /proc/self/fd (the listing's own
+/// descriptor included: it is closed by the time the caller uses the list).
+fn open_fds_above_stderr() -> io::Result<Vec<std::os::fd::RawFd>> {
+    Ok(std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<std::os::fd::RawFd>().ok())
+        .filter(|fd| *fd > 2)
+        .collect())
+}
+
+/// Close every descriptor above stderr but `keep`: a worker forked by the fork server must not
+/// hold the daemon's socket or the other workers' sockets.
+pub fn close_fds_above_stderr_except(keep: std::os::fd::RawFd) {
+    let keep_u = keep as libc::c_uint;
+    let mut failed = false;
+    for (first, last) in [
+        (3, keep_u.saturating_sub(1)),
+        (keep_u + 1, libc::c_uint::MAX),
+    ] {
+        if first > last {
+            continue;
+        }
+        // SAFETY: close_range(2) closes descriptors in the range. The caller is a freshly
+        // forked single-threaded child that owns no Rust object wrapping those descriptors
+        // any more (it never returns to code that would use them).
+        let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0 as libc::c_uint) };
+        failed |= rc != 0;
+    }
+    if failed {
+        // Before Linux 5.9: one at a time.
+        for fd in open_fds_above_stderr().unwrap_or_default() {
+            if fd != keep {
+                // SAFETY: as above; a descriptor already closed answers EBADF, harmlessly.
+                unsafe { libc::close(fd) };
+            }
+        }
     }
 }
 
@@ -256,6 +300,16 @@ pub fn own_received_fd(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {
 }
 
 /// Let the kernel reap our children (SIGCHLD ignored): the fork server waits for none of them.
+/// SIGCHLD back to its default disposition (undoes [`ignore_children`] in a forked child that
+/// waits for its own children).
+pub fn default_sigchld() -> io::Result<()> {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: SIG_DFL installs no handler code. The process is single-threaded.
+    unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) }
+        .map(|_| ())
+        .map_err(io::Error::from)
+}
+
 pub fn ignore_children() -> io::Result<()> {
     use nix::sys::signal::{signal, SigHandler, Signal};
     // SAFETY: SIG_IGN installs no handler code. The process is single-threaded.

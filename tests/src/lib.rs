@@ -676,6 +676,37 @@ pub fn namespace_of(pid: i32, kind: &str) -> Option<String> {
         .map(|p| p.display().to_string())
 }
 
+/// Every live process whose chain of parents leads to `root`.
+pub fn descendants(root: i32) -> Vec<i32> {
+    let all: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    all.into_iter()
+        .filter(|pid| {
+            let mut cur = *pid;
+            for _ in 0..64 {
+                match parent_of(cur) {
+                    Some(p) if p == root => return true,
+                    Some(p) if p > 1 => cur = p,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+/// The parent pid of `pid`, from /proc/<pid>/stat.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// Number of open file descriptors of `pid`.
 pub fn fd_count(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())

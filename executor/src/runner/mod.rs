@@ -112,6 +112,9 @@ pub struct Runner {
     /// The fork server, when the process started one (`executor serve`); otherwise each
     /// helper is started by exec of our own binary.
     spawner: Option<Arc<Spawner>>,
+    /// Whether the fork server keeps a worker warm after each command (`--no-warm-workers`
+    /// turns it off).
+    pub warm_workers: bool,
 }
 
 /// A started helper: the daemon's ends of its three pipes, and its process.
@@ -130,6 +133,13 @@ enum HelperProcess {
 }
 
 impl HelperProcess {
+    fn pid(&self) -> u32 {
+        match self {
+            Self::Exec(child) => child.id().unwrap_or(0),
+            Self::Forked(pid) => pid.as_raw().unsigned_abs(),
+        }
+    }
+
     /// Kill a helper that stopped answering. Only called while its status pipe is still open,
     /// which proves it is alive, so a forked helper's pid cannot have been reused.
     fn kill(&mut self) {
@@ -156,6 +166,7 @@ impl Runner {
             helper_exe,
             max_output_bytes,
             spawner: None,
+            warm_workers: true,
         }
     }
 
@@ -164,18 +175,33 @@ impl Runner {
         self.spawner = Some(Arc::new(spawner));
     }
 
-    /// Start a helper for `plan` (one JSON line). Returns it and how much of the plan is in
-    /// its stdin already.
-    fn start_helper(&self, plan: &[u8]) -> Result<(Helper, usize), RunError> {
+    /// End every idle warm worker (after a reload of the clients file).
+    pub fn dismiss_warm_workers(&self) {
         if let Some(spawner) = &self.spawner {
-            match fork_helper(spawner, plan) {
-                Ok(started) => return Ok(started),
+            if let Err(err) = spawner.dismiss_idle() {
+                tracing::warn!(%err, "cannot dismiss the idle warm workers");
+            }
+        }
+    }
+
+    /// Start a helper for `plan`: from the fork server (a warm worker when one waits for the
+    /// template; another kept warm after it when `warm`), or by exec. Returns it and the line
+    /// still to be written into its lifeline.
+    fn start_helper(&self, plan: &Plan, warm: bool) -> Result<(Helper, Vec<u8>), RunError> {
+        if let Some(spawner) = &self.spawner {
+            let template = serde_json::to_vec(&plan.template).map_err(RunError::Plan)?;
+            let mut command = serde_json::to_vec(&plan.command).map_err(RunError::Plan)?;
+            command.push(b'\n');
+            match fork_helper(spawner, &template, warm, &command) {
+                Ok((helper, written)) => return Ok((helper, command.split_off(written))),
                 Err(err) => {
                     tracing::warn!(%err, "fork server failed; starting the helper by exec");
                 }
             }
         }
-        Ok((self.exec_helper()?, 0))
+        let mut line = serde_json::to_vec(plan).map_err(RunError::Plan)?;
+        line.push(b'\n');
+        Ok((self.exec_helper()?, line))
     }
 
     fn exec_helper(&self) -> Result<Helper, RunError> {
@@ -207,17 +233,18 @@ impl Runner {
     }
 
     /// Run `plan` until it ends, `timeout` passes, or `stop` resolves.
+    /// Run `plan` until it ends, `timeout` passes, or `stop` resolves. With `warm`, a worker
+    /// for the same sandbox is kept ready for the next command.
     pub async fn run(
         &self,
         plan: &Plan,
+        warm: bool,
         timeout: Duration,
         sink: Option<OutputSink>,
         stop: impl Future<Output = StopReason>,
     ) -> Result<Outcome, RunError> {
         let started = Instant::now();
-        let mut line = serde_json::to_vec(plan).map_err(RunError::Plan)?;
-        line.push(b'\n');
-
+        let warm = warm && self.warm_workers;
         let (
             Helper {
                 mut lifeline,
@@ -225,11 +252,11 @@ impl Runner {
                 status: status_pipe,
                 mut process,
             },
-            written,
-        ) = self.start_helper(&line)?;
+            rest,
+        ) = self.start_helper(plan, warm)?;
         // A failed write means the helper already died; its report (or its absence) says why.
-        if let Some(rest) = line.get(written..).filter(|rest| !rest.is_empty()) {
-            let _ = lifeline.write_all(rest).await;
+        if !rest.is_empty() {
+            let _ = lifeline.write_all(&rest).await;
         }
 
         let drain_stop = CancellationToken::new();
@@ -277,10 +304,12 @@ impl Runner {
             if hung {
                 process.kill();
             }
+            let name = crate::plan::cgroup_name(process.pid());
             let dirs: Vec<_> = plan
+                .template
                 .cgroups
                 .iter()
-                .map(|c| (c.dir.clone(), c.kill))
+                .map(|c| (c.parent.join(&name), c.kill))
                 .collect();
             tokio::task::spawn_blocking(move || {
                 for (dir, kill) in &dirs {
@@ -318,7 +347,7 @@ impl Runner {
             signal: None,
             exception_info: String::new(),
             killed: 0,
-            layers: plan.layers.clone(),
+            layers: plan.template.layers.clone(),
             limits_hit: Vec::new(),
             duration: started.elapsed(),
         };
@@ -385,23 +414,29 @@ fn stop_message(ending: Ending, timeout: Duration) -> String {
     }
 }
 
-/// Fork a helper from the fork server, wired to three fresh pipes.
-fn fork_helper(spawner: &Spawner, plan: &[u8]) -> std::io::Result<(Helper, usize)> {
+/// Have the fork server start (or hand over) a helper, wired to three fresh pipes; `line`
+/// goes into its lifeline first. Returns how much of it was written.
+fn fork_helper(
+    spawner: &Spawner,
+    template: &[u8],
+    warm: bool,
+    line: &[u8],
+) -> std::io::Result<(Helper, usize)> {
     let pipe = || -> std::io::Result<(OwnedFd, OwnedFd)> {
         Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
     };
     let (stdin_r, stdin_w) = pipe()?;
     let (out_r, out_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
-    // The plan goes into the pipe before the helper exists, so it finds it there at once
+    // The command goes into the pipe before the helper has it, so it finds it there at once
     // instead of waiting for us to be scheduled again: one wake-up fewer per command. The
     // write end is non-blocking (as tokio wants it anyway): what does not fit follows later.
     nix::fcntl::fcntl(
         &stdin_w,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
     )?;
-    let written = nix::unistd::write(&stdin_w, plan).unwrap_or(0);
-    let pid = spawner.spawn([&stdin_r, &out_w, &status_w])?;
+    let written = nix::unistd::write(&stdin_w, line).unwrap_or(0);
+    let pid = spawner.spawn(template, warm, [&stdin_r, &out_w, &status_w])?;
     // The helper has its copies now; ours would hold its pipes open.
     drop((stdin_r, out_w, status_w));
     use tokio::net::unix::pipe;

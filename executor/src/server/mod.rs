@@ -205,6 +205,9 @@ impl Daemon {
         match self.clients.reload(&self.engine.profiles) {
             Ok(names) => {
                 tracing::info!(clients = %names.join(","), "clients reloaded");
+                // Idle workers were built for the clients as they were.
+                let runner = self.engine.runner.clone();
+                let _ = tokio::task::spawn_blocking(move || runner.dismiss_warm_workers()).await;
                 for name in &names {
                     self.metrics.add_client(name);
                 }

@@ -114,6 +114,17 @@ async fn a_same_uid_command_cannot_read_the_daemons_memory_or_environment() {
         ])
         .spawn()
         .unwrap();
+    // setpriv is non-dumpable between its setresuid and its exec of sleep, so wait for the
+    // exec: a warm worker runs the probe fast enough to land in that window.
+    let comm = format!("/proc/{}/comm", peer.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(&comm).unwrap_or_default().trim() != "sleep" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the peer never became sleep"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let out = client
         .exec(trusted("peer", probe(peer.id())))
         .await

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use executor_tests::{
-    eventually, marked_sleep, marker, processes_matching, req, sleepers, Daemon, PATIENCE,
+    descendants, eventually, marked_sleep, marker, parent_of, processes_matching, req, sleepers,
+    Daemon, PATIENCE,
 };
 use nix::sys::signal::Signal;
 use protocol::{ClientMessage, Ending, ServerMessage, RETURNCODE_NOT_FINISHED};
@@ -47,36 +48,6 @@ async fn daemon_sigkill_mid_command_kills_every_command_tree() {
             .filter(|pid| executor_tests::process_state(**pid).is_some_and(|s| s != 'Z'))
             .collect::<Vec<_>>()
     );
-}
-
-/// Every live process whose chain of parents leads to `root`.
-fn descendants(root: i32) -> Vec<i32> {
-    let all: Vec<i32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    all.into_iter()
-        .filter(|pid| {
-            let mut cur = *pid;
-            for _ in 0..64 {
-                match parent_of(cur) {
-                    Some(p) if p == root => return true,
-                    Some(p) if p > 1 => cur = p,
-                    _ => return false,
-                }
-            }
-            false
-        })
-        .collect()
-}
-
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 2..]
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 #[tokio::test]

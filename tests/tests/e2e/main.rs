@@ -12,3 +12,4 @@ mod profiles;
 mod protocol_errors;
 mod resume;
 mod tls;
+mod warm;

@@ -1,0 +1,232 @@
+//! What the executor is measured against, in the same run: `bash -c 'echo hi'` spawned by the
+//! benchmark itself (no daemon, no isolation), the same through bubblewrap with the namespaces
+//! strict creates (the sandbox most agent tools use), and one-shot runs of `executor run`
+//! beside `bwrap` for the same command.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::daemon::{machine_cpu_ms, CpuTimes};
+use crate::report::{BareReport, CpuPerCommand, OneShot, OneShotReport, Settings, Throughput};
+use crate::stats::{median, summarize};
+use crate::{per_command_machine_ms, warmups, Progress, ECHO, ECHO_OUTPUT};
+
+/// A way to run `bash -c CMD` with no daemon: directly, or through bubblewrap.
+#[derive(Debug, Clone)]
+pub struct Spawn {
+    pub label: &'static str,
+    /// Program and arguments before `bash -c CMD`.
+    prefix: Vec<String>,
+}
+
+impl Spawn {
+    pub fn bare() -> Self {
+        Self {
+            label: "bare spawn",
+            prefix: Vec::new(),
+        }
+    }
+
+    /// bubblewrap with the namespaces strict creates (mount, pid, network, IPC, UTS, cgroup,
+    /// and the user namespace bwrap needs for them) over read-only system directories, a
+    /// fresh /proc, /dev and /tmp, as uid 65534; `None` when bwrap is not installed.
+    pub fn bubblewrap() -> Option<Self> {
+        let bwrap = ["/usr/bin/bwrap", "/bin/bwrap"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())?;
+        let mut prefix: Vec<String> = [
+            bwrap,
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--uid",
+            "65534",
+            "--gid",
+            "65534",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+        ]
+        .map(String::from)
+        .to_vec();
+        for dir in ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"] {
+            prefix.extend(["--ro-bind-try".into(), dir.into(), dir.into()]);
+        }
+        Some(Self {
+            label: "bubblewrap",
+            prefix,
+        })
+    }
+
+    fn command(&self, shell_command: &str) -> Command {
+        let mut argv: Vec<&str> = self.prefix.iter().map(String::as_str).collect();
+        argv.extend(["bash", "-c", shell_command]);
+        let mut command = Command::new(argv[0]);
+        command
+            .args(&argv[1..])
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null());
+        command
+    }
+
+    /// One `echo hi`: fork/exec, read the pipe, wait.
+    fn once(&self) -> anyhow::Result<Duration> {
+        let t0 = Instant::now();
+        let out = self
+            .command(ECHO)
+            .output()
+            .with_context(|| format!("cannot spawn {}", self.label))?;
+        let took = t0.elapsed();
+        if !out.status.success() || out.stdout != ECHO_OUTPUT.as_bytes() {
+            bail!("{} gave {:?} {:?}", self.label, out.status, out.stdout);
+        }
+        Ok(took)
+    }
+}
+
+/// Sequential `echo hi` spawns, then the same loop on N threads for each concurrency level.
+pub fn measure(spawn: &Spawn, settings: &Settings) -> anyhow::Result<BareReport> {
+    for _ in 0..warmups(settings.iterations) {
+        spawn.once()?;
+    }
+    let mut progress = Progress::new(
+        format!(
+            "[{}] {} sequential spawns",
+            spawn.label, settings.iterations
+        ),
+        Some(settings.iterations),
+    );
+    let mut samples = Vec::with_capacity(settings.iterations);
+    let me = std::process::id();
+    let cpu0 = CpuTimes::of(me);
+    let machine0 = machine_cpu_ms();
+    let t0 = Instant::now();
+    for i in 0..settings.iterations {
+        samples.push(spawn.once()?);
+        progress.tick(i + 1);
+    }
+    let elapsed = t0.elapsed();
+    let machine_ms = per_command_machine_ms(machine0, settings.iterations);
+    let cpu = match (cpu0, CpuTimes::of(me)) {
+        (Some(a), Some(b)) => {
+            let per = b.per(a, settings.iterations);
+            Some(CpuPerCommand {
+                daemon_ms: None,
+                children_ms: per.children_ms,
+                client_ms: per.own_ms,
+                machine_ms,
+            })
+        }
+        _ => None,
+    };
+    let Some(sequential) = summarize(&samples) else {
+        bail!("no samples");
+    };
+    let mut concurrent = Vec::new();
+    for &workers in &settings.concurrency {
+        eprintln!(
+            "bench: [{}] {workers} threads for {:.1} s ...",
+            spawn.label, settings.duration_s
+        );
+        let deadline = Instant::now() + Duration::from_secs_f64(settings.duration_s);
+        let t0 = Instant::now();
+        let results: Vec<anyhow::Result<Vec<Duration>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(move || {
+                        let mut lat = Vec::new();
+                        while Instant::now() < deadline {
+                            lat.push(spawn.once()?);
+                        }
+                        Ok(lat)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("thread panicked")))
+                })
+                .collect()
+        });
+        let elapsed = t0.elapsed();
+        let mut all = Vec::new();
+        for r in results {
+            all.extend(r?);
+        }
+        concurrent.push(Throughput::new(workers, &all, elapsed));
+    }
+    let report = BareReport {
+        cpu,
+        seq_cmd_per_s: settings.iterations as f64 / elapsed.as_secs_f64(),
+        sequential,
+        concurrent,
+    };
+    eprintln!(
+        "bench: [{}] p50 {:.3} ms p99 {:.3} ms, {:.0} cmd/s sequential",
+        spawn.label, report.sequential.p50_ms, report.sequential.p99_ms, report.seq_cmd_per_s
+    );
+    Ok(report)
+}
+
+/// One-shot runs of `true`, start to exit, each `runs` times: `executor run` per profile (it
+/// starts, probes only the profile it is given, runs the command and cleans up), bwrap, and
+/// a bare `bash -c true`.
+pub fn oneshot(
+    executor: &std::path::Path,
+    profiles: &[String],
+    bwrap: Option<&Spawn>,
+    runs: usize,
+) -> anyhow::Result<OneShotReport> {
+    let mut rows = Vec::new();
+    let mut time = |label: String, make: &dyn Fn() -> Command| -> anyhow::Result<()> {
+        let mut samples = Vec::with_capacity(runs);
+        for _ in 0..runs + 2 {
+            let t0 = Instant::now();
+            let status = make()
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .with_context(|| format!("cannot run {label}"))?;
+            if !status.success() {
+                bail!("{label} failed: {status}");
+            }
+            samples.push(t0.elapsed());
+        }
+        // The first two warm the page cache.
+        let samples: Vec<f64> = samples[2..].iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        let p50 = median(&samples).unwrap_or(0.0);
+        eprintln!("bench: [one-shot] {label}: p50 {p50:.2} ms");
+        rows.push(OneShot { label, p50_ms: p50 });
+        Ok(())
+    };
+    let dir = std::env::temp_dir();
+    for profile in profiles {
+        time(format!("executor run --profile {profile}"), &|| {
+            let mut c = Command::new(executor);
+            c.args(["run", "--profile", profile, "--cwd"])
+                .arg(&dir)
+                .args(["--", "true"]);
+            c
+        })?;
+    }
+    if let Some(bwrap) = bwrap {
+        if let Err(err) = time("bwrap (strict's namespaces)".into(), &|| {
+            bwrap.command("true")
+        }) {
+            eprintln!("bench: [one-shot] bwrap cannot run here, left out: {err:#}");
+        }
+    }
+    time("bash -c true, no isolation".into(), &|| {
+        Spawn::bare().command("true")
+    })?;
+    Ok(OneShotReport { runs, rows })
+}

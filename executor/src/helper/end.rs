@@ -1,0 +1,229 @@
+//! How a command ends, from the helper: wait for the payload or the lifeline, count and kill
+//! what is left, read the limits it hit, remove its cgroups.
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::signalfd::SignalFd;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::child::InitStatus;
+use crate::cgroup;
+use crate::plan::Template;
+
+/// How long the final sweep may take before the helper gives up and reports what it killed.
+const SWEEP_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Block until the child exits or the lifeline closes. Returns the child's status if it
+/// exited, and whether the daemon asked for the stop.
+pub fn wait_for_end(
+    child: Pid,
+    sigchld: &SignalFd,
+    lifeline: &OwnedFd,
+) -> (Option<WaitStatus>, bool) {
+    loop {
+        if let Some(status) = reap_ready(child) {
+            return (Some(status), false);
+        }
+        let mut fds = [
+            PollFd::new(sigchld.as_fd(), PollFlags::POLLIN),
+            PollFd::new(lifeline.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            // Cannot wait any more: treat it as a stop so the tree is still killed.
+            Err(_) => return (None, true),
+        }
+        if !fds[1].revents().unwrap_or(PollFlags::empty()).is_empty() {
+            return (None, true);
+        }
+        while let Ok(Some(_)) = sigchld.read_signal() {}
+    }
+}
+
+/// Reap all exited children without blocking; return the given child's status if it was among
+/// them.
+fn reap_ready(child: Pid) -> Option<WaitStatus> {
+    let mut found = None;
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return found,
+            Ok(status) => {
+                if status.pid() == Some(child) {
+                    found = Some(status);
+                }
+            }
+        }
+    }
+}
+
+/// How many processes the command has now, before the kill: from its cgroup, or else (no
+/// writable cgroups, an unprivileged container) with a pid namespace, init and every process
+/// below it (orphans in a pid namespace are reparented to its init).
+pub fn count(template: &Template, name: &str, pid_ns: bool, child: Pid) -> Option<u32> {
+    template
+        .cgroups
+        .iter()
+        .find(|c| c.kill)
+        .map(|c| cgroup::procs(&c.parent.join(name)).len() as u32)
+        .or_else(|| pid_ns.then(|| descendants(child) + 1))
+}
+
+/// Init's report of the payload's end, or a kill when it wrote none.
+pub fn init_status(fd: OwnedFd, swept: u32) -> (Option<i32>, Option<i32>, u32) {
+    let mut text = String::new();
+    let _ = std::fs::File::from(fd).read_to_string(&mut text);
+    match serde_json::from_str::<InitStatus>(&text) {
+        Ok(s) => (s.code, s.signal, s.leftover),
+        Err(_) => (None, Some(Signal::SIGKILL as i32), swept),
+    }
+}
+
+/// Kill every remaining process of the command and reap it; returns how many were killed.
+///
+/// We are a subreaper, so every live descendant either is our child or has a live ancestor that
+/// is: "no children left" means "no descendants left". cgroup.kill takes the whole cgroup at
+/// once (stopped and signal-ignoring tasks included); the child sweep covers hosts without it.
+pub fn sweep(template: &Template, name: &str, child: Pid, status: &mut Option<WaitStatus>) -> u32 {
+    let deadline = Instant::now() + SWEEP_DEADLINE;
+    let mut killed = std::collections::HashSet::new();
+    loop {
+        for cg in template.cgroups.iter().filter(|c| c.kill) {
+            let dir = cg.parent.join(name);
+            killed.extend(cgroup::procs(&dir));
+            cgroup::kill(&dir);
+        }
+        for pid in children() {
+            // ESRCH means it is already gone: that is success.
+            if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+                killed.insert(pid);
+            }
+        }
+        // Block for one child to change state (they are all dying), then reap the rest.
+        match waitpid(Pid::from_raw(-1), None) {
+            Err(Errno::ECHILD) => break,
+            Err(_) => {}
+            Ok(st) => {
+                if st.pid() == Some(child) && status.is_none() {
+                    *status = Some(st);
+                }
+            }
+        }
+        if let Some(st) = reap_ready(child) {
+            if status.is_none() {
+                *status = Some(st);
+            }
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+    }
+    u32::try_from(killed.len()).unwrap_or(u32::MAX)
+}
+
+pub fn remove_cgroups(template: &Template, name: &str) {
+    for cg in &template.cgroups {
+        cgroup::remove(&cg.parent.join(name));
+    }
+}
+
+/// Limits the command ran into, read from its cgroups before they are removed.
+pub fn limits_hit(template: &Template, name: &str) -> Vec<String> {
+    let mut hit = Vec::new();
+    let mut note = |limit: &str| {
+        if !hit.iter().any(|h| h == limit) {
+            hit.push(limit.to_string());
+        }
+    };
+    for cg in &template.cgroups {
+        let dir = cg.parent.join(name);
+        for (file, _) in &cg.settings {
+            match file.as_str() {
+                // v1 and v2 alike: forks refused at the limit.
+                "pids.max" if cgroup::counter(&dir, "pids.events", "max") > 0 => note("processes"),
+                // v2: the limit was reached (and reclaim ran), or the OOM killer acted.
+                "memory.max"
+                    if cgroup::counter(&dir, "memory.events", "max") > 0
+                        || cgroup::counter(&dir, "memory.events", "oom_kill") > 0 =>
+                {
+                    note("memory")
+                }
+                "memory.limit_in_bytes"
+                    if cgroup::counter(&dir, "memory.oom_control", "oom_kill") > 0
+                        || cgroup::get(&dir, "memory.failcnt")
+                            .parse::<u64>()
+                            .unwrap_or(0)
+                            > 0 =>
+                {
+                    note("memory")
+                }
+                _ => {}
+            }
+        }
+    }
+    hit
+}
+
+pub fn decode(status: Option<WaitStatus>) -> (Option<i32>, Option<i32>) {
+    match status {
+        Some(WaitStatus::Exited(_, code)) => (Some(code), None),
+        Some(WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
+        _ => (None, Some(Signal::SIGKILL as i32)),
+    }
+}
+
+/// Our direct children, from /proc/thread-self/children (one thread, so thread = process),
+/// falling back to a scan of /proc where the kernel lacks CONFIG_PROC_CHILDREN.
+fn children() -> Vec<i32> {
+    if let Ok(text) = std::fs::read_to_string("/proc/thread-self/children") {
+        return text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+    }
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| parent_of(*pid) == Some(me))
+        .collect()
+}
+
+/// How many processes descend from `pid`, from the kernel's children lists
+/// (/proc/<pid>/task/<tid>/children), walked without recursion and bounded.
+fn descendants(pid: Pid) -> u32 {
+    let mut pending = vec![pid.as_raw()];
+    let mut count = 0u32;
+    while let Some(pid) = pending.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for child in text.split_whitespace().filter_map(|p| p.parse().ok()) {
+                count += 1;
+                if count > 1 << 20 {
+                    return count;
+                }
+                pending.push(child);
+            }
+        }
+    }
+    count
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses; fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}

@@ -1,0 +1,545 @@
+//! The sandbox helper: one process per command, forked by the fork server (or, where there is
+//! none, the executor binary exec'd as `executor __sandbox-helper`).
+//!
+//! The daemon is a multi-threaded tokio process, where forking and changing process-wide state
+//! (session, subreaper, cgroups, namespaces, credentials) is unsafe or impossible. So each
+//! command gets a helper: a single-threaded process that builds the sandbox and watches the
+//! command. Its work has two halves:
+//!
+//! 1. [`Worker::prepare`]: everything the template (the sandbox part of the plan) decides:
+//!    session, subreaper, cgroups, namespaces, the new root, identity, landlock, seccomp. It
+//!    ends with a confined process waiting for its command. A warm worker of the fork server
+//!    does this before any command arrives, so none of it is on a command's critical path.
+//! 2. [`Worker::run`]: the command and its three descriptors arrive; the waiting process
+//!    enters the working directory and execs; the helper waits for the end, kills what is
+//!    left and reports.
+//!
+//! The descriptors of a command:
+//! - the lifeline: the command line (JSON), then kept open. The daemon never writes to it
+//!   again; when the daemon closes it (timeout, cancel, disconnect, shutdown) or dies (even by
+//!   SIGKILL, the kernel closes it), the helper sees end-of-file and kills the command's tree.
+//! - the output pipe, handed to the payload as its stdout and stderr.
+//! - the status pipe: one [`HelperReport`] JSON line at the end.
+//!
+//! The process tree of a command:
+//!
+//! ```text
+//! helper (host pid namespace; session leader, subreaper)
+//!   `- init (pid 1 of a new pid namespace; builds the root)   only with a pid namespace
+//!        `- payload: bash -c COMMAND (confined, waits for its command, then exec)
+//! ```
+//!
+//! The setup order is in [`Worker::prepare`] (helper), `child::init_main` and
+//! `child::payload_main`; how a command ends is in `end.rs`.
+
+mod child;
+mod end;
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sched::CloneFlags;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup;
+use crate::plan::{cgroup_name, CommandPlan, HelperReport, Plan, Template};
+use crate::profile::Namespace;
+use crate::sandbox::SandboxError;
+use crate::sys::{self, Forked};
+
+/// argv[1] that selects helper mode. Checked in `main` before anything else runs.
+pub const HELPER_ARG: &str = "__sandbox-helper";
+
+/// Longest plan or command line the helper accepts; the daemon's request limits keep them far
+/// below it.
+const MAX_PLAN_BYTES: usize = 4 << 20;
+/// Exit code of a child whose setup failed (its reason is on the setup pipe).
+const SETUP_FAILED: i32 = 127;
+
+/// A setup step that failed, named so the daemon can say which layer broke.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot read the plan from the daemon: {0}")]
+    ReadPlan(#[source] std::io::Error),
+    #[error("the plan is not valid: {0}")]
+    ParsePlan(#[source] serde_json::Error),
+    #[error("{0}")]
+    Process(#[source] std::io::Error),
+    #[error("cannot start a new session: {0}")]
+    Session(#[source] Errno),
+    #[error("cannot become a child subreaper: {0}")]
+    Subreaper(#[source] Errno),
+    #[error("cannot set up signal handling: {0}")]
+    Signals(#[source] Errno),
+    #[error("cgroup: {0}")]
+    Cgroup(#[source] cgroup::CgroupError),
+    #[error("cannot create a pid namespace: {0}")]
+    PidNamespace(#[source] Errno),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("cannot enter working directory {dir}: {errno}")]
+    Cwd { dir: String, errno: Errno },
+    #[error("cannot start {program}: {source}")]
+    Exec {
+        program: String,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot wire the output pipe: {0}")]
+    OutputPipe(#[source] std::io::Error),
+    /// A child reported a failure on the setup pipe.
+    #[error("{message}")]
+    Child { stage: String, message: String },
+}
+
+impl SetupError {
+    /// Short name of the stage, carried in the report and in the daemon's error message.
+    pub fn stage(&self) -> String {
+        match self {
+            Self::ReadPlan(_) | Self::ParsePlan(_) => "plan".into(),
+            Self::Process(_) => "process".into(),
+            Self::Session(_) => "session".into(),
+            Self::Subreaper(_) => "subreaper".into(),
+            Self::Signals(_) => "signals".into(),
+            Self::Cgroup(_) => "cgroup".into(),
+            Self::PidNamespace(_) => "pid_ns".into(),
+            Self::Sandbox(err) => err.layer().into(),
+            Self::Cwd { .. } => "cwd".into(),
+            Self::Exec { .. } => "exec".into(),
+            Self::OutputPipe(_) => "output".into(),
+            Self::Child { stage, .. } => stage.clone(),
+        }
+    }
+
+    fn report(&self) -> HelperReport {
+        HelperReport::SetupFailed {
+            stage: self.stage(),
+            message: self.to_string(),
+        }
+    }
+}
+
+/// What a child writes on the setup pipe, one JSON line each: `Ready` once it is confined
+/// and waits for its command, `Failed` when a step failed. End-of-file after `Ready` means the
+/// exec happened.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "note", rename_all = "snake_case")]
+enum ChildNote {
+    Ready,
+    Failed { stage: String, message: String },
+}
+
+/// The three descriptors one command is served with.
+pub struct Stdio {
+    pub lifeline: OwnedFd,
+    pub output: OwnedFd,
+    pub status: OwnedFd,
+}
+
+/// Exec mode (`executor run`, or a daemon without its fork server): the plan line and then
+/// the lifeline on stdin, the output pipe on stdout, the status pipe on stderr. Always exits
+/// 0: the outcome travels in the report.
+pub fn main() -> ExitCode {
+    let stdio = (|| {
+        Ok::<_, std::io::Error>(Stdio {
+            lifeline: std::io::stdin().as_fd().try_clone_to_owned()?,
+            output: std::io::stdout().as_fd().try_clone_to_owned()?,
+            status: std::io::stderr().as_fd().try_clone_to_owned()?,
+        })
+    })();
+    let Ok(stdio) = stdio else {
+        return ExitCode::SUCCESS;
+    };
+    // Our stdio are the command's descriptors now (kept above): the process's own point at
+    // /dev/null, so that nothing holds them by accident.
+    devnull_stdio();
+    // exec kept whatever its caller ignored (Rust ignores SIGPIPE): back to the defaults.
+    if let Err(err) = sys::reset_signals() {
+        write_report(&stdio.status, &SetupError::Process(err).report());
+        return ExitCode::SUCCESS;
+    }
+    let plan = match read_line(&stdio.lifeline)
+        .and_then(|line| serde_json::from_slice::<Plan>(&line).map_err(SetupError::ParsePlan))
+    {
+        Ok(plan) => plan,
+        Err(err) => {
+            write_report(&stdio.status, &err.report());
+            return ExitCode::SUCCESS;
+        }
+    };
+    match Worker::prepare(&plan.template) {
+        Ok(worker) => worker.run(stdio, Some(plan.command)),
+        Err(err) => write_report(&stdio.status, &err.report()),
+    }
+    ExitCode::SUCCESS
+}
+
+/// Pool mode (forked by the fork server, `control` its end of a socket to us): prepare the
+/// sandbox at once, then serve the command whose descriptors arrive on `control`, or, if
+/// `control` closes first (the worker was not needed), take the sandbox down and exit.
+pub fn serve_worker(template: &Template, control: OwnedFd) -> ! {
+    devnull_stdio();
+    // The fork server is single-threaded: its death (the daemon's) is reliably ours too.
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    // The fork server ignores SIGCHLD (so the kernel reaps its helpers); we wait for ours.
+    if let Err(err) = sys::default_sigchld() {
+        serve_failure(&control, &SetupError::Process(err))
+    }
+    let prepared = Worker::prepare(template);
+    let stdio = match crate::spawner::receive_stdio(&control) {
+        Ok(Some(stdio)) => stdio,
+        // Not needed: take the sandbox down.
+        _ => {
+            if let Ok(worker) = prepared {
+                worker.dismiss();
+            }
+            sys::exit_child(0);
+        }
+    };
+    drop(control);
+    match prepared {
+        Ok(worker) => worker.run(stdio, None),
+        Err(err) => write_report(&stdio.status, &err.report()),
+    }
+    sys::exit_child(0)
+}
+
+/// A worker that could not even reset its signals: wait for its command and report.
+fn serve_failure(control: &OwnedFd, err: &SetupError) -> ! {
+    if let Ok(Some(stdio)) = crate::spawner::receive_stdio(control) {
+        write_report(&stdio.status, &err.report());
+    }
+    sys::exit_child(0)
+}
+
+/// fds 0, 1 and 2 of the helper itself: /dev/null (the command's descriptors are held apart).
+fn devnull_stdio() {
+    if let Ok(devnull) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        let _ = nix::unistd::dup2_stdin(&devnull);
+        let _ = nix::unistd::dup2_stdout(&devnull);
+        let _ = nix::unistd::dup2_stderr(&devnull);
+    }
+}
+
+/// One line (without reading past it: the rest of the lifeline is the lifeline).
+fn read_line(fd: &OwnedFd) -> Result<Vec<u8>, SetupError> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    let mut file = std::fs::File::from(fd.try_clone().map_err(SetupError::ReadPlan)?);
+    loop {
+        match file.read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => line.push(byte[0]),
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(SetupError::ReadPlan(err)),
+        }
+        if line.len() > MAX_PLAN_BYTES {
+            return Err(SetupError::ReadPlan(std::io::Error::other("plan too long")));
+        }
+    }
+    Ok(line)
+}
+
+fn write_report(status: &OwnedFd, report: &HelperReport) {
+    // If the daemon is gone there is nobody to tell; the tree is dead either way.
+    if let Ok(mut line) = serde_json::to_vec(report) {
+        line.push(b'\n');
+        if let Ok(fd) = status.try_clone() {
+            let _ = std::fs::File::from(fd).write_all(&line);
+        }
+    }
+}
+
+/// A sandbox built and waiting for its command.
+pub struct Worker<'t> {
+    template: &'t Template,
+    /// Its cgroup directories' name (`w-<our pid>`).
+    name: String,
+    pid_ns: bool,
+    /// Init (with a pid namespace) or the payload.
+    child: Pid,
+    sigchld: SignalFd,
+    /// From the payload: `Failed`, or end-of-file once it has exec'd.
+    setup: child::SetupReader,
+    /// From init: the payload's exit status.
+    init_status: OwnedFd,
+    /// To the payload: the output descriptor and the command.
+    channel: OwnedFd,
+}
+
+impl<'t> Worker<'t> {
+    /// Build the sandbox of `template` and leave its payload waiting for a command. The order
+    /// matters; each step says why.
+    pub fn prepare(template: &'t Template) -> Result<Self, SetupError> {
+        // 1. Forking and credential changes below assume one thread: check, do not hope.
+        sys::assert_single_threaded().map_err(SetupError::Process)?;
+
+        // 2. Nothing the daemon or the fork server held may reach the command: every fd above
+        //    stderr closes on exec (ours are opened close-on-exec from here on).
+        sys::cloexec_fds_above_stderr().map_err(SetupError::Process)?;
+
+        // 3. A new session: the command has no controlling terminal (so no TIOCSTI injection
+        //    into the daemon's terminal) and a process group apart from the daemon's.
+        nix::unistd::setsid().map_err(SetupError::Session)?;
+
+        // 4. Child subreaper: when the shell's children double-fork or call setsid, their
+        //    orphans are reparented to us instead of init, so the final sweep finds them.
+        nix::sys::prctl::set_child_subreaper(true).map_err(SetupError::Subreaper)?;
+
+        // 5. SIGCHLD arrives on a signalfd, so one poll waits for "child exited" and "daemon
+        //    closed the lifeline" together, without signal handlers. Children reset the mask.
+        let mut mask = SigSet::empty();
+        mask.add(Signal::SIGCHLD);
+        mask.thread_block().map_err(SetupError::Signals)?;
+        let sigchld = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+            .map_err(SetupError::Signals)?;
+
+        // 6. Cgroups: create the command's and set its limits, so that everything we fork is
+        //    born inside (and cgroup.kill later takes all of it at once). The cgroup2
+        //    directory is entered by the child at its birth (clone3 CLONE_INTO_CGROUP, no
+        //    attach for us to make and undo); v1 hierarchies, or a kernel before 5.7, need us
+        //    to join first.
+        // 7. A pid namespace applies to the children of the process that creates it: our next
+        //    child becomes its init, pid 1, whose death kills everything in it.
+        let name = cgroup_name(std::process::id());
+        let pid_ns = template.sandbox.namespaces.contains(&Namespace::Pid);
+        let mut placed = Placed::default();
+        let entered = enter_cgroups(template, &name, &mut placed).and_then(|()| {
+            if pid_ns {
+                nix::sched::unshare(CloneFlags::CLONE_NEWPID).map_err(SetupError::PidNamespace)?;
+            }
+            Ok(())
+        });
+        if let Err(err) = entered {
+            // Leave nothing behind for a command that never ran.
+            let _ = leave_cgroups(&placed);
+            end::remove_cgroups(template, &name);
+            return Err(err);
+        }
+
+        // 8. Fork the child: init (which builds the sandbox and forks the payload) or the
+        //    payload itself. It says on the setup pipe when it is confined and waiting.
+        let pipe =
+            || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| SetupError::Process(e.into()));
+        let channel = || {
+            nix::sys::socket::socketpair(
+                nix::sys::socket::AddressFamily::Unix,
+                nix::sys::socket::SockType::Stream,
+                None,
+                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            )
+            .map_err(|e| SetupError::Process(e.into()))
+        };
+        let made = pipe().and_then(|setup| Ok((setup, pipe()?, channel()?)));
+        let forked = made.and_then(|ends| Ok((ends, fork_placed(template, &name, &mut placed)?)));
+        let (((setup_r, setup_w), (status_r, status_w), (ours, theirs)), forked) = match forked {
+            Ok(done) => done,
+            Err(err) => {
+                let _ = leave_cgroups(&placed);
+                end::remove_cgroups(template, &name);
+                return Err(err);
+            }
+        };
+        let child = match forked {
+            Forked::Child => {
+                // The cgroup directory stays the helper's: nothing in the sandbox may hold it.
+                drop(placed);
+                drop((setup_r, status_r, ours, sigchld));
+                if pid_ns {
+                    child::init_main(template, setup_w, status_w, theirs);
+                }
+                drop(status_w);
+                child::payload_main(template, setup_w, theirs);
+            }
+            Forked::Parent(child) => child,
+        };
+        drop((setup_w, status_w, theirs));
+
+        // 9. Back out of the cgroups we joined, so that killing them never kills us.
+        let left = leave_cgroups(&placed);
+
+        // 10. Wait for the child to be confined and waiting (no step waits on anything
+        //     outside the machine, so this is short).
+        let mut setup = child::SetupReader::new(setup_r);
+        let ready = setup.ready();
+        let worker = Self {
+            template,
+            name,
+            pid_ns,
+            child,
+            sigchld,
+            setup,
+            init_status: status_r,
+            channel: ours,
+        };
+        if let Err(err) = left.and(ready) {
+            worker.dismiss();
+            return Err(err);
+        }
+        Ok(worker)
+    }
+
+    /// Take the sandbox down without running anything.
+    pub fn dismiss(self) {
+        let mut status = None;
+        end::sweep(self.template, &self.name, self.child, &mut status);
+        end::remove_cgroups(self.template, &self.name);
+    }
+
+    /// Run the command: hand it and the output pipe to the waiting payload, wait for the end,
+    /// kill what is left, write the report on the status pipe, clean up. `command` is read
+    /// from the lifeline when not given (a warm worker learns it only now).
+    pub fn run(mut self, stdio: Stdio, command: Option<CommandPlan>) {
+        let Stdio {
+            lifeline,
+            output,
+            status,
+        } = stdio;
+        let command = match command.map(Ok).unwrap_or_else(|| {
+            read_line(&lifeline).and_then(|line| {
+                serde_json::from_slice::<CommandPlan>(&line).map_err(SetupError::ParsePlan)
+            })
+        }) {
+            Ok(command) => command,
+            Err(err) => {
+                write_report(&status, &err.report());
+                self.dismiss();
+                return;
+            }
+        };
+        // 11. The payload takes the output pipe and the command; we drop our copy of the
+        //     pipe, so the daemon sees end-of-file exactly when the last process of the
+        //     command's tree is gone. 12. It enters the working directory and execs.
+        let handed = child::send_command(&self.channel, output, &command)
+            .and_then(|()| self.setup.exec_done());
+        if let Err(err) = handed {
+            write_report(&status, &err.report());
+            self.dismiss();
+            return;
+        }
+
+        // 13. Wait for the payload (or init) to exit, or for the daemon to close the lifeline.
+        let (mut exit, stopped) = end::wait_for_end(self.child, &self.sigchld, &lifeline);
+        let counted = end::count(self.template, &self.name, self.pid_ns, self.child);
+
+        // 14. Kill whatever the command left behind and note the limits it hit.
+        let swept = end::sweep(self.template, &self.name, self.child, &mut exit);
+        let limits_hit = end::limits_hit(self.template, &self.name);
+        let (code, signal, killed) = if self.pid_ns && !stopped {
+            // Init reported the payload's status and how many processes it left behind.
+            end::init_status(self.init_status, swept)
+        } else {
+            let (code, signal) = end::decode(exit);
+            // With a pid namespace, init itself is not one of the command's processes.
+            let killed = counted
+                .unwrap_or(swept)
+                .saturating_sub(u32::from(self.pid_ns));
+            (code, signal, killed)
+        };
+        // 15. Report first (the daemon's result waits for it), then remove the cgroups.
+        write_report(
+            &status,
+            &HelperReport::Finished {
+                code,
+                signal,
+                killed,
+                stopped,
+                layers: self.template.layers.clone(),
+                limits_hit,
+            },
+        );
+        drop(status);
+        end::remove_cgroups(self.template, &self.name);
+    }
+}
+
+/// Where the helper stands before forking the command's first process.
+#[derive(Default)]
+struct Placed {
+    /// The command's cgroup2 directory, open for clone3 to start the child inside.
+    into: Option<OwnedFd>,
+    /// Cgroups we had to go back from after the fork (their `home`): those joined.
+    joined: Vec<PathBuf>,
+}
+
+fn enter_cgroups(template: &Template, name: &str, placed: &mut Placed) -> Result<(), SetupError> {
+    for cg in &template.cgroups {
+        let dir = cg.parent.join(name);
+        create_fresh(&dir)?;
+        for (file, value) in &cg.settings {
+            cgroup::set(&dir, file, value).map_err(SetupError::Cgroup)?;
+        }
+        if cg.kill {
+            let fd = nix::fcntl::open(
+                &dir,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            );
+            if let Ok(fd) = fd {
+                placed.into = Some(fd);
+                continue;
+            }
+        }
+        cgroup::join(&dir).map_err(SetupError::Cgroup)?;
+        placed.joined.push(cg.home.clone());
+    }
+    Ok(())
+}
+
+/// Create `dir`; one left by a dead helper of the same pid is emptied and made anew.
+fn create_fresh(dir: &std::path::Path) -> Result<(), SetupError> {
+    match cgroup::create(dir) {
+        Err(cgroup::CgroupError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::AlreadyExists =>
+        {
+            cgroup::kill(dir);
+            cgroup::remove(dir);
+            cgroup::create(dir).map_err(SetupError::Cgroup)
+        }
+        other => other.map_err(SetupError::Cgroup),
+    }
+}
+
+/// Fork the command's first process: born in the cgroup2 directory where the kernel can,
+/// otherwise after joining it.
+fn fork_placed(template: &Template, name: &str, placed: &mut Placed) -> Result<Forked, SetupError> {
+    if let Some(dir) = &placed.into {
+        match sys::fork_into_cgroup(dir.as_fd()) {
+            Ok(forked) => return Ok(forked),
+            // No clone3, or no CLONE_INTO_CGROUP (before Linux 5.7).
+            Err(err)
+                if matches!(
+                    err.raw_os_error(),
+                    Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG | libc::EOPNOTSUPP)
+                ) =>
+            {
+                placed.into = None;
+                if let Some(cg) = template.cgroups.iter().find(|c| c.kill) {
+                    cgroup::join(&cg.parent.join(name)).map_err(SetupError::Cgroup)?;
+                    placed.joined.push(cg.home.clone());
+                }
+            }
+            Err(err) => return Err(SetupError::Process(err)),
+        }
+    }
+    sys::fork().map_err(SetupError::Process)
+}
+
+fn leave_cgroups(placed: &Placed) -> Result<(), SetupError> {
+    for home in &placed.joined {
+        cgroup::join(home).map_err(SetupError::Cgroup)?;
+    }
+    Ok(())
+}
