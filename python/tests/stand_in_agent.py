@@ -4,8 +4,8 @@ cue (fail with a reason, never answer) or to log what each instance asked for. I
 the contract the Python package relies on, as the real agent does:
 
 - `agent deploy up [--deploy KIND] [--image IMG] [...] --json` starts one executor and prints
-  ONE JSON line `{"url", "token_file", "tls_fingerprint", "deployment", "id"}`, then stays in
-  the foreground;
+  ONE JSON line `{"url", "token_file", "tls_fingerprint", "deployment", "id", "owned"}`, then
+  stays in the foreground;
 - it tears the deployment down when its stdin reaches EOF (or on SIGTERM);
 - on failure it exits non-zero after printing `{"error": "..."}`.
 
@@ -96,6 +96,7 @@ def main(argv: list[str]) -> int:
                 "tls_fingerprint": None,
                 "deployment": deploy,
                 "id": ident,
+                "owned": deploy != "remote",
             }
         ),
         flush=True,

@@ -94,7 +94,7 @@ async fn attempt(ctx: &Ctx, slot: usize, instance: &Instance) -> Finished {
     let workspace = if local {
         // A fresh directory per instance, writable by the sandbox's identity (as the demo's).
         let dir = ctx.scratch.path().join(sanitize(id));
-        if let Err(e) = make_open_dir(&dir) {
+        if let Err(e) = crate::deploy::local::make_open_dir(&dir) {
             return Finished::failed(DEPLOYMENT_ERROR, format!("{e:#}"));
         }
         environment.cwd = Some(dir.display().to_string());
@@ -345,16 +345,4 @@ fn sanitize(id: &str) -> String {
             }
         })
         .collect()
-}
-
-/// A directory whoever the sandbox runs commands as can write (the demo's reason).
-fn make_open_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
-    // Its parent is ours (0700 by tempfile): the sandbox's uid must pass through it.
-    if let Some(parent) = dir.parent() {
-        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))?;
-    }
-    Ok(())
 }

@@ -260,3 +260,16 @@ impl super::Handle for LocalExecutor {
         LocalExecutor::log(self)
     }
 }
+
+/// A directory whoever the sandbox runs commands as can write (uid 65534 under strict and
+/// landlock; the demo's reason).
+pub fn make_open_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+    // Its parent is ours (0700 by tempfile): the sandbox's uid must pass through it.
+    if let Some(parent) = dir.parent() {
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))?;
+    }
+    Ok(())
+}

@@ -2,7 +2,8 @@
 //! languages (the Python package) that keep the deployment logic here, once.
 //!
 //! The contract: one JSON line on stdout,
-//! `{"url", "token_file", "tls_fingerprint", "deployment", "id"}`; then the deployment stays up
+//! `{"url", "token_file", "tls_fingerprint", "deployment", "id", "owned"}` (`owned`: started for
+//! this caller alone, so every profile is its to choose from); then the deployment stays up
 //! until our stdin reaches end of file (or SIGTERM / SIGINT), is torn down, and we exit 0.
 //! On failure: a non-zero exit, `{"error": "..."}` on stdout and a message on stderr.
 
@@ -55,10 +56,24 @@ pub async fn command(args: UpArgs) -> anyhow::Result<u8> {
         Ok(d) => d,
         Err(e) => return failed(format!("{e:#}")),
     };
+    let mut workspace = args.workspace.clone().or_else(|| env.cwd.clone());
+    // A local executor deployed for a client gets a fresh workspace of its own, as a container
+    // has its image's (never the caller's working directory, which every deployment would
+    // share); removed after the teardown.
+    let mut fresh = None;
+    if workspace.is_none() && deployment.kind() == "local" {
+        match fresh_workspace() {
+            Ok((dir, path)) => {
+                workspace = Some(path.display().to_string());
+                fresh = Some(dir);
+            }
+            Err(e) => return failed(format!("{e:#}")),
+        }
+    }
     let task = TaskSpec {
         name: "deploy-up".into(),
         image: env.image.clone(),
-        workspace: args.workspace.clone().or_else(|| env.cwd.clone()),
+        workspace,
     };
     let start = super::start_within(deployment.as_ref(), &task, super::start_timeout(env));
     let deployed = tokio::select! {
@@ -91,6 +106,7 @@ pub async fn command(args: UpArgs) -> anyhow::Result<u8> {
         "tls_fingerprint": deployed.endpoint.tls_fingerprint,
         "deployment": deployed.kind,
         "id": deployed.id,
+        "owned": deployed.owned,
     });
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "{line}");
@@ -109,6 +125,14 @@ pub async fn command(args: UpArgs) -> anyhow::Result<u8> {
         _ = int.recv() => {}
     }
     deployed.stop().await;
-    drop(kept);
+    drop((kept, fresh));
     Ok(0)
+}
+
+/// `<tmp>/agent-deploy-XXXX/workspace`, writable by the sandbox's identity.
+fn fresh_workspace() -> anyhow::Result<(tempfile::TempDir, std::path::PathBuf)> {
+    let dir = tempfile::Builder::new().prefix("agent-deploy-").tempdir()?;
+    let path = dir.path().join("workspace");
+    super::local::make_open_dir(&path)?;
+    Ok((dir, path))
 }

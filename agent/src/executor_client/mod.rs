@@ -72,7 +72,8 @@ pub struct Environment {
     next_id: u64,
     /// Id of the last request sent, for [`Environment::cancel_running`].
     last_id: Option<String>,
-    /// `uname -v` of the target, for mini's `{{version}}` (the hello does not carry it).
+    /// `uname -v` of the target, for mini's `{{version}}`: from the hello, or asked of an
+    /// older executor whose hello does not carry it.
     kernel_version: String,
     /// The executor session our commands belong to, from the hello of the connection that
     /// started it. A resume keeps it (the new connection's hello names a session of its own,
@@ -171,6 +172,7 @@ impl Environment {
             .interpreter
             .clone()
             .filter(|argv| !argv.is_empty() && *argv != hello.interpreter);
+        let kernel_version = hello.host.version.clone();
         let mut environment = Self {
             url: url.to_string(),
             token,
@@ -183,7 +185,7 @@ impl Environment {
             wrap,
             next_id: 0,
             last_id: None,
-            kernel_version: String::new(),
+            kernel_version,
             session: String::new(),
             resume_grace: Duration::ZERO,
             lost_at: None,
@@ -198,12 +200,14 @@ impl Environment {
         Ok(environment)
     }
 
-    /// Learn `uname -v` and create the configured working directory (through the executor, so
-    /// under its identity).
+    /// Learn `uname -v` where the hello lacked it and create the configured working directory
+    /// (through the executor, so under its identity).
     pub async fn prepare(&mut self) -> Result<(), EnvError> {
-        let uname = self.run_raw("uname -v".into(), None, Some(10.0)).await?;
-        if uname.returncode == 0 {
-            self.kernel_version = uname.output.trim().to_string();
+        if self.kernel_version.is_empty() {
+            let uname = self.run_raw("uname -v".into(), None, Some(10.0)).await?;
+            if uname.returncode == 0 {
+                self.kernel_version = uname.output.trim().to_string();
+            }
         }
         let Some(cwd) = self.config.cwd.clone() else {
             return Ok(());

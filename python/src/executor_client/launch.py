@@ -192,8 +192,9 @@ class Deployment:
     """An executor started by `agent deploy up ... --json`, torn down when its stdin closes.
 
     The agent prints one JSON line: `{"url", "token_file", "tls_fingerprint", "deployment",
-    "id"}`, or `{"error"}` with a non-zero exit; it stays in the foreground until its stdin
-    reaches EOF (or SIGTERM), then tears the deployment down.
+    "id", "owned"}` (`owned`: started for us alone, every profile ours to choose), or
+    `{"error"}` with a non-zero exit; it stays in the foreground until its stdin reaches EOF (or
+    SIGTERM), then tears the deployment down.
     """
 
     process: subprocess.Popen[bytes]
@@ -203,6 +204,7 @@ class Deployment:
     deployment: str
     id: str
     log_path: Path
+    owned: bool = False
 
     @classmethod
     def start(
@@ -264,6 +266,7 @@ class Deployment:
             deployment=str(answer.get("deployment", deploy)),
             id=str(answer.get("id", "")),
             log_path=log_path,
+            owned=answer.get("owned") is True,
         )
 
     def stop(self, patience: float = 60) -> None:

@@ -250,6 +250,8 @@ class ExecutorEnvironment:
             )
             url, token_file = deployment.url, deployment.token_file
             fingerprint = deployment.tls_fingerprint or config.tls_fingerprint
+            # Started for us alone (not a shared remote one): take the strongest that works.
+            choose = deployment.owned
         else:
             local = LocalExecutor.start(config.cwd or str(Path.cwd()), binary=config.executor_bin)
             self._resources.local = local
