@@ -186,8 +186,9 @@ pub fn main() -> ExitCode {
 /// `control` closes first (the worker was not needed), take the sandbox down and exit.
 pub fn serve_worker(template: &Template, control: OwnedFd) -> ! {
     devnull_stdio();
-    // The fork server is single-threaded: its death (the daemon's) is reliably ours too.
-    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    // No PR_SET_PDEATHSIG: killed with the fork server, we could not sweep the command's tree
+    // (its processes outside a pid namespace would live on). An idle worker sees `control`
+    // close when the fork server dies; a busy one sees its lifeline close, as a cold helper.
     // The fork server ignores SIGCHLD (so the kernel reaps its helpers); we wait for ours.
     if let Err(err) = sys::default_sigchld() {
         serve_failure(&control, &SetupError::Process(err))

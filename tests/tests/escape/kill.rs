@@ -186,14 +186,27 @@ async fn daemon_sigkill_takes_every_sandboxed_tree_with_it() {
     let mut client = daemon.connect().await;
     let m = marker();
     for profile in [STRICT, LANDLOCK, TASK] {
-        let mut r = preq(profile, &format!("k-{profile}"), &escaping_tree(&m), 600.0);
-        r.stream = true;
-        client.send(&ClientMessage::Exec(r)).await;
+        // A command first, so a warm worker waits for the next of this profile: of the two
+        // trees below, the first is served by a sandbox built ahead, the second (most likely)
+        // by one built when it comes. Both kinds must die with the daemon.
+        let warm_up = run_in(&mut client, profile, "warm-up", "echo up").await;
+        assert_eq!(warm_up.output, "up\n", "[{profile}] {warm_up:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for n in 0..2 {
+            let mut r = preq(
+                profile,
+                &format!("k{n}-{profile}"),
+                &escaping_tree(&m),
+                600.0,
+            );
+            r.stream = true;
+            client.send(&ClientMessage::Exec(r)).await;
+        }
     }
-    // Control: all 3 x 7 escapees run while the daemon lives.
+    // Control: all 3 x 2 x 7 escapees run while the daemon lives.
     assert!(
-        eventually(PATIENCE, || sleepers(&m).len() == 21).await,
-        "expected 21 escapees, saw {:?}",
+        eventually(PATIENCE, || sleepers(&m).len() == 42).await,
+        "expected 42 escapees, saw {:?}",
         sleepers(&m).len()
     );
     daemon.signal_and_wait(Signal::SIGKILL);
