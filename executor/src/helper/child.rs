@@ -72,8 +72,39 @@ impl SetupReader {
         }
     }
 
-    /// Wait until the payload has exec'd (end-of-file: the pipe closes on exec) or failed.
-    pub fn exec_done(&mut self) -> Result<(), SetupError> {
+    /// Wait until the payload has exec'd (end-of-file: the pipe closes on exec) or failed, or
+    /// the daemon closes `lifeline` first (a timeout, cancel or disconnect while a payload
+    /// that was stopped as it waited never got to its exec): then the caller takes the
+    /// sandbox down and the command never runs unsupervised.
+    pub fn exec_done(&mut self, lifeline: &OwnedFd) -> Result<(), SetupError> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        if self.buffer.is_empty() {
+            loop {
+                let mut fds = [
+                    PollFd::new(self.file.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(lifeline.as_fd(), PollFlags::POLLIN),
+                ];
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) => {}
+                    Err(Errno::EINTR) => continue,
+                    Err(e) => return Err(SetupError::Process(e.into())),
+                }
+                let ready = |fd: &PollFd| fd.any().unwrap_or(true);
+                if ready(&fds[0]) {
+                    break;
+                }
+                if ready(&fds[1]) {
+                    return Err(SetupError::Child {
+                        stage: "process".into(),
+                        message: "the command was ended (timeout, cancel or disconnect) before \
+                                  its sandbox started it: the sandbox's waiting process did not \
+                                  take it (stopped?)"
+                            .into(),
+                    });
+                }
+            }
+        }
         match self.next()? {
             None => Ok(()),
             Some(ChildNote::Failed { stage, message }) => Err(SetupError::Child { stage, message }),
@@ -234,22 +265,32 @@ pub fn send_command(
     output: OwnedFd,
     command: &CommandPlan,
 ) -> Result<(), SetupError> {
-    let io = |e: Errno| SetupError::Process(e.into());
+    let io = |e: Errno| match e {
+        Errno::EPIPE | Errno::ECONNRESET => SetupError::Child {
+            stage: "process".into(),
+            message: "the sandbox's waiting process was gone when its command came (killed as \
+                      it waited); the command did not run"
+                .into(),
+        },
+        e => SetupError::Process(e.into()),
+    };
     let body = serde_json::to_vec(command).map_err(SetupError::ParsePlan)?;
     let len = (body.len() as u64).to_le_bytes();
     let fds = [output.as_raw_fd()];
+    // MSG_NOSIGNAL: a payload killed while it waited (a same-uid command can, before
+    // landlock's signal scoping) must give us EPIPE, reported, not a SIGPIPE that kills us.
     sendmsg::<()>(
         channel.as_raw_fd(),
         &[IoSlice::new(&len)],
         &[ControlMessage::ScmRights(&fds)],
-        MsgFlags::empty(),
+        MsgFlags::MSG_NOSIGNAL,
         None,
     )
     .map_err(io)?;
     drop(output);
     let mut sent = 0;
     while sent < body.len() {
-        match nix::unistd::write(channel, &body[sent..]) {
+        match nix::sys::socket::send(channel.as_raw_fd(), &body[sent..], MsgFlags::MSG_NOSIGNAL) {
             Ok(n) => sent += n,
             Err(Errno::EINTR) => {}
             Err(e) => return Err(io(e)),

@@ -424,7 +424,7 @@ impl<'t> Worker<'t> {
         //     pipe, so the daemon sees end-of-file exactly when the last process of the
         //     command's tree is gone. 12. It enters the working directory and execs.
         let handed = child::send_command(&self.channel, output, &command)
-            .and_then(|()| self.setup.exec_done());
+            .and_then(|()| self.setup.exec_done(&lifeline));
         if let Err(err) = handed {
             write_report(&status, &err.report());
             self.dismiss();

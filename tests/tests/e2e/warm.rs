@@ -215,3 +215,79 @@ async fn no_worker_waits_with_no_warm_workers_and_a_clients_reload_dismisses_tho
     assert_eq!(r.result.unwrap().output, "ok\n");
     assert!(eventually(PATIENCE, || waiting(&daemon).len() == 1).await);
 }
+
+/// A payload stopped or killed while it waits (by root here; by a command of the same uid
+/// on kernels before landlock's signal scoping) never runs the command it is then handed:
+/// the command ends with a clear error, the worker is taken down, and the next command runs.
+#[tokio::test]
+async fn a_worker_disturbed_while_it_waits_never_runs_its_command() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for profile in ["landlock", "strict"] {
+        for signal in [Signal::SIGSTOP, Signal::SIGKILL] {
+            let others = waiting(&daemon);
+            let fresh = |daemon: &Daemon| -> Vec<i32> {
+                waiting(daemon)
+                    .into_iter()
+                    .filter(|pid| !others.contains(pid))
+                    .collect()
+            };
+            let warm_up = client.exec(preq(Some(profile), "up", "true", 30.0)).await;
+            assert_eq!(warm_up.result.unwrap().returncode, 0);
+            assert!(
+                eventually(PATIENCE, || fresh(&daemon).len() == 1).await,
+                "{profile}: no worker waits"
+            );
+            let worker = fresh(&daemon)[0];
+            kill(Pid::from_raw(worker), signal).unwrap();
+            let m = marker();
+            let ran = daemon.workspace.join(format!("ran-{m}"));
+            let started = std::time::Instant::now();
+            let disturbed = client
+                .exec(preq(
+                    Some(profile),
+                    "disturbed",
+                    &format!("touch ./ran-{m}"),
+                    2.0,
+                ))
+                .await;
+            let message = match &disturbed.result {
+                Ok(result) => format!("{result:?}"),
+                Err(err) => err.message.clone(),
+            };
+            let expected = if signal == Signal::SIGSTOP {
+                "did not take it"
+            } else {
+                "killed as it waited"
+            };
+            assert!(
+                matches!(&disturbed.result, Err(e) if e.message.contains(expected)),
+                "{profile} {signal}: {message}"
+            );
+            // Within its timeout and the daemon's kill grace, not later; checked on the host.
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{profile} {signal}"
+            );
+            assert!(!ran.exists(), "{profile} {signal}: the command ran");
+            assert!(
+                eventually(PATIENCE, || !alive(worker)).await,
+                "{profile} {signal}: the disturbed worker lives on"
+            );
+            // Control: the daemon goes on, and the next command runs.
+            let next = client
+                .exec(preq(
+                    Some(profile),
+                    "next",
+                    &format!("touch ./ran-{m}"),
+                    30.0,
+                ))
+                .await;
+            assert_eq!(next.result.unwrap().returncode, 0, "{profile} {signal}");
+            assert!(ran.exists(), "{profile} {signal}");
+            std::fs::remove_file(&ran).unwrap();
+        }
+    }
+}
