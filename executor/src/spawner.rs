@@ -194,14 +194,7 @@ struct Idle {
 fn serve(sock: OwnedFd) -> ! {
     // Our stdin is the socket (`sock` is our own copy) and nothing reads our stdout: point
     // both at /dev/null, so that no helper inherits the socket through them.
-    if let Ok(devnull) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
-        let _ = nix::unistd::dup2_stdin(&devnull);
-        let _ = nix::unistd::dup2_stdout(&devnull);
-    }
+    sys::devnull_stdio(false);
     // Give every helper the default signal state once: we were started by the daemon, whose
     // runtime ignores SIGPIPE. Then let the kernel reap helpers: nobody here waits for them
     // (each helper sets SIGCHLD back to the default for its own children).

@@ -299,7 +299,6 @@ pub fn own_received_fd(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {
     unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
 }
 
-/// Let the kernel reap our children (SIGCHLD ignored): the fork server waits for none of them.
 /// SIGCHLD back to its default disposition (undoes [`ignore_children`] in a forked child that
 /// waits for its own children).
 pub fn default_sigchld() -> io::Result<()> {
@@ -310,10 +309,27 @@ pub fn default_sigchld() -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
+/// Let the kernel reap our children (SIGCHLD ignored): the fork server waits for none of them.
 pub fn ignore_children() -> io::Result<()> {
     use nix::sys::signal::{signal, SigHandler, Signal};
     // SAFETY: SIG_IGN installs no handler code. The process is single-threaded.
     unsafe { signal(Signal::SIGCHLD, SigHandler::SigIgn) }
         .map(|_| ())
         .map_err(io::Error::from)
+}
+
+/// Point stdin, stdout and (with `stderr`) stderr at /dev/null, so that no child inherits
+/// what they were (a socket, the daemon's pipes). Best effort: without /dev/null they stay.
+pub fn devnull_stdio(stderr: bool) {
+    if let Ok(devnull) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        let _ = nix::unistd::dup2_stdin(&devnull);
+        let _ = nix::unistd::dup2_stdout(&devnull);
+        if stderr {
+            let _ = nix::unistd::dup2_stderr(&devnull);
+        }
+    }
 }

@@ -159,7 +159,7 @@ pub fn main() -> ExitCode {
     };
     // Our stdio are the command's descriptors now (kept above): the process's own point at
     // /dev/null, so that nothing holds them by accident.
-    devnull_stdio();
+    sys::devnull_stdio(true);
     // exec kept whatever its caller ignored (Rust ignores SIGPIPE): back to the defaults.
     if let Err(err) = sys::reset_signals() {
         write_report(&stdio.status, &SetupError::Process(err).report());
@@ -185,7 +185,8 @@ pub fn main() -> ExitCode {
 /// sandbox at once, then serve the command whose descriptors arrive on `control`, or, if
 /// `control` closes first (the worker was not needed), take the sandbox down and exit.
 pub fn serve_worker(template: &Template, control: OwnedFd) -> ! {
-    devnull_stdio();
+    // fds 0, 1 and 2 of the helper itself: /dev/null (the command's descriptors are apart).
+    sys::devnull_stdio(true);
     // No PR_SET_PDEATHSIG: killed with the fork server, we could not sweep the command's tree
     // (its processes outside a pid namespace would live on). An idle worker sees `control`
     // close when the fork server dies; a busy one sees its lifeline close, as a cold helper.
@@ -218,19 +219,6 @@ fn serve_failure(control: &OwnedFd, err: &SetupError) -> ! {
         write_report(&stdio.status, &err.report());
     }
     sys::exit_child(0)
-}
-
-/// fds 0, 1 and 2 of the helper itself: /dev/null (the command's descriptors are held apart).
-fn devnull_stdio() {
-    if let Ok(devnull) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
-        let _ = nix::unistd::dup2_stdin(&devnull);
-        let _ = nix::unistd::dup2_stdout(&devnull);
-        let _ = nix::unistd::dup2_stderr(&devnull);
-    }
 }
 
 /// One line (without reading past it: the rest of the lifeline is the lifeline).

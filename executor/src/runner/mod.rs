@@ -232,7 +232,6 @@ impl Runner {
         })
     }
 
-    /// Run `plan` until it ends, `timeout` passes, or `stop` resolves.
     /// Run `plan` until it ends, `timeout` passes, or `stop` resolves. With `warm`, a worker
     /// for the same sandbox is kept ready for the next command.
     pub async fn run(

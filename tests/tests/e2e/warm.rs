@@ -242,6 +242,11 @@ async fn a_worker_disturbed_while_it_waits_never_runs_its_command() {
             );
             let worker = fresh(&daemon)[0];
             kill(Pid::from_raw(worker), signal).unwrap();
+            if signal == Signal::SIGKILL {
+                // Dead, its descriptors closed, before its command comes (a command that
+                // comes while it is still dying finds it "killed by SIGKILL" instead).
+                assert!(eventually(PATIENCE, || !alive(worker)).await);
+            }
             let m = marker();
             let ran = daemon.workspace.join(format!("ran-{m}"));
             let started = std::time::Instant::now();
