@@ -73,9 +73,10 @@ impl SetupReader {
     }
 
     /// Wait until the payload has exec'd (end-of-file: the pipe closes on exec) or failed, or
-    /// the daemon closes `lifeline` first (a timeout, cancel or disconnect while a payload
-    /// that was stopped as it waited never got to its exec): then the caller takes the
-    /// sandbox down and the command never runs unsupervised.
+    /// until the daemon closes `lifeline` first (a timeout, cancel or disconnect, also while
+    /// a payload stopped as it waited never gets to its exec): `Ok` then too, and the end
+    /// path, seeing the lifeline closed, takes the sandbox down at once, so the command
+    /// never runs unsupervised and ends as the daemon says (timed out, cancelled...).
     pub fn exec_done(&mut self, lifeline: &OwnedFd) -> Result<(), SetupError> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         use std::os::fd::AsFd;
@@ -95,13 +96,7 @@ impl SetupReader {
                     break;
                 }
                 if ready(&fds[1]) {
-                    return Err(SetupError::Child {
-                        stage: "process".into(),
-                        message: "the command was ended (timeout, cancel or disconnect) before \
-                                  its sandbox started it: the sandbox's waiting process did not \
-                                  take it (stopped?)"
-                            .into(),
-                    });
+                    return Ok(());
                 }
             }
         }

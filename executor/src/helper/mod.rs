@@ -221,16 +221,27 @@ fn serve_failure(control: &OwnedFd, err: &SetupError) -> ! {
     sys::exit_child(0)
 }
 
-/// One line (without reading past it: the rest of the lifeline is the lifeline).
+/// One line: the daemon writes exactly one and then nothing more (the rest of the lifeline is
+/// its end of file), so it is read in chunks, not a byte per syscall (a plan is kilobytes).
 fn read_line(fd: &OwnedFd) -> Result<Vec<u8>, SetupError> {
     let mut line = Vec::new();
-    let mut byte = [0u8; 1];
+    let mut chunk = [0u8; 16 * 1024];
     let mut file = std::fs::File::from(fd.try_clone().map_err(SetupError::ReadPlan)?);
     loop {
-        match file.read(&mut byte) {
+        match file.read(&mut chunk) {
             Ok(0) => break,
-            Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) => line.push(byte[0]),
+            Ok(n) => {
+                if let Some(end) = chunk[..n].iter().position(|b| *b == b'\n') {
+                    line.extend_from_slice(&chunk[..end]);
+                    if end + 1 < n {
+                        return Err(SetupError::ReadPlan(std::io::Error::other(
+                            "bytes after the plan on the lifeline",
+                        )));
+                    }
+                    break;
+                }
+                line.extend_from_slice(&chunk[..n]);
+            }
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
             Err(err) => return Err(SetupError::ReadPlan(err)),
         }

@@ -9,6 +9,7 @@ use executor_tests::{
     descendants, eventually, marked_sleep, marker, namespace_of, proc_status, process_state,
     sleepers, Daemon, PATIENCE,
 };
+use protocol::Ending;
 
 use crate::clients::{clients_file, connect, start, ALICE};
 
@@ -218,7 +219,8 @@ async fn no_worker_waits_with_no_warm_workers_and_a_clients_reload_dismisses_tho
 
 /// A payload stopped or killed while it waits (by root here; by a command of the same uid
 /// on kernels before landlock's signal scoping) never runs the command it is then handed:
-/// the command ends with a clear error, the worker is taken down, and the next command runs.
+/// a killed one refuses it with a clear error, a stopped one is taken down at the command's
+/// timeout (not the kill grace after it); the next command runs.
 #[tokio::test]
 async fn a_worker_disturbed_while_it_waits_never_runs_its_command() {
     use nix::sys::signal::{kill, Signal};
@@ -258,20 +260,24 @@ async fn a_worker_disturbed_while_it_waits_never_runs_its_command() {
                     2.0,
                 ))
                 .await;
-            let message = match &disturbed.result {
-                Ok(result) => format!("{result:?}"),
-                Err(err) => err.message.clone(),
-            };
-            let expected = if signal == Signal::SIGSTOP {
-                "did not take it"
-            } else {
-                "killed as it waited"
-            };
-            assert!(
-                matches!(&disturbed.result, Err(e) if e.message.contains(expected)),
-                "{profile} {signal}: {message}"
-            );
-            // Within its timeout and the daemon's kill grace, not later; checked on the host.
+            match (&disturbed.result, signal) {
+                (Ok(result), Signal::SIGSTOP) => {
+                    assert_eq!(
+                        result.extra.ended,
+                        Ending::TimedOut,
+                        "{profile}: {result:?}"
+                    );
+                    assert_eq!(result.output, "", "{profile}");
+                }
+                (Err(e), Signal::SIGKILL) => {
+                    assert!(
+                        e.message.contains("killed as it waited"),
+                        "{profile}: {e:?}"
+                    )
+                }
+                (other, _) => panic!("{profile} {signal}: {other:?}"),
+            }
+            // At its timeout (2 s), not after the daemon's kill grace (6 s more).
             assert!(
                 started.elapsed() < Duration::from_secs(5),
                 "{profile} {signal}"
