@@ -98,7 +98,7 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
         args.slice.as_deref(),
     )?;
     let outputs = Outputs::create(&args.output)?;
-    let done = outputs.done();
+    let done = outputs.done()?;
     let total_selected = selected.len();
     let todo: VecDeque<Instance> = selected
         .into_iter()

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::Context;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
-use crate::trajectory::{update_preds, write_atomic, Trajectory};
+use crate::trajectory::{write_atomic, Trajectory};
 
 /// mini's log file name, so tools that look for it find it.
 pub const LOG_FILE: &str = "minisweagent.log";
@@ -50,13 +50,11 @@ impl Outputs {
         self.dir.join(id).join(format!("{id}.traj.json"))
     }
 
-    /// Instance ids already in preds.json (done: a rerun skips them).
-    pub fn done(&self) -> Vec<String> {
-        std::fs::read_to_string(self.preds_path())
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v.as_object().map(|m| m.keys().cloned().collect()))
-            .unwrap_or_default()
+    /// Instance ids already in preds.json (done: a rerun skips them). A preds.json that is not
+    /// a JSON object is an error: mini would crash on it, and treating it as empty would
+    /// overwrite every prediction it held with the first one of this run.
+    pub fn done(&self) -> anyhow::Result<Vec<String>> {
+        Ok(read_preds(&self.preds_path())?.keys().cloned().collect())
     }
 
     /// Before (re)running an instance, as mini does: out of preds.json, old trajectory gone.
@@ -66,28 +64,32 @@ impl Outputs {
             .lock()
             .map_err(|_| anyhow::anyhow!("preds lock poisoned"))?;
         let path = self.preds_path();
-        if let Some(mut preds) = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        {
-            if let Some(map) = preds.as_object_mut() {
-                if map.remove(id).is_some() {
-                    write_atomic(&path, &preds)?;
-                }
-            }
+        let mut preds = read_preds(&path)?;
+        if preds.remove(id).is_some() {
+            write_atomic(&path, &Value::Object(preds))?;
         }
         let _ = std::fs::remove_file(self.trajectory_path(id));
         Ok(())
     }
 
     /// Record a finished instance in preds.json (under the lock: one writer at a time, each
-    /// rewrite atomic).
+    /// rewrite atomic). A preds.json spoiled since the start is left alone, not replaced.
     pub fn record_pred(&self, id: &str, model: &str, patch: &str) -> anyhow::Result<()> {
         let _held = self
             .preds_lock
             .lock()
             .map_err(|_| anyhow::anyhow!("preds lock poisoned"))?;
-        update_preds(&self.preds_path(), id, model, patch)?;
+        let path = self.preds_path();
+        let mut preds = read_preds(&path)?;
+        preds.insert(
+            id.to_string(),
+            json!({
+                "model_name_or_path": model,
+                "instance_id": id,
+                "model_patch": patch,
+            }),
+        );
+        write_atomic(&path, &Value::Object(preds))?;
         Ok(())
     }
 
@@ -147,6 +149,27 @@ impl Outputs {
     }
 }
 
+/// The predictions in `path`: none when it does not exist, an error when it cannot be read or
+/// is not a JSON object (so that nothing is written over it).
+fn read_preds(path: &Path) -> anyhow::Result<Map<String, Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Map::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(preds)) => Ok(preds),
+        Ok(_) => anyhow::bail!(
+            "{} is not a JSON object of predictions: fix or move it (it was left as it is)",
+            path.display()
+        ),
+        Err(e) => anyhow::bail!(
+            "{} is not valid JSON ({e}): fix or move it (it was left as it is)",
+            path.display()
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,8 +189,27 @@ mod tests {
         );
         out.record_pred("a", "m", "diff").unwrap();
         out.record_pred("b", "m", "").unwrap();
-        assert_eq!(out.done(), ["a", "b"]);
+        assert_eq!(out.done().unwrap(), ["a", "b"]);
         out.forget("a").unwrap();
-        assert_eq!(out.done(), ["b"]);
+        assert_eq!(out.done().unwrap(), ["b"]);
+    }
+
+    #[test]
+    fn a_spoiled_preds_json_is_an_error_and_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Outputs::create(dir.path()).unwrap();
+        for spoiled in ["{\"a\": {\"model_patch\": \"di", "[1, 2]", ""] {
+            std::fs::write(out.preds_path(), spoiled).unwrap();
+            let e = out.done().unwrap_err().to_string();
+            assert!(e.contains("preds.json is not"), "{e}");
+            assert!(out.record_pred("b", "m", "diff").is_err());
+            assert!(out.forget("a").is_err());
+            assert_eq!(std::fs::read_to_string(out.preds_path()).unwrap(), spoiled);
+        }
+        // The control: no preds.json at all is an empty one.
+        std::fs::remove_file(out.preds_path()).unwrap();
+        assert!(out.done().unwrap().is_empty());
+        out.record_pred("b", "m", "diff").unwrap();
+        assert_eq!(out.done().unwrap(), ["b"]);
     }
 }
