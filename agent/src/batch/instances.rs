@@ -16,6 +16,36 @@ pub struct Instance {
     pub image: String,
     /// Every field, for `run.env_startup_command` and templates.
     pub fields: Map<String, Value>,
+    /// Why this instance cannot run, if it cannot: it is then recorded as a failure
+    /// (`InvalidInstance`) while the others run.
+    pub invalid: Option<String>,
+}
+
+/// Exit status of an instance that cannot run as given (an id that is no file name).
+pub const INVALID: &str = "InvalidInstance";
+
+/// Why `id` cannot name an instance's output. mini writes `<out>/<iid>/<iid>.traj.json`: an id
+/// like `../x` or `/tmp/x` would put it (and mini's deletion of an old one) outside `-o`, and
+/// `a/b` in a directory of another instance. The file name must also fit in NAME_MAX.
+fn unsafe_id(id: &str) -> Option<String> {
+    const TRAJ: &str = ".traj.json";
+    let why = if id.is_empty() {
+        "is empty"
+    } else if id == "." || id == ".." {
+        "is a relative directory"
+    } else if id.contains('/') {
+        "contains '/'"
+    } else if id.contains('\0') {
+        "contains a NUL character"
+    } else if id.len() + TRAJ.len() > 255 {
+        "is too long for a file name"
+    } else {
+        return None;
+    };
+    Some(format!(
+        "instance id {id:?} {why}: it names the instance's output directory, so it must be a \
+         plain file name"
+    ))
 }
 
 /// SWE-bench's image of an instance without one, as mini names it.
@@ -39,6 +69,7 @@ fn instance(value: Value) -> anyhow::Result<Instance> {
         .unwrap_or_else(|| swebench_image(&id));
     Ok(Instance {
         problem_statement: text("problem_statement").unwrap_or_default(),
+        invalid: unsafe_id(&id),
         id,
         image,
         fields,
@@ -101,7 +132,9 @@ fn split_files(dir: &Path, split: &str) -> Vec<PathBuf> {
 /// Load every instance of `subset` (a file, or a directory and its `split`).
 pub fn load(subset: &Path, split: &str) -> anyhow::Result<Vec<Instance>> {
     if subset.is_file() {
-        return parse_file(subset);
+        let all = parse_file(subset)?;
+        refuse_duplicates(&all, subset)?;
+        return Ok(all);
     }
     if !subset.is_dir() {
         bail!(
@@ -121,7 +154,34 @@ pub fn load(subset: &Path, split: &str) -> anyhow::Result<Vec<Instance>> {
     for file in files {
         all.extend(parse_file(&file)?);
     }
+    refuse_duplicates(&all, subset)?;
     Ok(all)
+}
+
+/// Two instances with one id would share one output (mini silently keeps whichever ends last):
+/// refuse the file instead of losing one's work.
+fn refuse_duplicates(all: &[Instance], subset: &Path) -> anyhow::Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    let mut twice: Vec<&str> = all
+        .iter()
+        .filter(|i| !seen.insert(i.id.as_str()))
+        .map(|i| i.id.as_str())
+        .collect();
+    if twice.is_empty() {
+        return Ok(());
+    }
+    twice.sort_unstable();
+    twice.dedup();
+    bail!(
+        "{} has more than one instance with the id {}: ids must be unique (each names its \
+         outputs)",
+        subset.display(),
+        twice
+            .iter()
+            .map(|id| format!("{id:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// What `--shuffle`, `--filter` and `--slice` leave, in that order (as mini applies them).
@@ -246,6 +306,56 @@ mod tests {
         let b = ids(&select(some(20), true, None, None).unwrap()).join(",");
         assert_eq!(a, b);
         assert_ne!(a, ids(&some(20)).join(","));
+    }
+
+    #[test]
+    fn ids_that_are_no_plain_file_name_make_their_instance_invalid() {
+        for id in [
+            "../x",
+            "/tmp/x",
+            "a/b",
+            "..",
+            ".",
+            "",
+            "a\0b",
+            &"x".repeat(250),
+        ] {
+            let i = instance(json!({"instance_id": id, "problem_statement": "p"})).unwrap();
+            assert!(i.invalid.is_some(), "{id:?} accepted");
+        }
+        for id in [
+            "django__django-11099",
+            "..x",
+            "a.b",
+            "a b",
+            "x\\y",
+            &"x".repeat(245),
+        ] {
+            let i = instance(json!({"instance_id": id, "problem_statement": "p"})).unwrap();
+            assert_eq!(i.invalid, None, "{id:?} refused");
+        }
+    }
+
+    #[test]
+    fn duplicate_ids_refuse_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("i.jsonl");
+        std::fs::write(
+            &file,
+            "{\"instance_id\": \"a\"}\n{\"instance_id\": \"b\"}\n{\"instance_id\": \"a\"}\n",
+        )
+        .unwrap();
+        let e = load(&file, "dev").unwrap_err().to_string();
+        assert!(
+            e.contains("more than one instance with the id \"a\""),
+            "{e}"
+        );
+        std::fs::write(
+            &file,
+            "{\"instance_id\": \"a\"}\n{\"instance_id\": \"b\"}\n",
+        )
+        .unwrap();
+        assert_eq!(load(&file, "dev").unwrap().len(), 2);
     }
 
     #[test]

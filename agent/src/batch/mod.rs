@@ -105,6 +105,12 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
         .filter(|i| args.redo_existing || !done.contains(&i.id))
         .collect();
     let skipped = total_selected - todo.len();
+    // Said up front too, so that a long batch does not hide them in its exit statuses.
+    for instance in &todo {
+        if let Some(reason) = &instance.invalid {
+            eprintln!("batch: {reason}; recorded as {}", instances::INVALID);
+        }
+    }
     let run_id = format!("b{}", std::process::id());
     let deployment = crate::deploy::from_config(&config.environment, &run_id)?;
     let kind_name = deployment.kind();
