@@ -1,6 +1,7 @@
 //! Batch instances, as `mini-extra swebench` reads them: a local JSON or JSONL file, or a
 //! datasets-style directory holding `<split>.jsonl` (or `.json`, or `data/<split>-*.jsonl`);
-//! then shuffled (seeded), filtered (a regex matched at the start of the id) and sliced.
+//! then shuffled (as mini: sorted by id, then Python's `random.shuffle` seeded 42), filtered (a
+//! regex matched at the start of the id) and sliced (a Python slice).
 
 use std::path::{Path, PathBuf};
 
@@ -184,7 +185,9 @@ fn refuse_duplicates(all: &[Instance], subset: &Path) -> anyhow::Result<()> {
     )
 }
 
-/// What `--shuffle`, `--filter` and `--slice` leave, in that order (as mini applies them).
+/// What `--shuffle`, `--filter` and `--slice` leave, in that order, as mini's
+/// `filter_instances` (run/benchmarks/swebench.py): shuffled after sorting by id (so the order
+/// never depends on the file's), with Python's `random.seed(42)`, filtered, then sliced.
 pub fn select(
     mut instances: Vec<Instance>,
     shuffle: bool,
@@ -192,7 +195,8 @@ pub fn select(
     slice: Option<&str>,
 ) -> anyhow::Result<Vec<Instance>> {
     if shuffle {
-        shuffle_seeded(&mut instances, 42);
+        instances.sort_by(|a, b| a.id.cmp(&b.id));
+        python_shuffle(&mut instances, 42);
     }
     if let Some(pattern) = filter {
         // Python's re.match: anchored at the start only.
@@ -200,50 +204,179 @@ pub fn select(
             .with_context(|| format!("--filter {pattern:?} is not a regex"))?;
         instances.retain(|i| re.is_match(&i.id));
     }
-    if let Some(spec) = slice {
-        let (start, end) = parse_slice(spec, instances.len())?;
-        instances = instances
+    // mini skips an empty spec.
+    if let Some(spec) = slice.filter(|s| !s.is_empty()) {
+        let picked = slice_indices(spec, instances.len())?;
+        let mut all: Vec<Option<Instance>> = instances.into_iter().map(Some).collect();
+        instances = picked
             .into_iter()
-            .skip(start)
-            .take(end.saturating_sub(start))
+            .filter_map(|i| all.get_mut(i).and_then(Option::take))
             .collect();
     }
     Ok(instances)
 }
 
-/// Python's `a:b` on a list of `len`: either side may be empty or negative.
-fn parse_slice(spec: &str, len: usize) -> anyhow::Result<(usize, usize)> {
-    let Some((a, b)) = spec.split_once(':') else {
-        bail!("--slice expects START:END (as Python's a[START:END]), got {spec:?}");
+/// The indices `list[slice(*values)]` picks from a list of `len`, where mini makes `values` as
+/// `[int(x) if x else None for x in spec.split(":")]`: so "5" is `[:5]`, and "a:b", "a:b:step",
+/// ":b", "a:" are Python's, negative numbers and steps included.
+fn slice_indices(spec: &str, len: usize) -> anyhow::Result<Vec<usize>> {
+    let usage = "(as Python's list[START:STOP:STEP]; a single number N is [:N])";
+    let parts: Vec<&str> = spec.split(':').collect();
+    if parts.len() > 3 {
+        bail!("--slice {spec:?} has more than three parts {usage}");
+    }
+    let values = parts
+        .iter()
+        .map(|p| {
+            let p = p.trim();
+            if p.is_empty() {
+                return Ok(None);
+            }
+            p.parse::<i64>()
+                .map(Some)
+                .with_context(|| format!("--slice {spec:?}: {p:?} is not a number {usage}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // slice(stop) with one value, slice(start, stop[, step]) with more.
+    let (start, stop, step) = match values[..] {
+        [stop] => (None, stop, None),
+        [start, stop] => (start, stop, None),
+        [start, stop, step] => (start, stop, step),
+        _ => (None, None, None),
     };
-    let bound = |s: &str, default: usize| -> anyhow::Result<usize> {
-        if s.trim().is_empty() {
-            return Ok(default);
+    let step = step.unwrap_or(1);
+    if step == 0 {
+        bail!("--slice {spec:?}: the step cannot be zero");
+    }
+    // CPython's PySlice_AdjustIndices.
+    let n = i64::try_from(len).unwrap_or(i64::MAX);
+    let adjust = |v: Option<i64>, default: i64| match v {
+        None => default,
+        Some(v) if v < 0 => {
+            let v = v.saturating_add(n);
+            if v >= 0 {
+                v
+            } else if step < 0 {
+                -1
+            } else {
+                0
+            }
         }
-        let n: i64 = s
-            .trim()
-            .parse()
-            .with_context(|| format!("--slice: {s:?} is not a number"))?;
-        let len = len as i64;
-        Ok((if n < 0 { (len + n).max(0) } else { n.min(len) }) as usize)
+        Some(v) if v >= n => {
+            if step < 0 {
+                n - 1
+            } else {
+                n
+            }
+        }
+        Some(v) => v,
     };
-    Ok((bound(a, 0)?, bound(b, len)?))
+    let (start, stop) = if step > 0 {
+        (adjust(start, 0), adjust(stop, n))
+    } else {
+        (adjust(start, n - 1), adjust(stop, -1))
+    };
+    let mut picked = Vec::new();
+    let mut i = start;
+    while (step > 0 && i < stop) || (step < 0 && i > stop) {
+        picked.extend(usize::try_from(i).ok());
+        i = i.saturating_add(step);
+    }
+    Ok(picked)
 }
 
-/// Fisher-Yates with splitmix64: the same order for the same seed on every machine. (Not
-/// Python's `random.shuffle`: the order differs from mini's, the reproducibility does not.)
-fn shuffle_seeded<T>(items: &mut [T], seed: u64) {
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+/// Python's `random.seed(seed); random.shuffle(items)` exactly: MT19937 seeded by
+/// `init_by_array` with the seed's 32-bit words (CPython's `random_seed`), and each swap index
+/// drawn by `_randbelow` (`getrandbits` of the bound's bit length, redrawn while too large).
+/// So `--shuffle --slice :50` picks the same 50 instances as mini's.
+fn python_shuffle<T>(items: &mut [T], seed: u32) {
+    let mut mt = Mt19937::from_key(&[seed]);
     for i in (1..items.len()).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
-        items.swap(i, j);
+        let n = i as u64 + 1;
+        // Fewer than 2^32 items: one 32-bit output is always enough.
+        let bits = (64 - n.leading_zeros()).min(32);
+        let j = loop {
+            // getrandbits(k) for k <= 32: the top k bits of one output.
+            let r = u64::from(mt.next_u32() >> (32 - bits));
+            if r < n {
+                break r;
+            }
+        };
+        items.swap(i, j as usize);
+    }
+}
+
+/// The Mersenne Twister of CPython's `_randommodule.c` (Matsumoto and Nishimura's mt19937ar).
+struct Mt19937 {
+    state: [u32; 624],
+    index: usize,
+}
+
+impl Mt19937 {
+    fn from_seed(seed: u32) -> Self {
+        let mut state = [0u32; 624];
+        state[0] = seed;
+        for i in 1..624 {
+            let prev = state[i - 1];
+            state[i] = 1_812_433_253u32
+                .wrapping_mul(prev ^ (prev >> 30))
+                .wrapping_add(i as u32);
+        }
+        Self { state, index: 624 }
+    }
+
+    /// `init_by_array`.
+    fn from_key(key: &[u32]) -> Self {
+        let mut mt = Self::from_seed(19_650_218);
+        let s = &mut mt.state;
+        let (mut i, mut j) = (1usize, 0usize);
+        for _ in 0..624.max(key.len()) {
+            let prev = s[i - 1];
+            s[i] = (s[i] ^ (prev ^ (prev >> 30)).wrapping_mul(1_664_525))
+                .wrapping_add(key.get(j).copied().unwrap_or(0))
+                .wrapping_add(j as u32);
+            i += 1;
+            j += 1;
+            if i >= 624 {
+                s[0] = s[623];
+                i = 1;
+            }
+            if j >= key.len() {
+                j = 0;
+            }
+        }
+        for _ in 0..623 {
+            let prev = s[i - 1];
+            s[i] =
+                (s[i] ^ (prev ^ (prev >> 30)).wrapping_mul(1_566_083_941)).wrapping_sub(i as u32);
+            i += 1;
+            if i >= 624 {
+                s[0] = s[623];
+                i = 1;
+            }
+        }
+        s[0] = 0x8000_0000;
+        mt
+    }
+
+    fn next_u32(&mut self) -> u32 {
+        const UPPER: u32 = 0x8000_0000;
+        const LOWER: u32 = 0x7fff_ffff;
+        if self.index >= 624 {
+            let s = &mut self.state;
+            for k in 0..624 {
+                let y = (s[k] & UPPER) | (s[(k + 1) % 624] & LOWER);
+                let mag = if y & 1 == 1 { 0x9908_b0df } else { 0 };
+                s[k] = s[(k + 397) % 624] ^ (y >> 1) ^ mag;
+            }
+            self.index = 0;
+        }
+        let mut y = self.state[self.index];
+        self.index += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^ (y >> 18)
     }
 }
 
@@ -277,18 +410,37 @@ mod tests {
         );
     }
 
+    fn sliced(n: usize, spec: &str) -> Vec<usize> {
+        select(some(n), false, None, Some(spec))
+            .unwrap()
+            .iter()
+            .map(|i| i.id.trim_start_matches("repo__x-").parse().unwrap())
+            .collect()
+    }
+
     #[test]
-    fn slices_are_pythons() {
-        assert_eq!(
-            ids(&select(some(5), false, None, Some("1:3")).unwrap()),
-            ["repo__x-1", "repo__x-2"]
-        );
-        assert_eq!(
-            ids(&select(some(5), false, None, Some(":-3")).unwrap()),
-            ["repo__x-0", "repo__x-1"]
-        );
-        assert_eq!(select(some(5), false, None, Some("4:")).unwrap().len(), 1);
-        assert_eq!(select(some(5), false, None, Some("9:")).unwrap().len(), 0);
+    fn slices_are_minis_python_slices() {
+        // Expected values from Python: list(range(10))[slice(*values)].
+        assert_eq!(sliced(10, "5"), [0, 1, 2, 3, 4]);
+        assert_eq!(sliced(10, "1:3"), [1, 2]);
+        assert_eq!(sliced(10, ":3"), [0, 1, 2]);
+        assert_eq!(sliced(10, "8:"), [8, 9]);
+        assert_eq!(sliced(10, ":-8"), [0, 1]);
+        assert_eq!(sliced(10, "-2:"), [8, 9]);
+        assert_eq!(sliced(10, "1:8:3"), [1, 4, 7]);
+        assert_eq!(sliced(10, "::4"), [0, 4, 8]);
+        assert_eq!(sliced(10, "::-3"), [9, 6, 3, 0]);
+        assert_eq!(sliced(10, "7:2:-2"), [7, 5, 3]);
+        assert_eq!(sliced(10, "-1"), [0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(sliced(10, "20"), (0..10).collect::<Vec<_>>());
+        assert!(sliced(10, "12:").is_empty());
+        assert_eq!(sliced(10, ""), (0..10).collect::<Vec<_>>());
+        for bad in ["1:2:3:4", "a:2", "1:2:0", "1.5"] {
+            assert!(
+                select(some(10), false, None, Some(bad)).is_err(),
+                "{bad:?} accepted"
+            );
+        }
     }
 
     #[test]
@@ -301,11 +453,38 @@ mod tests {
     }
 
     #[test]
-    fn shuffles_are_seeded() {
-        let a = ids(&select(some(20), true, None, None).unwrap()).join(",");
-        let b = ids(&select(some(20), true, None, None).unwrap()).join(",");
-        assert_eq!(a, b);
-        assert_ne!(a, ids(&some(20)).join(","));
+    fn shuffles_are_pythons_random_shuffle_with_seed_42() {
+        // python3 -c "import random; l=list(range(20)); random.seed(42); random.shuffle(l); print(l)"
+        let mut l: Vec<u32> = (0..20).collect();
+        python_shuffle(&mut l, 42);
+        assert_eq!(
+            l,
+            [19, 5, 14, 4, 9, 13, 15, 18, 6, 12, 17, 10, 1, 11, 2, 16, 7, 8, 0, 3]
+        );
+        // The same for range(1000): first 15 and last 5.
+        let mut l: Vec<u32> = (0..1000).collect();
+        python_shuffle(&mut l, 42);
+        assert_eq!(
+            l[..15],
+            [776, 507, 895, 922, 33, 483, 85, 750, 354, 523, 184, 809, 418, 615, 682]
+        );
+        assert_eq!(l[995..], [281, 759, 25, 114, 654]);
+    }
+
+    #[test]
+    fn shuffles_sort_by_id_first_so_the_file_order_does_not_matter() {
+        let forward = select(some(20), true, None, None).unwrap();
+        let mut reversed = some(20);
+        reversed.reverse();
+        let backward = select(reversed, true, None, None).unwrap();
+        assert_eq!(ids(&forward), ids(&backward));
+        // mini's order for these ids (its filter_instances under CPython):
+        // s = sorted(ids); random.seed(42); random.shuffle(s)
+        let mini = [
+            9, 13, 4, 12, 17, 3, 5, 8, 14, 2, 7, 18, 1, 19, 10, 6, 15, 16, 0, 11,
+        ]
+        .map(|i| format!("repo__x-{i}"));
+        assert_eq!(ids(&forward), mini);
     }
 
     #[test]

@@ -36,13 +36,14 @@ pub struct BatchArgs {
     /// Split of a directory (`dev` and `validation` name the same file).
     #[arg(long, default_value = "dev")]
     split: String,
-    /// Python-style slice of the instances, e.g. 0:5.
-    #[arg(long, value_name = "START:END")]
+    /// Python slice of the instances, as mini's: 0:5, :5, 5 (the same), 10:, 0:100:2.
+    #[arg(long, value_name = "SLICE")]
     slice: Option<String>,
     /// Keep instance ids this regex matches from their start (Python's re.match).
     #[arg(long, value_name = "REGEX")]
     filter: Option<String>,
-    /// Shuffle the instances first (seeded: the same order every time).
+    /// Shuffle the instances first, as mini does (sorted by id, then Python's random.shuffle
+    /// seeded 42): the same order every time, and mini's.
     #[arg(long)]
     shuffle: bool,
     /// Instances run at once.
