@@ -301,6 +301,9 @@ async fn with_executor(
     );
     let outcome = agent.run(&instance.problem_statement).await;
     agent.environment().close().await;
+    if let Err(e) = ctx.outputs.stamp_trajectory(id) {
+        ctx.outputs.log(&format!("{id}: {e:#}"));
+    }
     match outcome {
         Ok(o) => Finished {
             status: o.exit_status.as_str().to_string(),

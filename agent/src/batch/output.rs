@@ -123,7 +123,7 @@ impl Outputs {
         reason: &str,
         config: Value,
     ) -> anyhow::Result<()> {
-        let doc = Trajectory {
+        let mut doc = Trajectory {
             messages: &[],
             cost: 0.0,
             api_calls: 0,
@@ -133,7 +133,28 @@ impl Outputs {
             extra_info: json!({ "traceback": reason, "instance_id": id }),
         }
         .to_json();
+        doc["instance_id"] = json!(id);
         write_atomic(&self.trajectory_path(id), &doc)?;
+        Ok(())
+    }
+
+    /// Give the trajectory the agent loop wrote mini's top-level `instance_id` (mini's batch
+    /// run saves it beside `info`, and tools that gather trajectories key them by it).
+    pub fn stamp_trajectory(&self, id: &str) -> anyhow::Result<()> {
+        let path = self.trajectory_path(id);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            // The loop could not write it: it said so in the log.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let mut doc: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        let Some(map) = doc.as_object_mut() else {
+            anyhow::bail!("{} is not a JSON object", path.display());
+        };
+        map.insert("instance_id".to_string(), json!(id));
+        write_atomic(&path, &doc)?;
         Ok(())
     }
 
@@ -211,5 +232,32 @@ mod tests {
         assert!(out.done().unwrap().is_empty());
         out.record_pred("b", "m", "diff").unwrap();
         assert_eq!(out.done().unwrap(), ["b"]);
+    }
+
+    #[test]
+    fn trajectories_carry_minis_top_level_instance_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Outputs::create(dir.path()).unwrap();
+        let read = |id: &str| -> Value {
+            serde_json::from_str(&std::fs::read_to_string(out.trajectory_path(id)).unwrap())
+                .unwrap()
+        };
+        out.write_failure_trajectory("a__b-1", "RuntimeError", "why", json!({}))
+            .unwrap();
+        assert_eq!(read("a__b-1")["instance_id"], "a__b-1");
+        // One the loop wrote: stamped, the rest kept.
+        let path = out.trajectory_path("a__b-2");
+        write_atomic(
+            &path,
+            &json!({"info": {"exit_status": "Submitted"}, "messages": []}),
+        )
+        .unwrap();
+        out.stamp_trajectory("a__b-2").unwrap();
+        let doc = read("a__b-2");
+        assert_eq!(doc["instance_id"], "a__b-2");
+        assert_eq!(doc["info"]["exit_status"], "Submitted");
+        // None written (the loop failed to): nothing made up.
+        out.stamp_trajectory("a__b-3").unwrap();
+        assert!(!out.trajectory_path("a__b-3").exists());
     }
 }

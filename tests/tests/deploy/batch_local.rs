@@ -20,6 +20,7 @@ async fn a_local_batch_writes_minis_outputs_and_a_rerun_skips_what_is_done() {
         assert_fixed(&bench.patch(i), i);
         let traj = bench.trajectory(i);
         assert_eq!(traj["trajectory_format"], "mini-swe-agent-1.1");
+        assert_eq!(traj["instance_id"], id.as_str());
         assert_eq!(traj["info"]["exit_status"], "Submitted");
         assert_eq!(traj["info"]["config"]["deployment"], "local");
     }
@@ -71,6 +72,7 @@ async fn a_model_error_and_a_failing_startup_command_are_recorded_and_the_batch_
     assert_eq!(bench.patch(2), "");
     let failed = bench.trajectory(2);
     assert_eq!(failed["info"]["exit_status"], "RuntimeError");
+    assert_eq!(failed["instance_id"], bench.id(2).as_str());
     assert!(
         failed["info"]["traceback"]
             .as_str()
