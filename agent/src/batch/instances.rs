@@ -68,18 +68,47 @@ fn instance(value: Value) -> anyhow::Result<Instance> {
         .or_else(|| text("docker_image"))
         .filter(|i| !i.is_empty())
         .unwrap_or_else(|| swebench_image(&id));
+    let problem_statement = text("problem_statement");
+    // mini fails such an instance (a KeyError) while the others run; so do we, saying why.
+    let invalid = unsafe_id(&id).or_else(|| {
+        problem_statement.is_none().then(|| {
+            format!("instance {id:?} has no problem_statement (a string): there is no task to give the agent")
+        })
+    });
     Ok(Instance {
-        problem_statement: text("problem_statement").unwrap_or_default(),
-        invalid: unsafe_id(&id),
+        problem_statement: problem_statement.unwrap_or_default(),
+        invalid,
         id,
         image,
         fields,
     })
 }
 
+/// Parquet files start (and end) with these bytes.
+const PARQUET_MAGIC: &[u8] = b"PAR1";
+
+fn is_parquet(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "parquet")
+}
+
+/// What to say when only parquet is there: we read JSON and JSONL (no parquet reader).
+fn parquet_error(what: &Path) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} holds parquet only: agent batch reads instances as JSON or JSONL; export the split \
+         first, e.g. python -c \"import datasets; datasets.load_dataset('DATASET', \
+         split='test').to_json('test.jsonl')\"",
+        what.display()
+    )
+}
+
 fn parse_file(path: &Path) -> anyhow::Result<Vec<Instance>> {
-    let text = std::fs::read_to_string(path)
+    let bytes = std::fs::read(path)
         .with_context(|| format!("cannot read the instances file {}", path.display()))?;
+    if is_parquet(path) || bytes.starts_with(PARQUET_MAGIC) {
+        return Err(parquet_error(path));
+    }
+    let text = String::from_utf8(bytes)
+        .with_context(|| format!("the instances file {} is not UTF-8 text", path.display()))?;
     let values: Vec<Value> = if text.trim_start().starts_with('[') {
         serde_json::from_str(&text)
             .with_context(|| format!("{} is not a JSON list of instances", path.display()))?
@@ -146,6 +175,16 @@ pub fn load(subset: &Path, split: &str) -> anyhow::Result<Vec<Instance>> {
     }
     let files = split_files(subset, split);
     if files.is_empty() {
+        let has_parquet = |dir: &Path| {
+            std::fs::read_dir(dir).is_ok_and(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .any(|e| is_parquet(&e.path()))
+            })
+        };
+        if has_parquet(subset) || has_parquet(&subset.join("data")) {
+            return Err(parquet_error(subset));
+        }
         bail!(
             "no {split}.jsonl, {split}.json or data/{split}-*.jsonl in {}",
             subset.display()
@@ -535,6 +574,42 @@ mod tests {
         )
         .unwrap();
         assert_eq!(load(&file, "dev").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_missing_problem_statement_makes_its_instance_invalid_naming_it() {
+        for fields in [
+            json!({"instance_id": "a__b-1"}),
+            json!({"instance_id": "a__b-1", "problem_statement": null}),
+        ] {
+            let i = instance(fields).unwrap();
+            let why = i.invalid.unwrap();
+            assert!(why.contains("\"a__b-1\" has no problem_statement"), "{why}");
+        }
+        let ok = instance(json!({"instance_id": "a__b-1", "problem_statement": "fix"})).unwrap();
+        assert_eq!((ok.invalid, ok.problem_statement.as_str()), (None, "fix"));
+    }
+
+    #[test]
+    fn parquet_only_says_json_or_jsonl_is_needed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let file = dir.path().join("data/test-00000-of-00001.parquet");
+        std::fs::write(&file, b"PAR1\0\x15PAR1").unwrap();
+        for (subset, split) in [(dir.path(), "test"), (file.as_path(), "test")] {
+            let e = load(subset, split).unwrap_err().to_string();
+            assert!(
+                e.contains("parquet only") && e.contains("JSON or JSONL"),
+                "{e}"
+            );
+        }
+        // The control: a JSONL beside it is read.
+        std::fs::write(
+            dir.path().join("data/test-00000-of-00001.jsonl"),
+            "{\"instance_id\": \"a\", \"problem_statement\": \"p\"}\n",
+        )
+        .unwrap();
+        assert_eq!(load(dir.path(), "test").unwrap().len(), 1);
     }
 
     #[test]

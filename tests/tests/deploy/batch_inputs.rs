@@ -94,3 +94,30 @@ async fn duplicate_ids_refuse_the_instances_file_before_anything_runs() {
     assert_eq!((bench.starts(0), bench.starts(1)), (0, 0));
     assert!(bench.preds().is_empty());
 }
+
+#[tokio::test]
+async fn an_instance_without_a_problem_statement_fails_naming_its_id_and_the_others_run() {
+    let bench = Bench::new(1, &[], &[]);
+    let id = format!("toy__{}-no-statement", bench.tag);
+    append(
+        &bench,
+        &[serde_json::json!({"instance_id": id, "value": 7})],
+    );
+    let run = bench.run(&[]).await;
+    assert_eq!(run.code, 0);
+    assert_eq!(bench.status_of(0), "Submitted");
+    assert_eq!(
+        bench.statuses()["InvalidInstance"],
+        std::slice::from_ref(&id)
+    );
+    assert!(
+        run.stderr
+            .contains(&format!("{id:?} has no problem_statement")),
+        "{}",
+        run.stderr
+    );
+    assert!(bench.log().contains("has no problem_statement"));
+    // Never started (no executor, no model), and not in preds.json: a rerun does it.
+    assert!(!bench.out().join(&id).exists());
+    assert_eq!(bench.preds().len(), 1);
+}
