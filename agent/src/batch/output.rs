@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use anyhow::Context;
 use serde_json::{json, Map, Value};
 
-use crate::trajectory::{write_atomic, Trajectory};
+use crate::trajectory::Trajectory;
 
 /// mini's log file name, so tools that look for it find it.
 pub const LOG_FILE: &str = "minisweagent.log";
@@ -107,11 +107,7 @@ impl Outputs {
             json!({ "instances_by_exit_status": *statuses })
         };
         let text = serde_norway::to_string(&doc).context("cannot write YAML")?;
-        let tmp = self.statuses_file.with_extension("yaml.tmp");
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &self.statuses_file))
-            .with_context(|| format!("cannot write {}", self.statuses_file.display()))?;
-        Ok(())
+        write_bytes_atomic(&self.statuses_file, text.as_bytes())
     }
 
     /// The trajectory of an instance that failed before its agent ran (mini saves one for
@@ -168,6 +164,38 @@ impl Outputs {
             let _ = writeln!(log, "{stamp:.3} {line}");
         }
     }
+}
+
+/// Replace `path` with `value` as pretty JSON, atomically and durably.
+fn write_atomic(path: &Path, value: &Value) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(value)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    text.push('\n');
+    write_bytes_atomic(path, text.as_bytes())
+}
+
+/// Write a sibling temporary file, fsync it, rename it over `path`, fsync the directory. Without
+/// the first fsync a crash after the rename can leave an empty or partial file under the final
+/// name (ext4's delayed allocation; see rename(2) and fsync(2)); without the second the rename
+/// itself may not survive, bringing back the old preds.json and so a rerun of finished work.
+fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let fail = || format!("cannot write {}", path.display());
+    std::fs::create_dir_all(dir).with_context(fail)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .with_context(fail)?;
+    tmp.write_all(bytes).with_context(fail)?;
+    tmp.as_file().sync_all().with_context(fail)?;
+    tmp.persist(path).map_err(|e| e.error).with_context(fail)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync the directory {}", dir.display()))?;
+    Ok(())
 }
 
 /// The predictions in `path`: none when it does not exist, an error when it cannot be read or
@@ -232,6 +260,27 @@ mod tests {
         assert!(out.done().unwrap().is_empty());
         out.record_pred("b", "m", "diff").unwrap();
         assert_eq!(out.done().unwrap(), ["b"]);
+    }
+
+    #[test]
+    fn atomic_writes_replace_whole_and_leave_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Outputs::create(dir.path()).unwrap();
+        out.record_pred("a", "m", "one").unwrap();
+        out.record_pred("a", "m", "two").unwrap();
+        out.record_status("a", "Submitted").unwrap();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.starts_with(".tmp-")), "{names:?}");
+        let preds: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.preds_path()).unwrap()).unwrap();
+        assert_eq!(preds["a"]["model_patch"], "two");
+        // A path we cannot write (its "directory" is a file): an error naming it.
+        let blocked = dir.path().join("preds.json/sub.json");
+        let e = write_atomic(&blocked, &json!({})).unwrap_err();
+        assert!(format!("{e:#}").contains("sub.json"), "{e:#}");
     }
 
     #[test]
