@@ -75,6 +75,9 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
     // Signals first: from here on Ctrl-C stops the batch cleanly instead of killing us.
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
+    // A closed terminal or ssh session (SIGHUP) would otherwise kill us mid-run and leave
+    // containers behind: it stops the batch as SIGTERM does.
+    let mut hup = signal(SignalKind::hangup())?;
     let mut config = config::load(&args.config)?;
     apply_flags(&mut config, &args)?;
     let model_name = config
@@ -178,6 +181,7 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
             },
             _ = int.recv() => interrupted = stop(&stop_tx, &outputs, interrupted),
             _ = term.recv() => interrupted = stop(&stop_tx, &outputs, interrupted),
+            _ = hup.recv() => interrupted = stop(&stop_tx, &outputs, interrupted),
         }
     }
     progress.finish();
@@ -186,24 +190,33 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
         match crate::deploy::reap::reap(&ctx.config.environment.docker, Some(&run_id)).await {
             Ok(0) => {}
             Ok(n) => outputs.log(&format!("removed {n} leftover container(s)")),
-            Err(e) => eprintln!("batch: cannot check for leftover containers: {e:#}"),
+            Err(e) => say(&format!(
+                "batch: cannot check for leftover containers: {e:#}"
+            )),
         }
     }
-    eprintln!(
+    say(&format!(
         "batch: {} in {:.1}s; preds: {}",
         if interrupted { "interrupted" } else { "done" },
         started.elapsed().as_secs_f64(),
         outputs.preds_path().display()
-    );
+    ));
     Ok(if interrupted { INTERRUPTED } else { 0 })
 }
 
-/// The first Ctrl-C or SIGTERM stops the batch: running instances end as `Interrupted`
+/// A line on stderr that cannot fail: after a hangup stderr may be a dead terminal (EIO), and
+/// `eprintln!` would panic there, in the middle of tearing down.
+pub(crate) fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The first Ctrl-C, SIGTERM or SIGHUP stops the batch: running instances end as `Interrupted`
 /// (trajectory saved, not in preds.json, so a rerun does them), no new one starts, and every
 /// executor is torn down before we exit.
 fn stop(stop_tx: &watch::Sender<bool>, outputs: &Outputs, already: bool) -> bool {
     if !already {
-        eprintln!("batch: stopping: running instances are interrupted and torn down");
+        say("batch: stopping: running instances are interrupted and torn down");
         outputs.log("interrupted: stopping");
         let _ = stop_tx.send(true);
     }
