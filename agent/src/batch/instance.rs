@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use super::instances::Instance;
+use super::instances::{Instance, INVALID};
 use super::output::Outputs;
 use super::progress::Progress;
 use crate::agent_loop::{Agent, ExitStatus, Interrupts, Settings, Status};
@@ -59,6 +59,16 @@ pub async fn run(ctx: &Ctx, slot: usize, instance: Instance) {
     let began = Instant::now();
     ctx.progress.started(slot, &id);
     ctx.outputs.log(&format!("{id}: started"));
+    // Before anything touches a path made of its id. It stays out of preds.json (it was never
+    // attempted): once the instances file is fixed, a rerun does it.
+    if let Some(reason) = &instance.invalid {
+        ctx.outputs.log(&format!("{id:?}: {INVALID}: {reason}"));
+        if let Err(e) = ctx.outputs.record_status(&id, INVALID) {
+            ctx.outputs.log(&format!("{id:?}: {e:#}"));
+        }
+        ctx.progress.finished(slot, &id, INVALID, 0.0);
+        return;
+    }
     if let Err(e) = ctx.outputs.forget(&id) {
         ctx.outputs.log(&format!("{id}: {e:#}"));
     }
@@ -91,14 +101,24 @@ async fn attempt(ctx: &Ctx, slot: usize, instance: &Instance) -> Finished {
     let id = &instance.id;
     let mut environment = ctx.config.environment.clone();
     let local = ctx.deployment.kind() == "local";
+    // A fresh directory per instance, writable by the sandbox's identity (as the demo's),
+    // removed when this instance ends however it ends. Its name is made unique on creation:
+    // ids that sanitize alike (`a/b`, `a:b`) must not share or delete each other's.
+    let mut scratch = None;
     let workspace = if local {
-        // A fresh directory per instance, writable by the sandbox's identity (as the demo's).
-        let dir = ctx.scratch.path().join(sanitize(id));
-        if let Err(e) = crate::deploy::local::make_open_dir(&dir) {
-            return Finished::failed(DEPLOYMENT_ERROR, format!("{e:#}"));
-        }
-        environment.cwd = Some(dir.display().to_string());
-        Some(dir.display().to_string())
+        let dir = match workspace_in(ctx.scratch.path(), id) {
+            Ok(dir) => dir,
+            Err(e) => {
+                return Finished::failed(
+                    DEPLOYMENT_ERROR,
+                    format!("cannot make a workspace: {e:#}"),
+                )
+            }
+        };
+        let path = dir.path().display().to_string();
+        scratch = Some(dir);
+        environment.cwd = Some(path.clone());
+        Some(path)
     } else {
         environment.cwd.clone()
     };
@@ -140,9 +160,7 @@ async fn attempt(ctx: &Ctx, slot: usize, instance: &Instance) -> Finished {
         }
     }
     deployed.stop().await;
-    if local {
-        let _ = std::fs::remove_dir_all(ctx.scratch.path().join(sanitize(id)));
-    }
+    drop(scratch);
     finished
 }
 
@@ -283,6 +301,9 @@ async fn with_executor(
     );
     let outcome = agent.run(&instance.problem_statement).await;
     agent.environment().close().await;
+    if let Err(e) = ctx.outputs.stamp_trajectory(id) {
+        ctx.outputs.log(&format!("{id}: {e:#}"));
+    }
     match outcome {
         Ok(o) => Finished {
             status: o.exit_status.as_str().to_string(),
@@ -335,6 +356,16 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     }
 }
 
+/// A new directory in `scratch` named after `id`, unique even when ids sanitize alike;
+/// removed when dropped.
+fn workspace_in(scratch: &std::path::Path, id: &str) -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("{}-", sanitize(id)))
+        .tempdir_in(scratch)?;
+    crate::deploy::local::make_open_dir(dir.path())?;
+    Ok(dir)
+}
+
 fn sanitize(id: &str) -> String {
     id.chars()
         .map(|c| {
@@ -345,4 +376,27 @@ fn sanitize(id: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_that_sanitize_alike_get_workspaces_of_their_own() {
+        let scratch = tempfile::tempdir().unwrap();
+        assert_eq!(sanitize("a:b"), sanitize("a b"));
+        let a = workspace_in(scratch.path(), "a:b").unwrap();
+        let b = workspace_in(scratch.path(), "a b").unwrap();
+        assert_ne!(a.path(), b.path());
+        std::fs::write(b.path().join("work"), "b's").unwrap();
+        // One ending removes its own workspace only.
+        let a_path = a.path().to_path_buf();
+        drop(a);
+        assert!(!a_path.exists());
+        assert_eq!(
+            std::fs::read_to_string(b.path().join("work")).unwrap(),
+            "b's"
+        );
+    }
 }

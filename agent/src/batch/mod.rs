@@ -36,13 +36,14 @@ pub struct BatchArgs {
     /// Split of a directory (`dev` and `validation` name the same file).
     #[arg(long, default_value = "dev")]
     split: String,
-    /// Python-style slice of the instances, e.g. 0:5.
-    #[arg(long, value_name = "START:END")]
+    /// Python slice of the instances, as mini's: 0:5, :5, 5 (the same), 10:, 0:100:2.
+    #[arg(long, value_name = "SLICE")]
     slice: Option<String>,
     /// Keep instance ids this regex matches from their start (Python's re.match).
     #[arg(long, value_name = "REGEX")]
     filter: Option<String>,
-    /// Shuffle the instances first (seeded: the same order every time).
+    /// Shuffle the instances first, as mini does (sorted by id, then Python's random.shuffle
+    /// seeded 42): the same order every time, and mini's.
     #[arg(long)]
     shuffle: bool,
     /// Instances run at once.
@@ -74,6 +75,9 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
     // Signals first: from here on Ctrl-C stops the batch cleanly instead of killing us.
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
+    // A closed terminal or ssh session (SIGHUP) would otherwise kill us mid-run and leave
+    // containers behind: it stops the batch as SIGTERM does.
+    let mut hup = signal(SignalKind::hangup())?;
     let mut config = config::load(&args.config)?;
     apply_flags(&mut config, &args)?;
     let model_name = config
@@ -98,13 +102,19 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
         args.slice.as_deref(),
     )?;
     let outputs = Outputs::create(&args.output)?;
-    let done = outputs.done();
+    let done = outputs.done()?;
     let total_selected = selected.len();
     let todo: VecDeque<Instance> = selected
         .into_iter()
         .filter(|i| args.redo_existing || !done.contains(&i.id))
         .collect();
     let skipped = total_selected - todo.len();
+    // Said up front too, so that a long batch does not hide them in its exit statuses.
+    for instance in &todo {
+        if let Some(reason) = &instance.invalid {
+            eprintln!("batch: {reason}; recorded as {}", instances::INVALID);
+        }
+    }
     let run_id = format!("b{}", std::process::id());
     let deployment = crate::deploy::from_config(&config.environment, &run_id)?;
     let kind_name = deployment.kind();
@@ -171,6 +181,7 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
             },
             _ = int.recv() => interrupted = stop(&stop_tx, &outputs, interrupted),
             _ = term.recv() => interrupted = stop(&stop_tx, &outputs, interrupted),
+            _ = hup.recv() => interrupted = stop(&stop_tx, &outputs, interrupted),
         }
     }
     progress.finish();
@@ -179,24 +190,33 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
         match crate::deploy::reap::reap(&ctx.config.environment.docker, Some(&run_id)).await {
             Ok(0) => {}
             Ok(n) => outputs.log(&format!("removed {n} leftover container(s)")),
-            Err(e) => eprintln!("batch: cannot check for leftover containers: {e:#}"),
+            Err(e) => say(&format!(
+                "batch: cannot check for leftover containers: {e:#}"
+            )),
         }
     }
-    eprintln!(
+    say(&format!(
         "batch: {} in {:.1}s; preds: {}",
         if interrupted { "interrupted" } else { "done" },
         started.elapsed().as_secs_f64(),
         outputs.preds_path().display()
-    );
+    ));
     Ok(if interrupted { INTERRUPTED } else { 0 })
 }
 
-/// The first Ctrl-C or SIGTERM stops the batch: running instances end as `Interrupted`
+/// A line on stderr that cannot fail: after a hangup stderr may be a dead terminal (EIO), and
+/// `eprintln!` would panic there, in the middle of tearing down.
+pub(crate) fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The first Ctrl-C, SIGTERM or SIGHUP stops the batch: running instances end as `Interrupted`
 /// (trajectory saved, not in preds.json, so a rerun does them), no new one starts, and every
 /// executor is torn down before we exit.
 fn stop(stop_tx: &watch::Sender<bool>, outputs: &Outputs, already: bool) -> bool {
     if !already {
-        eprintln!("batch: stopping: running instances are interrupted and torn down");
+        say("batch: stopping: running instances are interrupted and torn down");
         outputs.log("interrupted: stopping");
         let _ = stop_tx.send(true);
     }

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::Context;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
-use crate::trajectory::{update_preds, write_atomic, Trajectory};
+use crate::trajectory::Trajectory;
 
 /// mini's log file name, so tools that look for it find it.
 pub const LOG_FILE: &str = "minisweagent.log";
@@ -50,13 +50,11 @@ impl Outputs {
         self.dir.join(id).join(format!("{id}.traj.json"))
     }
 
-    /// Instance ids already in preds.json (done: a rerun skips them).
-    pub fn done(&self) -> Vec<String> {
-        std::fs::read_to_string(self.preds_path())
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v.as_object().map(|m| m.keys().cloned().collect()))
-            .unwrap_or_default()
+    /// Instance ids already in preds.json (done: a rerun skips them). A preds.json that is not
+    /// a JSON object is an error: mini would crash on it, and treating it as empty would
+    /// overwrite every prediction it held with the first one of this run.
+    pub fn done(&self) -> anyhow::Result<Vec<String>> {
+        Ok(read_preds(&self.preds_path())?.keys().cloned().collect())
     }
 
     /// Before (re)running an instance, as mini does: out of preds.json, old trajectory gone.
@@ -66,28 +64,32 @@ impl Outputs {
             .lock()
             .map_err(|_| anyhow::anyhow!("preds lock poisoned"))?;
         let path = self.preds_path();
-        if let Some(mut preds) = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        {
-            if let Some(map) = preds.as_object_mut() {
-                if map.remove(id).is_some() {
-                    write_atomic(&path, &preds)?;
-                }
-            }
+        let mut preds = read_preds(&path)?;
+        if preds.remove(id).is_some() {
+            write_atomic(&path, &Value::Object(preds))?;
         }
         let _ = std::fs::remove_file(self.trajectory_path(id));
         Ok(())
     }
 
     /// Record a finished instance in preds.json (under the lock: one writer at a time, each
-    /// rewrite atomic).
+    /// rewrite atomic). A preds.json spoiled since the start is left alone, not replaced.
     pub fn record_pred(&self, id: &str, model: &str, patch: &str) -> anyhow::Result<()> {
         let _held = self
             .preds_lock
             .lock()
             .map_err(|_| anyhow::anyhow!("preds lock poisoned"))?;
-        update_preds(&self.preds_path(), id, model, patch)?;
+        let path = self.preds_path();
+        let mut preds = read_preds(&path)?;
+        preds.insert(
+            id.to_string(),
+            json!({
+                "model_name_or_path": model,
+                "instance_id": id,
+                "model_patch": patch,
+            }),
+        );
+        write_atomic(&path, &Value::Object(preds))?;
         Ok(())
     }
 
@@ -105,11 +107,7 @@ impl Outputs {
             json!({ "instances_by_exit_status": *statuses })
         };
         let text = serde_norway::to_string(&doc).context("cannot write YAML")?;
-        let tmp = self.statuses_file.with_extension("yaml.tmp");
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &self.statuses_file))
-            .with_context(|| format!("cannot write {}", self.statuses_file.display()))?;
-        Ok(())
+        write_bytes_atomic(&self.statuses_file, text.as_bytes())
     }
 
     /// The trajectory of an instance that failed before its agent ran (mini saves one for
@@ -121,7 +119,7 @@ impl Outputs {
         reason: &str,
         config: Value,
     ) -> anyhow::Result<()> {
-        let doc = Trajectory {
+        let mut doc = Trajectory {
             messages: &[],
             cost: 0.0,
             api_calls: 0,
@@ -131,7 +129,28 @@ impl Outputs {
             extra_info: json!({ "traceback": reason, "instance_id": id }),
         }
         .to_json();
+        doc["instance_id"] = json!(id);
         write_atomic(&self.trajectory_path(id), &doc)?;
+        Ok(())
+    }
+
+    /// Give the trajectory the agent loop wrote mini's top-level `instance_id` (mini's batch
+    /// run saves it beside `info`, and tools that gather trajectories key them by it).
+    pub fn stamp_trajectory(&self, id: &str) -> anyhow::Result<()> {
+        let path = self.trajectory_path(id);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            // The loop could not write it: it said so in the log.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let mut doc: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        let Some(map) = doc.as_object_mut() else {
+            anyhow::bail!("{} is not a JSON object", path.display());
+        };
+        map.insert("instance_id".to_string(), json!(id));
+        write_atomic(&path, &doc)?;
         Ok(())
     }
 
@@ -144,6 +163,59 @@ impl Outputs {
         if let Ok(mut log) = self.log.lock() {
             let _ = writeln!(log, "{stamp:.3} {line}");
         }
+    }
+}
+
+/// Replace `path` with `value` as pretty JSON, atomically and durably.
+fn write_atomic(path: &Path, value: &Value) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(value)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    text.push('\n');
+    write_bytes_atomic(path, text.as_bytes())
+}
+
+/// Write a sibling temporary file, fsync it, rename it over `path`, fsync the directory. Without
+/// the first fsync a crash after the rename can leave an empty or partial file under the final
+/// name (ext4's delayed allocation; see rename(2) and fsync(2)); without the second the rename
+/// itself may not survive, bringing back the old preds.json and so a rerun of finished work.
+fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let fail = || format!("cannot write {}", path.display());
+    std::fs::create_dir_all(dir).with_context(fail)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .with_context(fail)?;
+    tmp.write_all(bytes).with_context(fail)?;
+    tmp.as_file().sync_all().with_context(fail)?;
+    tmp.persist(path).map_err(|e| e.error).with_context(fail)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync the directory {}", dir.display()))?;
+    Ok(())
+}
+
+/// The predictions in `path`: none when it does not exist, an error when it cannot be read or
+/// is not a JSON object (so that nothing is written over it).
+fn read_preds(path: &Path) -> anyhow::Result<Map<String, Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Map::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(preds)) => Ok(preds),
+        Ok(_) => anyhow::bail!(
+            "{} is not a JSON object of predictions: fix or move it (it was left as it is)",
+            path.display()
+        ),
+        Err(e) => anyhow::bail!(
+            "{} is not valid JSON ({e}): fix or move it (it was left as it is)",
+            path.display()
+        ),
     }
 }
 
@@ -166,8 +238,75 @@ mod tests {
         );
         out.record_pred("a", "m", "diff").unwrap();
         out.record_pred("b", "m", "").unwrap();
-        assert_eq!(out.done(), ["a", "b"]);
+        assert_eq!(out.done().unwrap(), ["a", "b"]);
         out.forget("a").unwrap();
-        assert_eq!(out.done(), ["b"]);
+        assert_eq!(out.done().unwrap(), ["b"]);
+    }
+
+    #[test]
+    fn a_spoiled_preds_json_is_an_error_and_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Outputs::create(dir.path()).unwrap();
+        for spoiled in ["{\"a\": {\"model_patch\": \"di", "[1, 2]", ""] {
+            std::fs::write(out.preds_path(), spoiled).unwrap();
+            let e = out.done().unwrap_err().to_string();
+            assert!(e.contains("preds.json is not"), "{e}");
+            assert!(out.record_pred("b", "m", "diff").is_err());
+            assert!(out.forget("a").is_err());
+            assert_eq!(std::fs::read_to_string(out.preds_path()).unwrap(), spoiled);
+        }
+        // The control: no preds.json at all is an empty one.
+        std::fs::remove_file(out.preds_path()).unwrap();
+        assert!(out.done().unwrap().is_empty());
+        out.record_pred("b", "m", "diff").unwrap();
+        assert_eq!(out.done().unwrap(), ["b"]);
+    }
+
+    #[test]
+    fn atomic_writes_replace_whole_and_leave_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Outputs::create(dir.path()).unwrap();
+        out.record_pred("a", "m", "one").unwrap();
+        out.record_pred("a", "m", "two").unwrap();
+        out.record_status("a", "Submitted").unwrap();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.starts_with(".tmp-")), "{names:?}");
+        let preds: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.preds_path()).unwrap()).unwrap();
+        assert_eq!(preds["a"]["model_patch"], "two");
+        // A path we cannot write (its "directory" is a file): an error naming it.
+        let blocked = dir.path().join("preds.json/sub.json");
+        let e = write_atomic(&blocked, &json!({})).unwrap_err();
+        assert!(format!("{e:#}").contains("sub.json"), "{e:#}");
+    }
+
+    #[test]
+    fn trajectories_carry_minis_top_level_instance_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Outputs::create(dir.path()).unwrap();
+        let read = |id: &str| -> Value {
+            serde_json::from_str(&std::fs::read_to_string(out.trajectory_path(id)).unwrap())
+                .unwrap()
+        };
+        out.write_failure_trajectory("a__b-1", "RuntimeError", "why", json!({}))
+            .unwrap();
+        assert_eq!(read("a__b-1")["instance_id"], "a__b-1");
+        // One the loop wrote: stamped, the rest kept.
+        let path = out.trajectory_path("a__b-2");
+        write_atomic(
+            &path,
+            &json!({"info": {"exit_status": "Submitted"}, "messages": []}),
+        )
+        .unwrap();
+        out.stamp_trajectory("a__b-2").unwrap();
+        let doc = read("a__b-2");
+        assert_eq!(doc["instance_id"], "a__b-2");
+        assert_eq!(doc["info"]["exit_status"], "Submitted");
+        // None written (the loop failed to): nothing made up.
+        out.stamp_trajectory("a__b-3").unwrap();
+        assert!(!out.trajectory_path("a__b-3").exists());
     }
 }

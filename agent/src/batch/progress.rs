@@ -84,7 +84,7 @@ impl Progress {
     pub fn started(&self, slot: usize, id: &str) {
         match self {
             Self::Terminal(_) => self.worker(slot, &format!("{id}: starting")),
-            Self::Plain { .. } => eprintln!("batch: {id}: started"),
+            Self::Plain { .. } => super::say(&format!("batch: {id}: started")),
         }
     }
 
@@ -108,10 +108,10 @@ impl Progress {
                     *d += 1;
                     *d
                 });
-                eprintln!(
+                super::say(&format!(
                     "batch: [{}/{total}] {id}: {status} ({seconds:.1}s)",
                     n.unwrap_or(0)
-                );
+                ));
             }
         }
     }

@@ -20,6 +20,7 @@ async fn a_local_batch_writes_minis_outputs_and_a_rerun_skips_what_is_done() {
         assert_fixed(&bench.patch(i), i);
         let traj = bench.trajectory(i);
         assert_eq!(traj["trajectory_format"], "mini-swe-agent-1.1");
+        assert_eq!(traj["instance_id"], id.as_str());
         assert_eq!(traj["info"]["exit_status"], "Submitted");
         assert_eq!(traj["info"]["config"]["deployment"], "local");
     }
@@ -71,6 +72,7 @@ async fn a_model_error_and_a_failing_startup_command_are_recorded_and_the_batch_
     assert_eq!(bench.patch(2), "");
     let failed = bench.trajectory(2);
     assert_eq!(failed["info"]["exit_status"], "RuntimeError");
+    assert_eq!(failed["instance_id"], bench.id(2).as_str());
     assert!(
         failed["info"]["traceback"]
             .as_str()
@@ -126,4 +128,40 @@ async fn an_interrupted_batch_resumes_without_running_a_finished_instance_twice(
         "a finished instance ran again"
     );
     assert_eq!((bench.starts(2), bench.starts(3)), (2, 2));
+}
+
+#[tokio::test]
+async fn a_hangup_stops_the_batch_cleanly_as_sigterm_does() {
+    // 0 finishes at once; 1 is running its first command at the hangup (a closed terminal).
+    let bench = Bench::new(2, &[(1, &slow_script(60))], &[]);
+    let child = bench.command(&["-w", "2"]).spawn().unwrap();
+    let running = wait_for(Duration::from_secs(60), || {
+        bench.preds().len() == 1 && !processes_with("sleep 60").is_empty()
+    })
+    .await;
+    assert!(
+        running,
+        "never reached one done and one running: {}",
+        bench.log()
+    );
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let finished = crate::finish(child).await;
+    // Not killed by the signal: it stopped, saved, tore down and said so.
+    assert_eq!(finished.code, 130, "{}", finished.stderr);
+    assert!(
+        finished.stderr.contains("batch: interrupted"),
+        "{}",
+        finished.stderr
+    );
+    assert_eq!(bench.trajectory(1)["info"]["exit_status"], "Interrupted");
+    assert_eq!(
+        bench.preds().keys().cloned().collect::<Vec<_>>(),
+        [bench.id(0)]
+    );
+    assert!(
+        processes_with(&bench.tag).is_empty(),
+        "{:?}",
+        processes_with(&bench.tag)
+    );
 }

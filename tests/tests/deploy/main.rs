@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod batch_docker;
+mod batch_inputs;
 mod batch_local;
 mod batch_remote;
 mod k8s;
