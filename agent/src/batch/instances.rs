@@ -324,12 +324,13 @@ fn slice_indices(spec: &str, len: usize) -> anyhow::Result<Vec<usize>> {
     Ok(picked)
 }
 
-/// Python's `random.seed(seed); random.shuffle(items)` exactly: MT19937 seeded by
-/// `init_by_array` with the seed's 32-bit words (CPython's `random_seed`), and each swap index
-/// drawn by `_randbelow` (`getrandbits` of the bound's bit length, redrawn while too large).
+/// Python's `random.seed(seed); random.shuffle(items)` exactly: MT19937 (the `rand_mt` crate,
+/// the reference mt19937ar) seeded by `init_by_array` with the seed's 32-bit words (CPython's
+/// `random_seed`), and each swap index drawn by `_randbelow` (`getrandbits` of the bound's bit
+/// length, redrawn while too large).
 /// So `--shuffle --slice :50` picks the same 50 instances as mini's.
 fn python_shuffle<T>(items: &mut [T], seed: u32) {
-    let mut mt = Mt19937::from_key(&[seed]);
+    let mut mt = rand_mt::Mt::new_with_key([seed]);
     for i in (1..items.len()).rev() {
         let n = i as u64 + 1;
         // Fewer than 2^32 items: one 32-bit output is always enough.
@@ -342,80 +343,6 @@ fn python_shuffle<T>(items: &mut [T], seed: u32) {
             }
         };
         items.swap(i, j as usize);
-    }
-}
-
-/// The Mersenne Twister of CPython's `_randommodule.c` (Matsumoto and Nishimura's mt19937ar).
-struct Mt19937 {
-    state: [u32; 624],
-    index: usize,
-}
-
-impl Mt19937 {
-    fn from_seed(seed: u32) -> Self {
-        let mut state = [0u32; 624];
-        state[0] = seed;
-        for i in 1..624 {
-            let prev = state[i - 1];
-            state[i] = 1_812_433_253u32
-                .wrapping_mul(prev ^ (prev >> 30))
-                .wrapping_add(i as u32);
-        }
-        Self { state, index: 624 }
-    }
-
-    /// `init_by_array`.
-    fn from_key(key: &[u32]) -> Self {
-        let mut mt = Self::from_seed(19_650_218);
-        let s = &mut mt.state;
-        let (mut i, mut j) = (1usize, 0usize);
-        for _ in 0..624.max(key.len()) {
-            let prev = s[i - 1];
-            s[i] = (s[i] ^ (prev ^ (prev >> 30)).wrapping_mul(1_664_525))
-                .wrapping_add(key.get(j).copied().unwrap_or(0))
-                .wrapping_add(j as u32);
-            i += 1;
-            j += 1;
-            if i >= 624 {
-                s[0] = s[623];
-                i = 1;
-            }
-            if j >= key.len() {
-                j = 0;
-            }
-        }
-        for _ in 0..623 {
-            let prev = s[i - 1];
-            s[i] =
-                (s[i] ^ (prev ^ (prev >> 30)).wrapping_mul(1_566_083_941)).wrapping_sub(i as u32);
-            i += 1;
-            if i >= 624 {
-                s[0] = s[623];
-                i = 1;
-            }
-        }
-        s[0] = 0x8000_0000;
-        mt
-    }
-
-    fn next_u32(&mut self) -> u32 {
-        const UPPER: u32 = 0x8000_0000;
-        const LOWER: u32 = 0x7fff_ffff;
-        if self.index >= 624 {
-            let s = &mut self.state;
-            for k in 0..624 {
-                let y = (s[k] & UPPER) | (s[(k + 1) % 624] & LOWER);
-                let mag = if y & 1 == 1 { 0x9908_b0df } else { 0 };
-                s[k] = s[(k + 397) % 624] ^ (y >> 1) ^ mag;
-            }
-            self.index = 0;
-        }
-        let mut y = self.state[self.index];
-        self.index += 1;
-        y ^= y >> 11;
-        y ^= (y << 7) & 0x9d2c_5680;
-        y ^= (y << 15) & 0xefc6_0000;
-        y ^ (y >> 18)
     }
 }
 
