@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::Context;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::trajectory::Trajectory;
+use crate::trajectory::{read_preds, write_atomic, write_bytes_atomic, Trajectory};
 
 /// mini's log file name, so tools that look for it find it.
 pub const LOG_FILE: &str = "minisweagent.log";
@@ -107,7 +107,7 @@ impl Outputs {
             json!({ "instances_by_exit_status": *statuses })
         };
         let text = serde_norway::to_string(&doc).context("cannot write YAML")?;
-        write_bytes_atomic(&self.statuses_file, text.as_bytes())
+        Ok(write_bytes_atomic(&self.statuses_file, text.as_bytes())?)
     }
 
     /// The trajectory of an instance that failed before its agent ran (mini saves one for
@@ -163,59 +163,6 @@ impl Outputs {
         if let Ok(mut log) = self.log.lock() {
             let _ = writeln!(log, "{stamp:.3} {line}");
         }
-    }
-}
-
-/// Replace `path` with `value` as pretty JSON, atomically and durably.
-fn write_atomic(path: &Path, value: &Value) -> anyhow::Result<()> {
-    let mut text = serde_json::to_string_pretty(value)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    text.push('\n');
-    write_bytes_atomic(path, text.as_bytes())
-}
-
-/// Write a sibling temporary file, fsync it, rename it over `path`, fsync the directory. Without
-/// the first fsync a crash after the rename can leave an empty or partial file under the final
-/// name (ext4's delayed allocation; see rename(2) and fsync(2)); without the second the rename
-/// itself may not survive, bringing back the old preds.json and so a rerun of finished work.
-fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let fail = || format!("cannot write {}", path.display());
-    std::fs::create_dir_all(dir).with_context(fail)?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .with_context(fail)?;
-    tmp.write_all(bytes).with_context(fail)?;
-    tmp.as_file().sync_all().with_context(fail)?;
-    tmp.persist(path).map_err(|e| e.error).with_context(fail)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("cannot sync the directory {}", dir.display()))?;
-    Ok(())
-}
-
-/// The predictions in `path`: none when it does not exist, an error when it cannot be read or
-/// is not a JSON object (so that nothing is written over it).
-fn read_preds(path: &Path) -> anyhow::Result<Map<String, Value>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Map::new()),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
-    match serde_json::from_str::<Value>(&text) {
-        Ok(Value::Object(preds)) => Ok(preds),
-        Ok(_) => anyhow::bail!(
-            "{} is not a JSON object of predictions: fix or move it (it was left as it is)",
-            path.display()
-        ),
-        Err(e) => anyhow::bail!(
-            "{} is not valid JSON ({e}): fix or move it (it was left as it is)",
-            path.display()
-        ),
     }
 }
 
