@@ -57,8 +57,8 @@ impl Docker {
             config: config.docker.clone(),
             executor: super::static_executor(config.executor_static.as_deref())?,
             run_id: run_id.to_string(),
-            profiles: crate::executor_client::PROFILE_PREFERENCE
-                .iter()
+            profiles: super::offered_profiles(config.profile.as_deref())
+                .into_iter()
                 .flat_map(|p| ["--allow-profile".to_string(), p.to_string()])
                 .collect(),
         })

@@ -51,6 +51,10 @@ pub struct K8sArgs {
     /// Output directory.
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output: PathBuf,
+    /// `trusted` also offers that profile (commands unsandboxed, able to read the executor's
+    /// token); by default the executor offers every profile but `trusted`.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
 }
 
 /// A name Kubernetes accepts (DNS-1123 label): lowercase alphanumerics and `-`, 63 at most.
@@ -124,7 +128,13 @@ fn secret(name: &str, namespace: &str, c: &Credentials) -> Value {
 
 /// The pod: the executor copied in by an init container, then started as the command of the
 /// task's container from its read-only copy.
-fn pod_spec(image: &str, executor_image: &str, secret: &str, workspace: Option<&str>) -> Value {
+fn pod_spec(
+    image: &str,
+    executor_image: &str,
+    secret: &str,
+    workspace: Option<&str>,
+    profiles: &[&str],
+) -> Value {
     let mut serve = vec![
         format!("{EXECUTOR_DIR}/executor"),
         "serve".into(),
@@ -137,7 +147,7 @@ fn pod_spec(image: &str, executor_image: &str, secret: &str, workspace: Option<&
         "--token-file".into(),
         format!("{SECRET_DIR}/token"),
     ];
-    for p in crate::executor_client::PROFILE_PREFERENCE {
+    for p in profiles {
         serve.extend(["--allow-profile".into(), p.to_string()]);
     }
     if let Some(w) = workspace {
@@ -220,6 +230,7 @@ pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
         .with_context(|| format!("cannot create {}", args.output.display()))?;
     let ns = &args.namespace;
     let workspace = args.workspace.as_deref();
+    let profiles = super::offered_profiles(args.profile.as_deref());
     for (name, task, image) in &tasks {
         let c = credentials(name)?;
         let secret_name = format!("{name}-executor");
@@ -231,7 +242,13 @@ pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
                 "namespace": ns,
                 "labels": {LABEL: "1", TASK_LABEL: label_value(task)},
             },
-            "spec": pod_spec(image, &args.executor_image, &secret_name, workspace),
+            "spec": pod_spec(
+                image,
+                &args.executor_image,
+                &secret_name,
+                workspace,
+                &profiles,
+            ),
         });
         write_yaml(
             &args.output.join(format!("{name}.yaml")),
@@ -249,7 +266,13 @@ pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
     let template = format!("executor-{first}");
     let pod_template = json!({
         "metadata": {"labels": {LABEL: "1"}},
-        "spec": pod_spec(image, &args.executor_image, &secret_name, workspace),
+        "spec": pod_spec(
+                image,
+                &args.executor_image,
+                &secret_name,
+                workspace,
+                &profiles,
+            ),
     });
     let docs = [
         secret(&secret_name, ns, &c),

@@ -33,6 +33,8 @@ pub struct Ssh {
     config: SshConfig,
     host: String,
     executor: PathBuf,
+    /// The profiles the executor may offer (never `trusted` unless asked for).
+    profiles: Vec<&'static str>,
 }
 
 impl Ssh {
@@ -44,6 +46,7 @@ impl Ssh {
             config: config.ssh.clone(),
             host,
             executor: super::static_executor(config.executor_static.as_deref())?,
+            profiles: super::offered_profiles(config.profile.as_deref()),
         })
     }
 
@@ -111,7 +114,7 @@ impl Deployment for Ssh {
                 "{d}/executor serve --listen 127.0.0.1:0 --state-dir {d}/state \
                  --exit-on-stdin-eof --resume-grace 30"
             );
-            for p in crate::executor_client::PROFILE_PREFERENCE {
+            for p in &self.profiles {
                 serve.push_str(&format!(" --allow-profile {p}"));
             }
             if let Some(w) = &task.workspace {
