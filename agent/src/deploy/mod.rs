@@ -218,6 +218,15 @@ pub fn fresh_token() -> anyhow::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A run's id (`<prefix><12 random hex digits>`), in its containers' names and run label.
+/// Random, not our pid: two agents in different pid namespaces (two CI jobs, containers)
+/// sharing one docker daemon have the same pids, and the end-of-run reap by run label would
+/// remove the other's containers.
+pub fn fresh_run_id(prefix: &str) -> anyhow::Result<String> {
+    let token = fresh_token()?;
+    Ok(format!("{prefix}{}", &token[..12]))
+}
+
 /// A private directory (0700) holding `token` in a file (0600); removed when dropped.
 pub fn private_token_dir(token: &str) -> anyhow::Result<(tempfile::TempDir, PathBuf)> {
     use std::io::Write;

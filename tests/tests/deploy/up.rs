@@ -218,3 +218,52 @@ async fn the_harness_fails_a_deployment_that_writes_a_second_line() {
     let quiet = up_with(fake(r#"echo '{"url": "x"}'; cat >/dev/null"#)).await;
     assert_eq!(quiet.close().await, 0);
 }
+
+/// The `executor-agent.run` label of a container.
+fn run_label(id: &str) -> String {
+    let out = container::podman()
+        .args([
+            "inspect",
+            "--format",
+            "{{index .Config.Labels \"executor-agent.run\"}}",
+            id,
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Two agents' run ids differ and are not their pids: with `up<pid>`, two agents in
+/// different pid namespaces (CI jobs in containers sharing one docker daemon) had the same
+/// run id, and a reap by run label removed the other's containers.
+#[tokio::test]
+async fn two_agents_get_random_run_ids_not_their_pids() {
+    if !container::available() {
+        return;
+    }
+    let image = container::task_image().unwrap();
+    let tag = executor_tests::marker();
+    let flags = podman_flags(&tag);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["--image", &image]);
+    let first = up(&args).await;
+    let second = up(&args).await;
+    let pids = [first.child.id().unwrap(), second.child.id().unwrap()];
+    let ids = containers(&tag);
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    let labels: Vec<String> = ids.iter().map(|id| run_label(id)).collect();
+    // Control: each carries a run label, as the reap needs.
+    assert!(
+        labels
+            .iter()
+            .all(|l| l.len() == "up".len() + 12 && l.starts_with("up")),
+        "{labels:?}"
+    );
+    assert_ne!(labels[0], labels[1], "{labels:?}");
+    for pid in pids {
+        assert!(!labels.contains(&format!("up{pid}")), "{labels:?} {pids:?}");
+    }
+    assert_eq!(first.close().await, 0);
+    assert_eq!(second.close().await, 0);
+    assert!(containers(&tag).is_empty(), "{:?}", containers(&tag));
+}
