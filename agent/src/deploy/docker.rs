@@ -49,6 +49,8 @@ pub struct Docker {
     run_id: String,
     /// Arguments of the executor after `serve` besides ours (profiles it may offer).
     profiles: Vec<String>,
+    /// This agent, in every container's labels, so `deploy reap` spares a live run's.
+    owner: super::reap::Owner,
 }
 
 impl Docker {
@@ -61,6 +63,7 @@ impl Docker {
                 .into_iter()
                 .flat_map(|p| ["--allow-profile".to_string(), p.to_string()])
                 .collect(),
+            owner: super::reap::Owner::current(),
         })
     }
 }
@@ -115,6 +118,9 @@ impl Deployment for Docker {
                 .args(["--label", &format!("{LABEL}=1")])
                 .args(["--label", &format!("{RUN_LABEL}={}", self.run_id)])
                 .args(["--label", &format!("{TASK_LABEL}={}", task.name)]);
+            for (k, v) in self.owner.labels() {
+                run.args(["--label", &format!("{k}={v}")]);
+            }
             for (k, v) in &self.config.labels {
                 run.args(["--label", &format!("{k}={v}")]);
             }

@@ -9,6 +9,7 @@ mod batch_docker;
 mod batch_local;
 mod batch_remote;
 mod k8s;
+mod reap;
 mod reverse;
 mod ssh;
 mod up;
