@@ -267,3 +267,30 @@ async fn two_agents_get_random_run_ids_not_their_pids() {
     assert_eq!(second.close().await, 0);
     assert!(containers(&tag).is_empty(), "{:?}", containers(&tag));
 }
+
+/// An image name is the last argument before the executor's: one starting with `-` would be
+/// another `docker run` option (here a bind mount of the host's root). Refused before docker
+/// runs; the control, a plain name, gets as far as running docker.
+#[tokio::test]
+async fn an_image_name_that_is_an_option_is_refused() {
+    let attempt = |image: &'static str| async move {
+        let out = tokio::process::Command::new(binary("agent"))
+            .args(["deploy", "up", "--json", "--deploy", "docker"])
+            .arg(format!("--image={image}"))
+            .args(["--docker-executable", "/nonexistent/docker"])
+            .args(["--executor-static", "/bin/true"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        assert_ne!(out.status.code(), Some(0));
+        let line: Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        line["error"].as_str().unwrap().to_string()
+    };
+    let refused = attempt("-v/:/host").await;
+    assert!(refused.contains("is not an image name"), "{refused}");
+    assert!(!refused.contains("/nonexistent/docker"), "{refused}");
+    let control = attempt("example.org/task:1").await;
+    assert!(control.contains("/nonexistent/docker"), "{control}");
+}
