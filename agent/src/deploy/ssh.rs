@@ -5,7 +5,10 @@
 //! - One master connection (`ssh -M`, a control socket in a private directory) runs
 //!   `executor serve --listen 127.0.0.1:0 --exit-on-stdin-eof` with our pipe as its stdin:
 //!   when the session ends (we stop, die, or the network drops), the executor's stdin closes
-//!   and it kills its commands and exits; the shell around it removes the copied files.
+//!   and it kills its commands and exits; the shell around it removes the copied files. A
+//!   silent drop (no FIN, no RST) ends our ssh within about 40 s (`ServerAliveInterval=10`,
+//!   `ServerAliveCountMax=3`); the target's sshd ends the session on its side by its own
+//!   `ClientAliveInterval` (or TCP keepalive), which is the target's configuration.
 //! - The port is read from its ready line and forwarded from a loopback port here through the
 //!   master (`ssh -O forward`); plain `ws://` is fine inside the tunnel.
 //! - The token is the one the executor generated in its private state directory, read back
@@ -64,6 +67,16 @@ impl Ssh {
             c.arg("-S").arg(control);
         }
         c.args(&self.config.ssh_args);
+        // A silent network drop (no FIN, no RST) would leave the session up for hours of TCP
+        // retransmits: probe the server inside the session every 10 s and give up after 3
+        // unanswered, so ssh exits within about 40 s and the deployment notices. After the
+        // configured arguments: ssh takes the first value of an option, so users can override.
+        c.args([
+            "-o",
+            "ServerAliveInterval=10",
+            "-o",
+            "ServerAliveCountMax=3",
+        ]);
         c.kill_on_drop(true);
         c
     }
