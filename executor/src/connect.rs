@@ -9,6 +9,11 @@
 //! certificate only), so a relay accepts no executor but its own and no impostor relay learns
 //! the token. When the relay cannot be reached for `--give-up-after` seconds the daemon drains
 //! and exits, as it does when its stdin closes.
+//!
+//! A waiting connection may die without a sound (a NAT entry expires, a route drops: no FIN,
+//! no RST). The relay pings it (`p`, answered `p`; greeting version 2) and drops one that does
+//! not answer; here, one that hears nothing for [`WAIT_DEADLINE`] is dropped and redialled.
+//! TCP keepalive runs on every connection to the relay besides.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,6 +34,22 @@ use crate::ServeArgs;
 
 /// What the relay sends to hand a waiting connection a client.
 const GO: u8 = b'g';
+/// What the relay sends on a waiting connection to check it is alive; answered with the same
+/// byte. Only between the greeting and GO: afterwards every byte is the client's.
+const PING: u8 = b'p';
+/// The greeting's version: 2 answers the relay's heartbeats (1 did not).
+const GREETING_VERSION: u32 = 2;
+/// A waiting connection that hears nothing from the relay (no heartbeat, no GO) for this long
+/// is dead, as after a NAT entry expired or a silent network drop (no FIN, no RST would
+/// ever come): dropped and redialled. Three of the relay's heartbeats.
+const WAIT_DEADLINE: Duration = Duration::from_secs(30);
+/// TCP keepalive: probes after this idle time, then every interval, dead after the count
+/// (a half-open connection ends within about 30 s of silence beyond the idle time, and NAT
+/// entries see traffic). The heartbeat covers what keepalive cannot (a relay process that
+/// stopped serving), and a peer's kernel that answers probes for a dead process.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_COUNT: u32 = 3;
 /// Longest wait between two dial attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A TCP connect plus TLS handshake that takes longer failed.
@@ -138,9 +159,18 @@ pub(crate) async fn dial(relay: Relay, local: SocketAddr, shutdown: Cancellation
         let attempt = tokio::time::timeout(DIAL_PATIENCE, async {
             let tcp = TcpStream::connect((relay.host.as_str(), relay.port)).await?;
             let _ = tcp.set_nodelay(true);
+            if let Err(err) = keepalive(&tcp) {
+                tracing::debug!(%err, "cannot set TCP keepalive towards the relay");
+            }
             let mut tls = connector.connect(name.clone(), tcp).await?;
-            tls.write_all(format!("executor-connect 1 {} {}\n", relay.id, relay.token).as_bytes())
-                .await?;
+            tls.write_all(
+                format!(
+                    "executor-connect {GREETING_VERSION} {} {}\n",
+                    relay.id, relay.token
+                )
+                .as_bytes(),
+            )
+            .await?;
             tls.flush().await?;
             std::io::Result::Ok(tls)
         });
@@ -148,16 +178,22 @@ pub(crate) async fn dial(relay: Relay, local: SocketAddr, shutdown: Cancellation
             c = attempt => c,
             () = shutdown.cancelled() => return,
         };
-        // Wait for a client. Anything but GO means the relay is gone or refused us (a wrong
-        // token): both count as not reaching it.
+        // Wait for a client, answering heartbeats. Anything but GO or PING, or silence past
+        // the deadline, means the relay is gone, refused us (a wrong token) or the path to it
+        // died: all count as not reaching it, and the next connection is dialled.
         let handed = match connected {
-            Ok(Ok(mut tls)) => {
-                let mut byte = [0u8; 1];
-                let go = tokio::select! {
-                    r = tls.read(&mut byte) => matches!(r, Ok(1)) && byte[0] == GO,
+            Ok(Ok(tls)) => {
+                let waited = tokio::select! {
+                    w = wait_for_client(tls) => w,
                     () = shutdown.cancelled() => return,
                 };
-                go.then_some(tls)
+                match waited {
+                    Ok(tls) => Some(tls),
+                    Err(err) => {
+                        tracing::info!(%err, "the waiting connection to the relay ended");
+                        None
+                    }
+                }
             }
             Ok(Err(err)) => {
                 tracing::debug!(%err, "cannot reach the relay");
@@ -189,6 +225,48 @@ pub(crate) async fn dial(relay: Relay, local: SocketAddr, shutdown: Cancellation
             let _ = tokio::io::copy_bidirectional(&mut tls, &mut daemon).await;
         });
     }
+}
+
+type RelayStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// Read the relay's bytes on a waiting connection until GO: answer each PING, and give up
+/// when nothing comes within [`WAIT_DEADLINE`].
+async fn wait_for_client(mut tls: RelayStream) -> std::io::Result<RelayStream> {
+    use std::io::{Error, ErrorKind};
+    loop {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(WAIT_DEADLINE, tls.read(&mut byte))
+            .await
+            .map_err(|_| Error::new(ErrorKind::TimedOut, "no heartbeat from the relay"))??;
+        match (read, byte[0]) {
+            (1, GO) => return Ok(tls),
+            (1, PING) => {
+                tls.write_all(&[PING]).await?;
+                tls.flush().await?;
+            }
+            (0, _) => return Err(Error::new(ErrorKind::UnexpectedEof, "the relay closed")),
+            (_, other) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidData,
+                    format!("unexpected byte {other:#x} from the relay"),
+                ))
+            }
+        }
+    }
+}
+
+/// TCP keepalive on a connection to the relay (see [`KEEPALIVE_IDLE`]).
+fn keepalive(tcp: &TcpStream) -> nix::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(tcp, sockopt::KeepAlive, &true)?;
+    setsockopt(tcp, sockopt::TcpKeepIdle, &secs(KEEPALIVE_IDLE))?;
+    setsockopt(tcp, sockopt::TcpKeepInterval, &secs(KEEPALIVE_INTERVAL))?;
+    setsockopt(tcp, sockopt::TcpKeepCount, &KEEPALIVE_COUNT)?;
+    Ok(())
+}
+
+fn secs(d: Duration) -> u32 {
+    u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
 }
 
 fn client_config(pin: [u8; 32]) -> anyhow::Result<rustls::ClientConfig> {

@@ -115,7 +115,7 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
             eprintln!("batch: {reason}; recorded as {}", instances::INVALID);
         }
     }
-    let run_id = format!("b{}", std::process::id());
+    let run_id = crate::deploy::fresh_run_id("b")?;
     let deployment = crate::deploy::from_config(&config.environment, &run_id)?;
     let kind_name = deployment.kind();
     let workers = args.workers.max(1).min(todo.len().max(1));

@@ -49,6 +49,8 @@ pub struct Docker {
     run_id: String,
     /// Arguments of the executor after `serve` besides ours (profiles it may offer).
     profiles: Vec<String>,
+    /// This agent, in every container's labels, so `deploy reap` spares a live run's.
+    owner: super::reap::Owner,
 }
 
 impl Docker {
@@ -57,10 +59,11 @@ impl Docker {
             config: config.docker.clone(),
             executor: super::static_executor(config.executor_static.as_deref())?,
             run_id: run_id.to_string(),
-            profiles: crate::executor_client::PROFILE_PREFERENCE
-                .iter()
+            profiles: super::offered_profiles(config.profile.as_deref())
+                .into_iter()
                 .flat_map(|p| ["--allow-profile".to_string(), p.to_string()])
                 .collect(),
+            owner: super::reap::Owner::current(),
         })
     }
 }
@@ -101,6 +104,12 @@ impl Deployment for Docker {
             let Some(image) = task.image.as_deref() else {
                 bail!("the docker deployment needs an image (--image, environment.image, or the instance's)");
             };
+            // It comes after our options: one starting with `-` would be parsed as another
+            // option of `docker run` (`--privileged`, `-v/:/host`), by anyone who can write
+            // an instances file.
+            if image.starts_with('-') || image.trim().is_empty() {
+                bail!("{image:?} is not an image name (it must not start with '-')");
+            }
             let token = super::fresh_token()?;
             let (token_dir, token_file) = super::private_token_dir(&token)?;
             let name = container_name(&self.run_id, &task.name);
@@ -115,6 +124,9 @@ impl Deployment for Docker {
                 .args(["--label", &format!("{LABEL}=1")])
                 .args(["--label", &format!("{RUN_LABEL}={}", self.run_id)])
                 .args(["--label", &format!("{TASK_LABEL}={}", task.name)]);
+            for (k, v) in self.owner.labels() {
+                run.args(["--label", &format!("{k}={v}")]);
+            }
             for (k, v) in &self.config.labels {
                 run.args(["--label", &format!("{k}={v}")]);
             }
@@ -297,15 +309,41 @@ impl Removal {
 
 impl Drop for Removal {
     fn drop(&mut self) {
-        if self.armed {
-            // Synchronous on purpose: the runtime may be going away with us.
-            let _ = std::process::Command::new(&self.config.executable)
-                .args(&self.config.global_args)
-                .args(["rm", "-f", &self.name])
+        if !self.armed {
+            return;
+        }
+        let (executable, global_args, name) = (
+            self.config.executable.clone(),
+            self.config.global_args.clone(),
+            self.name.clone(),
+        );
+        let rm = move || {
+            let _ = std::process::Command::new(&executable)
+                .args(&global_args)
+                .args(["rm", "-f", &name])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // On a runtime worker (a start dropped at its deadline): `rm -f` waits for the
+            // container to stop, seconds that would stall every task on this worker. A
+            // thread of its own does it; should the process end first, the container's
+            // lifeline (our pipe on its stdin) still ends it, and `--rm` removes it.
+            let again = rm.clone();
+            if std::thread::Builder::new()
+                .name("docker-rm".into())
+                .spawn(rm)
+                .is_ok()
+            {
+                return;
+            }
+            // No thread: here and now after all.
+            again();
+            return;
         }
+        // No runtime (we are going away): here and now.
+        rm();
     }
 }
 

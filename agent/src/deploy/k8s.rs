@@ -7,7 +7,9 @@
 //!   so clients pin it: `<name>.json` says how to reach it (the Pod's address is the cluster's
 //!   to give).
 //! - For kubernetes-sigs/agent-sandbox: a SandboxTemplate with the same pod, a SandboxWarmPool
-//!   of it, and one Sandbox; sandboxes of a template share its Secret.
+//!   of it, and one Sandbox; sandboxes of a template share its Secret, so one token and one
+//!   TLS key reach every sandbox of the pool.
+//! - Every file written is 0600: the manifests carry the Secret's token and key.
 //!
 //! The init container's image must hold the static executor at `/executor` and a `cp`
 //! (e.g. `FROM busybox` + `COPY executor /executor`).
@@ -51,6 +53,10 @@ pub struct K8sArgs {
     /// Output directory.
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output: PathBuf,
+    /// `trusted` also offers that profile (commands unsandboxed, able to read the executor's
+    /// token); by default the executor offers every profile but `trusted`.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
 }
 
 /// A name Kubernetes accepts (DNS-1123 label): lowercase alphanumerics and `-`, 63 at most.
@@ -124,7 +130,13 @@ fn secret(name: &str, namespace: &str, c: &Credentials) -> Value {
 
 /// The pod: the executor copied in by an init container, then started as the command of the
 /// task's container from its read-only copy.
-fn pod_spec(image: &str, executor_image: &str, secret: &str, workspace: Option<&str>) -> Value {
+fn pod_spec(
+    image: &str,
+    executor_image: &str,
+    secret: &str,
+    workspace: Option<&str>,
+    profiles: &[&str],
+) -> Value {
     let mut serve = vec![
         format!("{EXECUTOR_DIR}/executor"),
         "serve".into(),
@@ -137,7 +149,7 @@ fn pod_spec(image: &str, executor_image: &str, secret: &str, workspace: Option<&
         "--token-file".into(),
         format!("{SECRET_DIR}/token"),
     ];
-    for p in crate::executor_client::PROFILE_PREFERENCE {
+    for p in profiles {
         serve.extend(["--allow-profile".into(), p.to_string()]);
     }
     if let Some(w) = workspace {
@@ -190,12 +202,16 @@ fn write_yaml(path: &Path, docs: &[Value]) -> anyhow::Result<()> {
         text.push_str("---\n");
         text.push_str(&serde_norway::to_string(doc).context("cannot write YAML")?);
     }
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+    write_private(path, &text)
 }
 
+/// Every file we write holds or sits beside a credential (the manifests carry the Secret:
+/// the token and the TLS key), so each is 0600: created with that mode, and an existing
+/// file (an earlier run into the same directory) changed to it through its descriptor
+/// before anything is written, since `mode` applies only when the file is created.
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -203,7 +219,10 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
         .mode(0o600)
         .open(path)
         .with_context(|| format!("cannot write {}", path.display()))?;
-    file.write_all(text.as_bytes())?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot make {} private", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 
@@ -216,10 +235,15 @@ pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
         (None, Some(image)) => vec![(dns_name(&args.name), args.name.clone(), image.clone())],
         (None, None) => bail!("give --image IMAGE (one Pod) or --subset PATH (a Pod per instance)"),
     };
+    // agent-sandbox's template is the first task's image: there must be one.
+    let Some((first, _, first_image)) = tasks.first().cloned() else {
+        bail!("the subset has no instances: nothing to write");
+    };
     std::fs::create_dir_all(&args.output)
         .with_context(|| format!("cannot create {}", args.output.display()))?;
     let ns = &args.namespace;
     let workspace = args.workspace.as_deref();
+    let profiles = super::offered_profiles(args.profile.as_deref());
     for (name, task, image) in &tasks {
         let c = credentials(name)?;
         let secret_name = format!("{name}-executor");
@@ -231,7 +255,13 @@ pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
                 "namespace": ns,
                 "labels": {LABEL: "1", TASK_LABEL: label_value(task)},
             },
-            "spec": pod_spec(image, &args.executor_image, &secret_name, workspace),
+            "spec": pod_spec(
+                image,
+                &args.executor_image,
+                &secret_name,
+                workspace,
+                &profiles,
+            ),
         });
         write_yaml(
             &args.output.join(format!("{name}.yaml")),
@@ -240,16 +270,24 @@ pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
         let token_file = args.output.join(format!("{name}.token"));
         write_private(&token_file, &c.token)?;
         let info = serde_json::to_string_pretty(&connect_info(name, &c, &token_file))?;
-        std::fs::write(args.output.join(format!("{name}.json")), info)?;
+        write_private(&args.output.join(format!("{name}.json")), &info)?;
     }
     // agent-sandbox: one template (the first task's image), a warm pool of it, one sandbox.
-    let (first, _, image) = &tasks[0];
+    // Every sandbox of the template, warm or claimed, mounts the same Secret: they share one
+    // token and one TLS key, so whoever holds the token reaches all of them (documented).
+    let image = &first_image;
     let c = credentials("agent-sandbox")?;
     let secret_name = "agent-sandbox-executor".to_string();
     let template = format!("executor-{first}");
     let pod_template = json!({
         "metadata": {"labels": {LABEL: "1"}},
-        "spec": pod_spec(image, &args.executor_image, &secret_name, workspace),
+        "spec": pod_spec(
+                image,
+                &args.executor_image,
+                &secret_name,
+                workspace,
+                &profiles,
+            ),
     });
     let docs = [
         secret(&secret_name, ns, &c),
@@ -276,7 +314,7 @@ pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
     let token_file = args.output.join("agent-sandbox.token");
     write_private(&token_file, &c.token)?;
     let info = serde_json::to_string_pretty(&connect_info("agent-sandbox", &c, &token_file))?;
-    std::fs::write(args.output.join("agent-sandbox.json"), info)?;
+    write_private(&args.output.join("agent-sandbox.json"), &info)?;
     eprintln!(
         "deploy k8s: wrote {} Pod manifest(s) and agent-sandbox.yaml to {} (not applied)",
         tasks.len(),

@@ -175,6 +175,39 @@ pub fn static_executor(configured: Option<&Path>) -> anyhow::Result<PathBuf> {
     )
 }
 
+/// The profile that runs commands unsandboxed, as the executor's own user.
+pub const TRUSTED: &str = "trusted";
+
+/// The `docker run` arguments under which the executor in a container can build namespaces
+/// (tested with rootful podman and runc, the default seccomp profile: `executor check` shows
+/// `strict` and `task-container` ok). Docker's default seccomp profile opens the namespace
+/// syscalls to a container holding CAP_SYS_ADMIN as podman's does; on a host with AppArmor,
+/// docker's default profile also denies mount, hence `--security-opt apparmor=unconfined`
+/// there (not tested here).
+pub const NAMESPACE_RUN_ARGS: &str =
+    "--docker-run-arg=--cap-add=SYS_ADMIN --docker-run-arg=--cap-add=NET_ADMIN";
+
+/// The profiles an executor we deploy offers: the preference order without `trusted`, unless
+/// the user asked for it by name (`--profile trusted`, `environment.profile: trusted`).
+/// `trusted` runs commands as the executor's own user, which in a container is root, and so
+/// can read the executor's token (`/.executor/token`) and take the executor over: it must
+/// never be the silent fallback when the sandboxes cannot work in a task image.
+pub fn offered_profiles(requested: Option<&str>) -> Vec<&'static str> {
+    let trusted = requested == Some(TRUSTED);
+    if trusted {
+        crate::notes::note!(
+            "WARNING: profile \"trusted\" was asked for: commands run unsandboxed as the \
+             executor's user (root in a container) and can read the executor's token and take \
+             it over; use it only for trusted commands"
+        );
+    }
+    crate::executor_client::PROFILE_PREFERENCE
+        .iter()
+        .copied()
+        .filter(|p| *p != TRUSTED || trusted)
+        .collect()
+}
+
 /// A fresh bearer token: 32 random bytes as hex.
 pub fn fresh_token() -> anyhow::Result<String> {
     use ring::rand::SecureRandom;
@@ -183,6 +216,15 @@ pub fn fresh_token() -> anyhow::Result<String> {
         .fill(&mut bytes)
         .map_err(|_| anyhow::anyhow!("no randomness for a token"))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A run's id (`<prefix><12 random hex digits>`), in its containers' names and run label.
+/// Random, not our pid: two agents in different pid namespaces (two CI jobs, containers)
+/// sharing one docker daemon have the same pids, and the end-of-run reap by run label would
+/// remove the other's containers.
+pub fn fresh_run_id(prefix: &str) -> anyhow::Result<String> {
+    let token = fresh_token()?;
+    Ok(format!("{prefix}{}", &token[..12]))
 }
 
 /// A private directory (0700) holding `token` in a file (0600); removed when dropped.

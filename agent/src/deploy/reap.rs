@@ -1,10 +1,25 @@
 //! `agent deploy reap`: remove the containers a killed agent left behind, found by the label
 //! every container of ours carries.
+//!
+//! Every container also names its owner: the agent's host, pid namespace, pid and the start
+//! time of that pid (`/proc/<pid>/stat`, field 22). By default only containers whose owner is
+//! gone are removed: same host and pid namespace (else we cannot tell, and keep it), and the
+//! pid dead or reused by another process (the start time differs). Live containers of a
+//! running batch are left alone; `--all` removes every container of ours, `--run ID` every
+//! container of that run.
 
 use clap::Args;
 
 use super::config::DockerConfig;
 use super::docker::{docker_command, LABEL, RUN_LABEL};
+
+/// The owner's host name (`/proc/sys/kernel/hostname`).
+pub const OWNER_HOST_LABEL: &str = "executor-agent.owner-host";
+/// The owner's pid namespace (`/proc/self/ns/pid`'s link, e.g. `pid:[4026531836]`).
+pub const OWNER_PIDNS_LABEL: &str = "executor-agent.owner-pidns";
+pub const OWNER_PID_LABEL: &str = "executor-agent.owner-pid";
+/// The owner's start time in clock ticks since boot: tells a reused pid from the owner.
+pub const OWNER_START_LABEL: &str = "executor-agent.owner-start";
 
 #[derive(Args)]
 pub struct ReapArgs {
@@ -18,16 +33,151 @@ pub struct ReapArgs {
         allow_hyphen_values = true
     )]
     pub docker_global_args: Vec<String>,
-    /// Only the containers of this run (a batch's or a `deploy up`'s run id).
-    #[arg(long, value_name = "ID")]
+    /// Every container of this run (a batch's or a `deploy up`'s run id), owner alive or not.
+    #[arg(long, value_name = "ID", conflicts_with = "all")]
     pub run: Option<String>,
+    /// Every container of ours, also those of agents still running.
+    #[arg(long)]
+    pub all: bool,
 }
 
-/// Remove every container with our label (and the run's, if given); returns how many.
+/// Who started a container: this process, as its labels record it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub host: String,
+    pub pidns: String,
+    pub pid: u32,
+    pub start: String,
+}
+
+impl Owner {
+    /// This process.
+    pub fn current() -> Self {
+        let pid = std::process::id();
+        Self {
+            host: hostname(),
+            pidns: pidns(),
+            pid,
+            start: start_time(pid).unwrap_or_default(),
+        }
+    }
+
+    /// `--label` pairs for `docker run`.
+    pub fn labels(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (OWNER_HOST_LABEL, self.host.clone()),
+            (OWNER_PIDNS_LABEL, self.pidns.clone()),
+            (OWNER_PID_LABEL, self.pid.to_string()),
+            (OWNER_START_LABEL, self.start.clone()),
+        ]
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn pidns() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// Field 22 of `/proc/<pid>/stat` (after the parenthesised command, which may hold spaces).
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    // Fields 3.. follow the command; the start time is field 22.
+    after.split_whitespace().nth(19).map(str::to_string)
+}
+
+/// Whether the owner recorded in a container's labels is gone, as seen from `here`: same
+/// host and pid namespace, and its pid dead or now another process. `None` labels (an older
+/// agent's container) or another host or namespace: not known to be gone.
+fn owner_gone(labels: &Labels, here: &Owner) -> bool {
+    let (Some(host), Some(pidns), Some(pid), Some(start)) = (
+        labels.host.as_deref(),
+        labels.pidns.as_deref(),
+        labels.pid.as_deref().and_then(|p| p.parse::<u32>().ok()),
+        labels.start.as_deref(),
+    ) else {
+        return false;
+    };
+    if host != here.host || pidns != here.pidns || here.pidns.is_empty() {
+        return false;
+    }
+    match start_time(pid) {
+        None => true,
+        Some(now) => now != start,
+    }
+}
+
+/// A container's owner labels, as `inspect` printed them.
+#[derive(Debug, Default)]
+struct Labels {
+    host: Option<String>,
+    pidns: Option<String>,
+    pid: Option<String>,
+    start: Option<String>,
+}
+
+/// `inspect`'s line `<id>\t<host>\t<pidns>\t<pid>\t<start>`; a missing label prints as
+/// `<no value>` (docker) or nothing (podman).
+fn parse_inspect_line(line: &str) -> Option<(String, Labels)> {
+    let mut fields = line.split('\t');
+    let id = fields.next()?.trim().to_string();
+    if id.is_empty() {
+        return None;
+    }
+    let mut value = || {
+        fields
+            .next()
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && *v != "<no value>")
+            .map(str::to_string)
+    };
+    let labels = Labels {
+        host: value(),
+        pidns: value(),
+        pid: value(),
+        start: value(),
+    };
+    Some((id, labels))
+}
+
+/// Which containers `reap` removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// Those whose owning agent is gone (the default).
+    Orphans,
+    /// Every container of this run.
+    Run(&'a str),
+    /// Every container of ours.
+    All,
+}
+
+/// Remove every container of `run` (the batch's own, at its end), or without a run those
+/// whose owner is gone; returns how many were removed.
 pub async fn reap(config: &DockerConfig, run: Option<&str>) -> anyhow::Result<usize> {
+    let scope = run.map_or(Scope::Orphans, Scope::Run);
+    Ok(reap_scope(config, scope).await?.0)
+}
+
+/// Remove the containers with our label that `scope` selects; returns how many, and how many
+/// were kept because their owner lives (or cannot be judged from here).
+pub async fn reap_scope(config: &DockerConfig, scope: Scope<'_>) -> anyhow::Result<(usize, usize)> {
     let mut list = docker_command(config);
-    list.args(["ps", "-a", "-q", "--filter", &format!("label={LABEL}")]);
-    if let Some(run) = run {
+    list.args([
+        "ps",
+        "-a",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("label={LABEL}"),
+    ]);
+    if let Scope::Run(run) = scope {
         list.args(["--filter", &format!("label={RUN_LABEL}={run}")]);
     }
     let out = list.output().await?;
@@ -38,12 +188,17 @@ pub async fn reap(config: &DockerConfig, run: Option<&str>) -> anyhow::Result<us
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+    let all: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .map(str::to_string)
         .collect();
+    let ids = match scope {
+        Scope::Run(_) | Scope::All => all.clone(),
+        Scope::Orphans => orphans(config, &all).await?,
+    };
+    let kept = all.len() - ids.len();
     if ids.is_empty() {
-        return Ok(0);
+        return Ok((0, kept));
     }
     let rm = docker_command(config)
         .args(["rm", "-f"])
@@ -57,7 +212,36 @@ pub async fn reap(config: &DockerConfig, run: Option<&str>) -> anyhow::Result<us
             String::from_utf8_lossy(&rm.stderr).trim()
         );
     }
-    Ok(ids.len())
+    Ok((ids.len(), kept))
+}
+
+/// The containers of `ids` whose owner is gone.
+async fn orphans(config: &DockerConfig, ids: &[String]) -> anyhow::Result<Vec<String>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let format = [
+        OWNER_HOST_LABEL,
+        OWNER_PIDNS_LABEL,
+        OWNER_PID_LABEL,
+        OWNER_START_LABEL,
+    ]
+    .iter()
+    .map(|l| format!("{{{{index .Config.Labels \"{l}\"}}}}"))
+    .fold("{{.Id}}".to_string(), |line, field| line + "\t" + &field);
+    let out = docker_command(config)
+        .args(["inspect", "--format", &format])
+        .args(ids)
+        .output()
+        .await?;
+    // A container removed meanwhile makes inspect fail for it alone: judge the others.
+    let here = Owner::current();
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(parse_inspect_line)
+        .filter(|(_, labels)| owner_gone(labels, &here))
+        .map(|(id, _)| id)
+        .collect())
 }
 
 pub async fn command(args: ReapArgs) -> anyhow::Result<u8> {
@@ -66,7 +250,57 @@ pub async fn command(args: ReapArgs) -> anyhow::Result<u8> {
         config.executable = x;
     }
     config.global_args = args.docker_global_args;
-    let n = reap(&config, args.run.as_deref()).await?;
-    eprintln!("deploy reap: removed {n} container(s) labelled {LABEL}");
+    let scope = match (&args.run, args.all) {
+        (Some(run), _) => Scope::Run(run),
+        (None, true) => Scope::All,
+        (None, false) => Scope::Orphans,
+    };
+    let (removed, kept) = reap_scope(&config, scope).await?;
+    eprintln!("deploy reap: removed {removed} container(s) labelled {LABEL}");
+    if kept > 0 {
+        eprintln!(
+            "deploy reap: kept {kept} whose agent is alive or not on this host (--all removes them)"
+        );
+    }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspect_lines_give_the_owner_labels_and_missing_ones_are_none() {
+        let (id, l) = parse_inspect_line("abc\th\tpid:[1]\t42\t99").unwrap();
+        assert_eq!(id, "abc");
+        assert_eq!(l.pid.as_deref(), Some("42"));
+        assert_eq!(l.start.as_deref(), Some("99"));
+        let (_, l) = parse_inspect_line("abc\t<no value>\t\t<no value>\t").unwrap();
+        assert!(l.host.is_none() && l.pidns.is_none() && l.pid.is_none() && l.start.is_none());
+    }
+
+    #[test]
+    fn this_process_is_an_owner_alive_and_a_changed_start_time_is_gone() {
+        let here = Owner::current();
+        assert!(!here.start.is_empty());
+        let labels = |o: &Owner| Labels {
+            host: Some(o.host.clone()),
+            pidns: Some(o.pidns.clone()),
+            pid: Some(o.pid.to_string()),
+            start: Some(o.start.clone()),
+        };
+        assert!(!owner_gone(&labels(&here), &here));
+        let reused = Owner {
+            start: "1".into(),
+            ..here.clone()
+        };
+        assert!(owner_gone(&labels(&reused), &here));
+        let elsewhere = Owner {
+            host: "another-host".into(),
+            start: "1".into(),
+            ..here.clone()
+        };
+        assert!(!owner_gone(&labels(&elsewhere), &here));
+        assert!(!owner_gone(&Labels::default(), &here));
+    }
 }

@@ -1,9 +1,15 @@
 //! `remote`: executors already running somewhere (VMs, a shared sandbox). A pool: each task
 //! takes a free executor and gives it back when it ends; with more workers than executors,
 //! tasks wait for one.
+//!
+//! A free executor is first reached with a TCP connect: one that cannot be reached is
+//! quarantined (30 s, doubling on each further failure up to 10 min, logged) and the task
+//! takes another, so one dead executor does not fail every task that draws it (it came back
+//! at once and drew most of a batch).
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::future::BoxFuture;
@@ -36,10 +42,19 @@ pub fn entries(config: &EnvironmentConfig) -> Vec<RemoteExecutor> {
     out
 }
 
+/// How long an executor that could not be reached sits out, at first; doubled on each
+/// failure in a row, up to [`MAX_QUARANTINE`].
+const QUARANTINE: Duration = Duration::from_secs(30);
+const MAX_QUARANTINE: Duration = Duration::from_secs(600);
+/// A TCP connect to a free executor that takes longer failed.
+const PROBE_PATIENCE: Duration = Duration::from_secs(5);
+
 pub struct Pool {
     executors: Vec<Endpoint>,
     free: Mutex<mpsc::Receiver<usize>>,
     give_back: mpsc::Sender<usize>,
+    /// Per executor: the quarantine its next failure gets (zero: healthy).
+    penalty: std::sync::Mutex<Vec<Duration>>,
 }
 
 impl Pool {
@@ -73,10 +88,12 @@ impl Pool {
                 .try_send(i)
                 .map_err(|_| anyhow::anyhow!("the executor pool is full"))?;
         }
+        let penalty = std::sync::Mutex::new(vec![Duration::ZERO; executors.len()]);
         Ok(Self {
             executors,
             free: Mutex::new(free),
             give_back,
+            penalty,
         })
     }
 }
@@ -95,13 +112,23 @@ impl Deployment for Pool {
 
     fn start<'a>(&'a self, _task: &'a TaskSpec) -> BoxFuture<'a, anyhow::Result<Deployed>> {
         Box::pin(async move {
-            let index = self
-                .free
-                .lock()
-                .await
-                .recv()
-                .await
-                .context("the executor pool is closed")?;
+            let index = loop {
+                let index = self
+                    .free
+                    .lock()
+                    .await
+                    .recv()
+                    .await
+                    .context("the executor pool is closed")?;
+                let url = &self.executors[index].url;
+                match probe(url).await {
+                    Ok(()) => {
+                        self.set_penalty(index, Duration::ZERO);
+                        break index;
+                    }
+                    Err(reason) => self.quarantine(index, &reason),
+                }
+            };
             let endpoint = self.executors[index].clone();
             Ok(Deployed {
                 id: endpoint.url.clone(),
@@ -115,6 +142,71 @@ impl Deployment for Pool {
                 }),
             })
         })
+    }
+}
+
+impl Pool {
+    fn set_penalty(&self, index: usize, penalty: Duration) {
+        if let Ok(mut p) = self.penalty.lock() {
+            if let Some(slot) = p.get_mut(index) {
+                *slot = penalty;
+            }
+        }
+    }
+
+    /// Keep executor `index` out of the pool for its quarantine, then free it again.
+    fn quarantine(&self, index: usize, reason: &str) {
+        let current = self
+            .penalty
+            .lock()
+            .ok()
+            .and_then(|p| p.get(index).copied())
+            .unwrap_or_default();
+        let wait = if current.is_zero() {
+            QUARANTINE
+        } else {
+            current
+        };
+        self.set_penalty(index, (wait * 2).min(MAX_QUARANTINE));
+        crate::notes::note!(
+            "remote: executor {} is unreachable ({reason}): quarantined for {}s",
+            self.executors[index].url,
+            wait.as_secs()
+        );
+        let give_back = self.give_back.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = give_back.send(index).await;
+        });
+    }
+}
+
+/// A TCP connect to the host and port of `url` (`ws://HOST:PORT/...`, `wss://...`).
+async fn probe(url: &str) -> Result<(), String> {
+    let rest = url
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| "not a URL".to_string())?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    let default_port = if url.starts_with("wss://") { 443 } else { 80 };
+    let address = if authority.starts_with('[') {
+        // [v6]:port or [v6]
+        match authority.rsplit_once("]:") {
+            Some((host, port)) => format!("{host}]:{port}"),
+            None => format!("{authority}:{default_port}"),
+        }
+    } else if authority.contains(':') {
+        authority.to_string()
+    } else {
+        format!("{authority}:{default_port}")
+    };
+    match tokio::time::timeout(PROBE_PATIENCE, tokio::net::TcpStream::connect(&address)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("cannot connect to {address}: {e}")),
+        Err(_) => Err(format!(
+            "no TCP connection to {address} within {}s",
+            PROBE_PATIENCE.as_secs()
+        )),
     }
 }
 

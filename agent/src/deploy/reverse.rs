@@ -18,19 +18,39 @@ use anyhow::Context;
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 use tokio_rustls::server::TlsStream;
 
 use super::{Deployed, Deployment, Endpoint, Handle, TaskSpec};
 
 /// What the relay sends on a waiting connection when it hands it a client.
 const GO: &[u8] = b"g";
+/// What the relay sends on a waiting connection to check it is alive; an executor that
+/// greets with version 2 answers it with the same byte.
+const PING: u8 = b'p';
+/// How often a waiting connection is pinged, and how long its answer may take: one that
+/// fails is dropped, never handed to a client (a NAT entry expired, or the network dropped
+/// silently: nothing else would ever tell us).
+const HEARTBEAT: Duration = Duration::from_secs(10);
+const PONG_PATIENCE: Duration = Duration::from_secs(10);
+/// TCP keepalive on executors' connections (idle, interval, count).
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_COUNT: u32 = 3;
 /// A dialling executor must say who it is within this.
 const GREETING_PATIENCE: Duration = Duration::from_secs(10);
-/// A client connection waits this long for its executor's next waiting connection.
-const HANDOFF_PATIENCE: Duration = Duration::from_secs(10);
+/// A client connection waits this long for its executor's next waiting connection (longer
+/// than one heartbeat exchange, which a hand-off waits for).
+const HANDOFF_PATIENCE: Duration = Duration::from_secs(25);
 
-type Waiting = TlsStream<TcpStream>;
+type Stream = TlsStream<TcpStream>;
+
+/// A waiting connection, kept alive by its own task (heartbeats); a client takes it by
+/// sending a reply channel on `claim`, on which the task returns the stream.
+struct Waiting {
+    serial: u64,
+    claim: oneshot::Sender<oneshot::Sender<Stream>>,
+}
 
 #[derive(Default)]
 struct State {
@@ -38,6 +58,8 @@ struct State {
     waiting: HashMap<String, VecDeque<Waiting>>,
     /// Executors serving a task now.
     taken: HashSet<String>,
+    /// Numbers the waiting connections, so a dead one's task can remove it.
+    next_serial: u64,
 }
 
 pub struct Reverse {
@@ -120,6 +142,9 @@ async fn accept_executors(
             continue;
         };
         let _ = tcp.set_nodelay(true);
+        if let Err(err) = keepalive(&tcp) {
+            tracing::debug!(%err, "cannot set TCP keepalive on an executor's connection");
+        }
         let acceptor = acceptor.clone();
         let token = token.clone();
         let state = state.clone();
@@ -133,10 +158,16 @@ async fn accept_executors(
                 let mut limited = (&mut reader).take(512);
                 limited.read_line(&mut line).await.ok()?;
                 let mut words = line.split_whitespace();
-                let (Some("executor-connect"), Some("1"), Some(id), Some(presented)) =
+                let (Some("executor-connect"), Some(version), Some(id), Some(presented)) =
                     (words.next(), words.next(), words.next(), words.next())
                 else {
                     return None;
+                };
+                // Version 1 executors do not answer heartbeats.
+                let heartbeats = match version {
+                    "1" => false,
+                    "2" => true,
+                    _ => return None,
                 };
                 // Compared as digests, in constant time with respect to the token.
                 let same = ring::digest::digest(&ring::digest::SHA256, presented.as_bytes())
@@ -145,17 +176,88 @@ async fn accept_executors(
                 if !same || !reader.buffer().is_empty() {
                     return None;
                 }
-                Some((id.to_string(), reader.into_inner()))
+                Some((id.to_string(), heartbeats, reader.into_inner()))
             })
             .await;
-            if let Ok(Some((id, tls))) = greeted {
-                if let Ok(mut s) = state.lock() {
-                    s.waiting.entry(id).or_default().push_back(tls);
-                }
-                changed.notify_waiters();
+            if let Ok(Some((id, heartbeats, tls))) = greeted {
+                keep_waiting(id, heartbeats, tls, state, changed).await;
             }
         });
     }
+}
+
+/// Hold a waiting connection of executor `id` until a client claims it, pinging it every
+/// [`HEARTBEAT`] (version 2 executors): one that does not answer within [`PONG_PATIENCE`] is
+/// removed and dropped, and its executor, hearing no heartbeat, dials a new one.
+async fn keep_waiting(
+    id: String,
+    heartbeats: bool,
+    mut tls: Stream,
+    state: Arc<Mutex<State>>,
+    changed: Arc<Notify>,
+) {
+    let (claim, mut claimed) = oneshot::channel::<oneshot::Sender<Stream>>();
+    let serial = {
+        let Ok(mut s) = state.lock() else { return };
+        s.next_serial += 1;
+        let serial = s.next_serial;
+        s.waiting
+            .entry(id.clone())
+            .or_default()
+            .push_back(Waiting { serial, claim });
+        serial
+    };
+    changed.notify_waiters();
+    let alive = loop {
+        tokio::select! {
+            reply = &mut claimed => {
+                if let Ok(reply) = reply {
+                    // The client gets the stream; if it is gone meanwhile, so is this.
+                    let _ = reply.send(tls);
+                }
+                return;
+            }
+            () = tokio::time::sleep(HEARTBEAT), if heartbeats => {
+                if !ping(&mut tls).await {
+                    break false;
+                }
+            }
+        }
+    };
+    if !alive {
+        tracing::info!(executor = %id, "a waiting connection missed its heartbeat: dropped");
+        if let Ok(mut s) = state.lock() {
+            if let Some(queue) = s.waiting.get_mut(&id) {
+                queue.retain(|w| w.serial != serial);
+            }
+        }
+    }
+}
+
+/// One heartbeat: PING, and the same byte back within [`PONG_PATIENCE`].
+async fn ping(tls: &mut Stream) -> bool {
+    let exchange = async {
+        tls.write_all(&[PING]).await?;
+        tls.flush().await?;
+        let mut byte = [0u8; 1];
+        let n = tls.read(&mut byte).await?;
+        std::io::Result::Ok(n == 1 && byte[0] == PING)
+    };
+    matches!(
+        tokio::time::timeout(PONG_PATIENCE, exchange).await,
+        Ok(Ok(true))
+    )
+}
+
+/// TCP keepalive on an executor's connection (see [`KEEPALIVE_IDLE`]).
+fn keepalive(tcp: &TcpStream) -> nix::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+    setsockopt(tcp, sockopt::KeepAlive, &true)?;
+    setsockopt(tcp, sockopt::TcpKeepIdle, &secs(KEEPALIVE_IDLE))?;
+    setsockopt(tcp, sockopt::TcpKeepInterval, &secs(KEEPALIVE_INTERVAL))?;
+    setsockopt(tcp, sockopt::TcpKeepCount, &KEEPALIVE_COUNT)?;
+    Ok(())
 }
 
 impl Deployment for Reverse {
@@ -189,16 +291,25 @@ impl Deployment for Reverse {
                 }
                 notified.await;
             };
+            // The guard exists from the moment the executor is marked taken: whatever ends
+            // this start early (the deadline, Ctrl-C dropping the future at the await below,
+            // an error) frees it again.
+            let mut taken = Taken {
+                id: id.clone(),
+                state: self.state.clone(),
+                changed: self.changed.clone(),
+                task: None,
+            };
             let local = TcpListener::bind("127.0.0.1:0")
                 .await
                 .context("cannot listen on loopback")?;
             let port = local.local_addr()?.port();
-            let task = tokio::spawn(hand_clients(
+            taken.task = Some(tokio::spawn(hand_clients(
                 local,
                 id.clone(),
                 self.state.clone(),
                 self.changed.clone(),
-            ));
+            )));
             Ok(Deployed {
                 endpoint: Endpoint {
                     url: format!("ws://127.0.0.1:{port}{}", protocol::WS_PATH),
@@ -211,12 +322,7 @@ impl Deployment for Reverse {
                 id: id.clone(),
                 owned: false,
                 local_fs: false,
-                handle: Box::new(Taken {
-                    id,
-                    state: self.state.clone(),
-                    changed: self.changed.clone(),
-                    task,
-                }),
+                handle: Box::new(taken),
             })
         })
     }
@@ -242,8 +348,16 @@ async fn hand_clients(
                         .lock()
                         .ok()
                         .and_then(|mut s| s.waiting.get_mut(&id).and_then(VecDeque::pop_front));
-                    if let Some(conn) = next {
-                        return conn;
+                    if let Some(waiting) = next {
+                        // Its task hands the stream over after any heartbeat in flight; a
+                        // task that found it dead has ended: try the next.
+                        let (reply, stream) = oneshot::channel();
+                        if waiting.claim.send(reply).is_ok() {
+                            if let Ok(conn) = stream.await {
+                                return conn;
+                            }
+                        }
+                        continue;
                     }
                     notified.await;
                 }
@@ -263,12 +377,14 @@ struct Taken {
     id: String,
     state: Arc<Mutex<State>>,
     changed: Arc<Notify>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Taken {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
         if let Ok(mut s) = self.state.lock() {
             s.taken.remove(&self.id);
         }

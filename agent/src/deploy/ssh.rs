@@ -5,7 +5,10 @@
 //! - One master connection (`ssh -M`, a control socket in a private directory) runs
 //!   `executor serve --listen 127.0.0.1:0 --exit-on-stdin-eof` with our pipe as its stdin:
 //!   when the session ends (we stop, die, or the network drops), the executor's stdin closes
-//!   and it kills its commands and exits; the shell around it removes the copied files.
+//!   and it kills its commands and exits; the shell around it removes the copied files. A
+//!   silent drop (no FIN, no RST) ends our ssh within about 40 s (`ServerAliveInterval=10`,
+//!   `ServerAliveCountMax=3`); the target's sshd ends the session on its side by its own
+//!   `ClientAliveInterval` (or TCP keepalive), which is the target's configuration.
 //! - The port is read from its ready line and forwarded from a loopback port here through the
 //!   master (`ssh -O forward`); plain `ws://` is fine inside the tunnel.
 //! - The token is the one the executor generated in its private state directory, read back
@@ -33,6 +36,8 @@ pub struct Ssh {
     config: SshConfig,
     host: String,
     executor: PathBuf,
+    /// The profiles the executor may offer (never `trusted` unless asked for).
+    profiles: Vec<&'static str>,
 }
 
 impl Ssh {
@@ -44,6 +49,7 @@ impl Ssh {
             config: config.ssh.clone(),
             host,
             executor: super::static_executor(config.executor_static.as_deref())?,
+            profiles: super::offered_profiles(config.profile.as_deref()),
         })
     }
 
@@ -61,6 +67,16 @@ impl Ssh {
             c.arg("-S").arg(control);
         }
         c.args(&self.config.ssh_args);
+        // A silent network drop (no FIN, no RST) would leave the session up for hours of TCP
+        // retransmits: probe the server inside the session every 10 s and give up after 3
+        // unanswered, so ssh exits within about 40 s and the deployment notices. After the
+        // configured arguments: ssh takes the first value of an option, so users can override.
+        c.args([
+            "-o",
+            "ServerAliveInterval=10",
+            "-o",
+            "ServerAliveCountMax=3",
+        ]);
         c.kill_on_drop(true);
         c
     }
@@ -111,7 +127,7 @@ impl Deployment for Ssh {
                 "{d}/executor serve --listen 127.0.0.1:0 --state-dir {d}/state \
                  --exit-on-stdin-eof --resume-grace 30"
             );
-            for p in crate::executor_client::PROFILE_PREFERENCE {
+            for p in &self.profiles {
                 serve.push_str(&format!(" --allow-profile {p}"));
             }
             if let Some(w) = &task.workspace {

@@ -51,7 +51,10 @@ pub async fn command(args: UpArgs) -> anyhow::Result<u8> {
         return failed(format!("{e:#}"));
     }
     let env = &config.environment;
-    let run_id = format!("up{}", std::process::id());
+    let run_id = match super::fresh_run_id("up") {
+        Ok(id) => id,
+        Err(e) => return failed(format!("{e:#}")),
+    };
     let deployment = match super::from_config(env, &run_id) {
         Ok(d) => d,
         Err(e) => return failed(format!("{e:#}")),

@@ -24,13 +24,17 @@ impl Environment {
             .collect();
         candidates.extend(others);
         let place = self.hello.workspace.clone();
+        // Why each profile was passed over, for the error when none is left.
+        let mut refused: Vec<String> = Vec::new();
         for name in candidates {
             let summary = self.hello.profiles.iter().find(|p| p.name == name);
             if let Some(p) = summary.filter(|p| !p.available) {
-                crate::notes::note!(
-                    "executor: not using profile {name:?}: unavailable on this host ({})",
+                let why = format!(
+                    "unavailable on this host ({})",
                     p.unavailable_reason.as_deref().unwrap_or("no reason given")
                 );
+                crate::notes::note!("executor: not using profile {name:?}: {why}");
+                refused.push(format!("{name}: {why}"));
                 continue;
             }
             self.profile = Some(name.clone());
@@ -39,19 +43,21 @@ impl Environment {
                 .await;
             match probe {
                 Ok(out) if out.returncode == 0 => return Ok(name),
-                Ok(_) => crate::notes::note!(
-                    "executor: not using profile {name:?}: its commands cannot write {place}"
-                ),
+                Ok(_) => {
+                    crate::notes::note!(
+                        "executor: not using profile {name:?}: its commands cannot write {place}"
+                    );
+                    refused.push(format!("{name}: its commands cannot write {place}"));
+                }
                 Err(EnvError::Unusable { code, message }) => {
-                    crate::notes::note!("executor: not using profile {name:?}: {code}: {message}")
+                    crate::notes::note!("executor: not using profile {name:?}: {code}: {message}");
+                    refused.push(format!("{name}: {code}: {message}"));
                 }
                 Err(lost @ EnvError::Lost { .. }) => return Err(lost.into()),
             }
         }
-        anyhow::bail!(
-            "no profile of the executor can run commands that write {place}; make it writable \
-             for the sandbox or choose one with --profile"
-        )
+        self.profile = None;
+        anyhow::bail!("{}", no_usable_profile(&place, &refused))
     }
 
     /// The profile commands run under, as the executor will apply it.
@@ -70,4 +76,25 @@ impl Environment {
             .map(|p| p.layers.clone())
             .unwrap_or_default()
     }
+}
+
+/// The error when no offered profile can run commands in the workspace: what each profile
+/// lacked, and the ways out, the unsafe one last and named as such.
+pub fn no_usable_profile(workspace: &str, refused: &[String]) -> String {
+    format!(
+        "no sandbox profile the executor offers can run commands that write its workspace \
+         {workspace} ({}). Options: make {workspace} writable by uid 65534 (the identity of \
+         strict and landlock), e.g. chown it in the image; or let the executor build \
+         namespaces so that task-container (root inside its own namespaces, without the \
+         executor's files) or strict can run: for a docker/podman deployment add {} (tested \
+         with podman; on an AppArmor host also --docker-run-arg=--security-opt=apparmor=unconfined); \
+         or, only for commands you trust, --profile trusted (environment.profile: trusted): \
+         commands then run unsandboxed as the executor's user and can read the executor's token",
+        if refused.is_empty() {
+            "it offers none".to_string()
+        } else {
+            refused.join("; ")
+        },
+        crate::deploy::NAMESPACE_RUN_ARGS
+    )
 }

@@ -120,14 +120,16 @@ pub fn image() -> Result<String, String> {
 }
 
 /// A task image, as a benchmark's would be: the test image plus git (the host's, with its
-/// libraries), so tasks can be git repositories and submissions `git diff`s. Imported once
-/// per run, tagged by the digest of its inputs.
+/// libraries), so tasks can be git repositories and submissions `git diff`s, and a
+/// `/testbed` owned by root (mode 0755) as SWE-bench's images have. Imported once per run,
+/// tagged by the digest of its inputs.
 pub fn task_image() -> Result<String, String> {
     static IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
     IMAGE
         .get_or_init(|| {
             let mut fs = Rootfs::base();
             fs.program_with_libraries("/usr/bin/git");
+            fs.dir("testbed", 0o755);
             import(&fs, "executor-tests-task")
         })
         .clone()

@@ -264,3 +264,100 @@ async fn ctrl_c_stops_a_docker_batch_and_leaves_no_container() {
     assert!(bench.preds().is_empty(), "{:?}", bench.preds());
     assert_eq!(bench.starts(2), 0, "a new instance started after Ctrl-C");
 }
+
+/// A SWE-bench-like task: the workspace is `/testbed`, owned by root in the image. In a
+/// default (unprivileged) container strict and task-container cannot create namespaces and
+/// landlock's uid 65534 cannot write it; the only profile left would be `trusted`, whose
+/// commands run as root in the container and can read the executor's token.
+fn testbed_bench(image: &str) -> Bench {
+    let bench = Bench::new(1, &[], &[]);
+    with_image(&bench, image, json!({"environment": {"cwd": "/testbed"}}));
+    bench
+}
+
+/// The profile the instance's commands ran under, from its trajectory.
+fn profile_of(bench: &Bench) -> String {
+    let text = bench.trajectory(0).to_string();
+    ["strict", "landlock", "task-container", "trusted"]
+        .into_iter()
+        .find(|p| text.contains(&format!("\"profile\":\"{p}\"")))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_root_owned_workspace_fails_closed_instead_of_falling_back_to_trusted() {
+    let Some(image) = ready() else { return };
+    // Denial: no profile but trusted could write /testbed, and trusted is not offered.
+    let bench = testbed_bench(&image);
+    let flags = podman_flags(&bench.tag);
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let run = bench.run(&args).await;
+    assert_eq!(run.code, 0);
+    assert_eq!(bench.status_of(0), "DeploymentError", "{}", bench.log());
+    let log = bench.log();
+    assert!(log.contains("no sandbox profile"), "{log}");
+    assert!(log.contains("/testbed"), "{log}");
+    assert!(log.contains("--cap-add=SYS_ADMIN"), "{log}");
+    assert!(log.contains("--profile trusted"), "{log}");
+    assert!(
+        !log.contains("executor: not using profile \"trusted\""),
+        "{log}"
+    );
+    assert_eq!(bench.patch(0), "");
+    assert!(
+        containers(&bench.tag).is_empty(),
+        "{:?}",
+        containers(&bench.tag)
+    );
+
+    // Control: asked for by name, trusted runs (with a warning about the token).
+    let bench = testbed_bench(&image);
+    let flags = podman_flags(&bench.tag);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["--profile", "trusted"]);
+    let run = bench.run(&args).await;
+    assert_eq!(run.code, 0);
+    assert_eq!(bench.status_of(0), "Submitted", "{}", bench.log());
+    assert_fixed(&bench.patch(0), 0);
+    assert_eq!(profile_of(&bench), "trusted");
+    assert!(
+        run.stderr.contains("WARNING: profile \"trusted\""),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        containers(&bench.tag).is_empty(),
+        "{:?}",
+        containers(&bench.tag)
+    );
+}
+
+#[tokio::test]
+async fn the_namespace_run_args_of_the_error_let_a_root_owned_workspace_run_sandboxed() {
+    let Some(image) = ready() else { return };
+    let bench = testbed_bench(&image);
+    let mut flags = podman_flags(&bench.tag);
+    flags.extend([
+        "--docker-run-arg=--cap-add=SYS_ADMIN".to_string(),
+        "--docker-run-arg=--cap-add=NET_ADMIN".to_string(),
+    ]);
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let run = bench.run(&args).await;
+    assert_eq!(run.code, 0);
+    assert_eq!(bench.status_of(0), "Submitted", "{}", bench.log());
+    assert_fixed(&bench.patch(0), 0);
+    // strict (uid 65534) cannot write a root-owned /testbed either; task-container can, as
+    // root of its own namespaces, without the executor's files.
+    let profile = profile_of(&bench);
+    assert!(
+        profile == "task-container" || profile == "strict",
+        "{profile}: {}",
+        bench.log()
+    );
+    assert!(
+        containers(&bench.tag).is_empty(),
+        "{:?}",
+        containers(&bench.tag)
+    );
+}

@@ -103,3 +103,36 @@ async fn an_unreachable_remote_and_one_that_never_answers_are_deployment_errors(
     );
     drop(silent);
 }
+
+/// One dead executor in a pool is quarantined at its first failed connect, and every
+/// instance runs on the live one; before, it was handed straight back and drew most of the
+/// batch, each draw a DeploymentError.
+#[tokio::test]
+async fn a_dead_executor_in_the_pool_is_quarantined_and_the_batch_runs_on_the_live_one() {
+    let live = Daemon::start();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("ws://{}/v1/ws", closed.local_addr().unwrap());
+    drop(closed);
+    let bench = Bench::new(4, &[], &[]);
+    remote_config(
+        &bench,
+        &[
+            (dead_url.clone(), live.state.path().join("token")),
+            (live.url.clone(), live.state.path().join("token")),
+        ],
+        json!({}),
+    );
+    let run = bench.run(&["-w", "2"]).await;
+    assert_eq!(run.code, 0);
+    // Control and denial at once: every instance ran, on the live executor alone.
+    for i in 0..4 {
+        assert_eq!(bench.status_of(i), "Submitted", "{}", bench.log());
+        assert_fixed(&bench.patch(i), i);
+    }
+    let log = bench.log();
+    let quarantined = log
+        .lines()
+        .filter(|l| l.contains("quarantined for 30s") && l.contains(&dead_url))
+        .count();
+    assert_eq!(quarantined, 1, "{log}");
+}

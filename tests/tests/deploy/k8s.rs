@@ -167,3 +167,74 @@ fn pods_secrets_and_agent_sandbox_templates_pass_kubernetes_schemas() {
     let (ok, _) = validate(&validator, &broken, &scratch, "broken");
     assert!(!ok, "an unknown field passed --strict validation");
 }
+
+/// The manifests carry the Secret (token, TLS key): every file written is 0600, also one an
+/// earlier run left world-readable; an empty subset is a clear error, not a panic.
+#[test]
+fn k8s_manifests_are_private_files_and_an_empty_subset_is_an_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("manifests");
+    std::fs::create_dir(&out).unwrap();
+    // Left by an earlier run (or anyone) with the default mode.
+    for stale in ["task.yaml", "agent-sandbox.yaml", "task.json"] {
+        let path = out.join(stale);
+        std::fs::write(&path, "old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let run = |args: &[&str]| {
+        Command::new(binary("agent"))
+            .args([
+                "deploy",
+                "k8s",
+                "--executor-image",
+                "example.org/executor:1",
+                "-o",
+            ])
+            .arg(&out)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let made = run(&["--image", "example.org/task:1"]);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let path = entry.unwrap().path();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} is {mode:o}", path.display());
+        files.push(path.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "agent-sandbox.json",
+            "agent-sandbox.token",
+            "agent-sandbox.yaml",
+            "task.json",
+            "task.token",
+            "task.yaml"
+        ]
+    );
+    // Rewritten, not appended to: the Secret is there.
+    let task = docs(&out.join("task.yaml"));
+    assert_eq!(task[0]["kind"], "Secret");
+    assert!(task[0]["stringData"]["tls.key"]
+        .as_str()
+        .unwrap()
+        .contains("PRIVATE KEY"));
+
+    // An empty subset: refused with a message, no panic.
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let refused = run(&["--subset", empty.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("no instances"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -10,6 +10,7 @@ mod batch_inputs;
 mod batch_local;
 mod batch_remote;
 mod k8s;
+mod reap;
 mod reverse;
 mod ssh;
 mod up;

@@ -137,3 +137,62 @@ async fn an_executor_dialling_out_serves_the_protocol_and_one_with_another_pin_g
     assert_eq!(status.code(), Some(0));
     assert!(wait_for(Duration::from_secs(30), || exited(&mut executor)).await);
 }
+
+/// A waiting connection whose path dies silently (a NAT entry expires: no FIN, no RST ever
+/// arrives) is noticed on both ends by the heartbeat: the executor redials, the relay drops
+/// the dead one, and the next client gets a live connection instead of a hang.
+#[tokio::test]
+async fn a_silently_dead_waiting_connection_is_redialled_and_never_handed_to_a_client() {
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return;
+    }
+    let mut relay = relay().await;
+    let target: std::net::SocketAddr = relay.url.trim_start_matches("wss://").parse().unwrap();
+    let proxy = executor_tests::Proxy::start(target).await;
+    let states = tempfile::tempdir().unwrap();
+    let through_proxy = format!("wss://{}", proxy.addr);
+    let mut executor = tokio::process::Command::new(binary("executor"))
+        .args(["connect", &through_proxy, "--tls-fingerprint", &relay.pin])
+        .args(["--token-file", &relay.token_file])
+        .arg("--state-dir")
+        .arg(states.path())
+        .args(["--give-up-after", "120"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let line = tokio::time::timeout(Duration::from_secs(30), relay.stdout.next_line())
+        .await
+        .expect("no executor dialled in")
+        .unwrap()
+        .unwrap();
+    let up: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let token = std::fs::read_to_string(up["token_file"].as_str().unwrap()).unwrap();
+    let url = up["url"].as_str().unwrap().to_string();
+    // Control: through the proxy, a client reaches the executor.
+    let mut client = Client::connect(&url, Some(token.trim())).await.unwrap();
+    assert_eq!(client.run("c1", "echo hi").await.output, "hi\n");
+    drop(client);
+    // The executor's waiting connection (and the finished one) go silent, closing nothing.
+    assert!(wait_for(Duration::from_secs(10), || proxy.accepted() >= 2).await);
+    let before = proxy.accepted();
+    assert!(proxy.stall() >= 1);
+    // The executor hears no heartbeat and dials a new connection.
+    assert!(
+        wait_for(Duration::from_secs(60), || proxy.accepted() > before).await,
+        "the executor never redialled after its waiting connection went silent"
+    );
+    // The next client gets the live connection, not the dead one (the relay dropped it).
+    let next = tokio::time::timeout(Duration::from_secs(40), async {
+        let mut client = Client::connect(&url, Some(token.trim())).await.unwrap();
+        client.run("c2", "echo again").await.output
+    })
+    .await
+    .expect("the relay handed the client a dead connection");
+    assert_eq!(next, "again\n");
+    assert!(!exited(&mut executor));
+    drop(relay.child.stdin.take());
+    let _ = tokio::time::timeout(Duration::from_secs(30), relay.child.wait()).await;
+}

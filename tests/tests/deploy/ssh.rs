@@ -63,7 +63,8 @@ fn start_sshd() -> Option<Sshd> {
         "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
          AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\n\
          PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
-         UsePAM no\nStrictModes no\nAllowTcpForwarding local\n",
+         UsePAM no\nStrictModes no\nAllowTcpForwarding local\n\
+         ClientAliveInterval 5\nClientAliveCountMax 2\n",
         d = d.display()
     );
     std::fs::write(d.join("sshd_config"), config).unwrap();
@@ -189,4 +190,109 @@ async fn the_executor_dies_with_the_ssh_session_when_the_agent_is_killed() {
         remote_executors()
     );
     assert!(wait_for(Duration::from_secs(5), || !Path::new(&remote_dir).exists()).await);
+}
+
+/// The deployment's ssh client processes (the master and its helpers) going through `port`.
+fn ssh_clients(port: u16) -> Vec<String> {
+    processes_with(&format!("-p {port} "))
+        .into_iter()
+        .filter(|p| p.contains("BatchMode=yes"))
+        .collect()
+}
+
+/// A network drop that says nothing (no FIN, no RST: the proxy stops forwarding) ends the
+/// session within a minute: our ssh probes the server (`ServerAliveInterval=10`,
+/// `ServerAliveCountMax=3`) and exits, where TCP alone would retransmit for many minutes; the
+/// target's sshd (ClientAliveInterval here) ends the executor on its side.
+#[tokio::test]
+async fn a_silent_network_drop_ends_the_ssh_session_within_a_minute() {
+    let Some(sshd) = start_sshd() else { return };
+    let proxy = executor_tests::Proxy::start(([127, 0, 0, 1], sshd.port).into()).await;
+    let mut flags = ssh_flags(&sshd);
+    let at = flags.iter().position(|f| f == "--ssh-port").unwrap();
+    flags[at + 1] = proxy.addr.port().to_string();
+    let mut child = tokio::process::Command::new(binary("agent"))
+        .args(["deploy", "up", "--json"])
+        .args(&flags)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let line: serde_json::Value = serde_json::from_str(&line).unwrap();
+    // Control: up and reachable through the proxy, its ssh client probing the server.
+    let token = std::fs::read_to_string(line["token_file"].as_str().unwrap()).unwrap();
+    let mut client =
+        executor_tests::Client::connect(line["url"].as_str().unwrap(), Some(token.trim()))
+            .await
+            .unwrap();
+    assert_eq!(client.run("c1", "echo hi").await.output, "hi\n");
+    drop(client);
+    let port = proxy.addr.port();
+    let clients = ssh_clients(port);
+    assert!(!clients.is_empty());
+    assert!(
+        clients.iter().all(|c| c.contains("ServerAliveInterval=10")),
+        "{clients:?}"
+    );
+    assert_eq!(remote_executors().len(), 1, "{:?}", remote_executors());
+    let remote_dir = line["id"]
+        .as_str()
+        .unwrap()
+        .split_once(':')
+        .unwrap()
+        .1
+        .to_string();
+    let _cleanup = KillLeftovers(remote_dir);
+    // The drop.
+    assert!(proxy.stall() >= 1);
+    let began = std::time::Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(70), || ssh_clients(port).is_empty()).await,
+        "ssh outlived a silent drop: {:?}",
+        ssh_clients(port)
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        began.elapsed()
+    );
+    // The target's side is its sshd's to end (ClientAliveInterval here), not our ssh's: not
+    // asserted. Observed on this host: the session ends and the executor's stdin reaches EOF,
+    // yet the executor stays, every thread in a futex wait (an executor finding of its own).
+    // The guard removes what this test left on the target, also when it fails.
+    let _ = wait_for(Duration::from_secs(20), || remote_executors().is_empty()).await;
+    drop(child.stdin.take());
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+}
+
+/// Kills the executors of a remote directory still running when dropped.
+struct KillLeftovers(String);
+
+impl Drop for KillLeftovers {
+    fn drop(&mut self) {
+        let Ok(out) = Command::new("ps").args(["-eo", "pid=,args="]).output() else {
+            return;
+        };
+        let needle = format!("{}/executor serve", self.0);
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let (pid, args) = line.trim_start().split_once(' ').unwrap_or_default();
+            if args.trim_start().starts_with(&needle) {
+                eprintln!("killing a leftover on the target: {args}");
+                if let Ok(pid) = pid.parse::<i32>() {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+    }
 }
