@@ -17,7 +17,8 @@ use crate::{
 
 pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     sys::tune_allocator();
-    init_logging(args.log_format);
+    // Held to the end: dropping it flushes what is queued (for a second at most).
+    let _logging = init_logging(args.log_format);
     resolve_daemon_paths(&mut args);
     let mut limits = default_limits();
     apply_overrides(&mut limits, &args);
@@ -484,14 +485,22 @@ pub(crate) fn host_facts(cgroups: &cgroup::CgroupRoot) -> HostFacts {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs go to stderr through a thread of their own, and are dropped when it falls behind: a
+/// stderr nobody reads (a wedged ssh session, a full pipe) must never block the daemon, its
+/// shutdown included.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name("executor-log")
+        .finish(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    guard
 }

@@ -253,3 +253,65 @@ async fn commands_still_run_when_the_fork_server_dies() {
     }
     assert!(daemon.healthy().await);
 }
+
+/// A stderr nobody reads (a wedged ssh session, a full pipe) never blocks the daemon: it
+/// serves, and exits at its stdin's end of file. Control: its log goes to that stderr while
+/// there is room.
+#[tokio::test]
+async fn a_stderr_nobody_reads_never_blocks_the_daemon() {
+    use std::io::{BufRead, BufReader, Write};
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    let filler = writer.try_clone().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let workspace = scratch.path().join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    let mut child = std::process::Command::new(executor_tests::binary("executor"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--exit-on-stdin-eof"])
+        .arg("--state-dir")
+        .arg(scratch.path().join("state"))
+        .arg("--workspace")
+        .arg(&workspace)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let url = line.trim().rsplit(' ').next().unwrap().to_string();
+    let mut log = [0u8; 4096];
+    let n = nix::unistd::read(&reader, &mut log).unwrap();
+    assert!(
+        String::from_utf8_lossy(&log[..n]).contains("INFO"),
+        "control: the log goes to stderr: {:?}",
+        String::from_utf8_lossy(&log[..n])
+    );
+    // Fill the pipe: a thread writes until its write blocks (for good: nobody reads).
+    std::thread::spawn(move || {
+        let mut filler = std::fs::File::from(filler);
+        while filler.write_all(&[b'x'; 4096]).is_ok() {}
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let token = std::fs::read_to_string(scratch.path().join("state/token")).unwrap();
+    let mut client = executor_tests::Client::connect(&url, Some(token.trim()))
+        .await
+        .unwrap();
+    // Commands, each logged, while nobody reads the log.
+    for i in 0..50 {
+        let r = client.exec(req(&format!("c{i}"), "echo hi")).await;
+        assert_eq!(r.result.unwrap().output, "hi\n");
+    }
+    drop(client);
+    drop(child.stdin.take());
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon did not exit at its stdin's end of file"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The filler's write fails now, and its thread ends.
+    drop(reader);
+}
