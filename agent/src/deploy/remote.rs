@@ -5,7 +5,9 @@
 //! A free executor is first reached with a TCP connect: one that cannot be reached is
 //! quarantined (30 s, doubling on each further failure up to 10 min, logged) and the task
 //! takes another, so one dead executor does not fail every task that draws it (it came back
-//! at once and drew most of a batch).
+//! at once and drew most of a batch). When every executor of the pool is in quarantine, a
+//! task fails at once with the last reason instead of waiting (a single dead executor is an
+//! error to `agent exec` and `agent run`, not a hang).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,6 +57,9 @@ pub struct Pool {
     give_back: mpsc::Sender<usize>,
     /// Per executor: the quarantine its next failure gets (zero: healthy).
     penalty: std::sync::Mutex<Vec<Duration>>,
+    /// Executors in quarantine now, and why the last one went there.
+    quarantined: Arc<std::sync::atomic::AtomicUsize>,
+    last_failure: std::sync::Mutex<String>,
 }
 
 impl Pool {
@@ -94,6 +99,8 @@ impl Pool {
             free: Mutex::new(free),
             give_back,
             penalty,
+            quarantined: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            last_failure: std::sync::Mutex::new(String::new()),
         })
     }
 }
@@ -113,6 +120,7 @@ impl Deployment for Pool {
     fn start<'a>(&'a self, _task: &'a TaskSpec) -> BoxFuture<'a, anyhow::Result<Deployed>> {
         Box::pin(async move {
             let index = loop {
+                self.fail_if_all_quarantined()?;
                 let index = self
                     .free
                     .lock()
@@ -146,6 +154,19 @@ impl Deployment for Pool {
 }
 
 impl Pool {
+    fn fail_if_all_quarantined(&self) -> anyhow::Result<()> {
+        use std::sync::atomic::Ordering;
+        if self.quarantined.load(Ordering::SeqCst) < self.executors.len() {
+            return Ok(());
+        }
+        let last = self
+            .last_failure
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default();
+        anyhow::bail!("no executor of the pool can be reached now: {last}")
+    }
+
     fn set_penalty(&self, index: usize, penalty: Duration) {
         if let Ok(mut p) = self.penalty.lock() {
             if let Some(slot) = p.get_mut(index) {
@@ -173,9 +194,16 @@ impl Pool {
             self.executors[index].url,
             wait.as_secs()
         );
+        if let Ok(mut last) = self.last_failure.lock() {
+            *last = format!("{} is unreachable ({reason})", self.executors[index].url);
+        }
+        use std::sync::atomic::Ordering;
+        self.quarantined.fetch_add(1, Ordering::SeqCst);
+        let quarantined = self.quarantined.clone();
         let give_back = self.give_back.clone();
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
+            quarantined.fetch_sub(1, Ordering::SeqCst);
             let _ = give_back.send(index).await;
         });
     }

@@ -115,6 +115,9 @@ fn ssh_flags(sshd: &Sshd) -> Vec<String> {
 }
 
 /// Executors of this sshd's sessions still running.
+/// The tests here count the executors of every ssh deployment on this host: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn remote_executors() -> Vec<String> {
     processes_with("/tmp/agent-executor.")
         .into_iter()
@@ -128,6 +131,7 @@ fn remote_executors() -> Vec<String> {
 
 #[tokio::test]
 async fn a_batch_over_ssh_runs_each_instance_in_a_session_of_its_own_and_leaves_nothing() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let Some(sshd) = start_sshd() else { return };
     let bench = Bench::new(2, &[], &[]);
     let flags = ssh_flags(&sshd);
@@ -144,6 +148,7 @@ async fn a_batch_over_ssh_runs_each_instance_in_a_session_of_its_own_and_leaves_
 
 #[tokio::test]
 async fn the_executor_dies_with_the_ssh_session_when_the_agent_is_killed() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let Some(sshd) = start_sshd() else { return };
     let flags = ssh_flags(&sshd);
     let mut child = tokio::process::Command::new(binary("agent"))
@@ -206,6 +211,7 @@ fn ssh_clients(port: u16) -> Vec<String> {
 /// target's sshd (ClientAliveInterval here) ends the session, and with it the executor.
 #[tokio::test]
 async fn a_silent_network_drop_ends_the_ssh_session_within_a_minute() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let Some(sshd) = start_sshd() else { return };
     let proxy = executor_tests::Proxy::start(([127, 0, 0, 1], sshd.port).into()).await;
     let mut flags = ssh_flags(&sshd);
