@@ -541,8 +541,8 @@ fn steps_markdown(out: &mut String, st: &StepsReport) {
     let _ = writeln!(
         out,
         "\nCost = what creating the namespace adds to one command ({}). strict creates all of \
-         them per command, so their cost is a floor under its round trip (target <= 1.5 ms \
-         p50); reaching the target needs namespaces created ahead of time and reused.",
+         them per command: a floor under its cold round trip, which warm workers take off the \
+         critical path (they create the next command's namespaces ahead of it).",
         if st.unshare.is_empty() {
             "unshare(1)"
         } else {

@@ -489,7 +489,9 @@ pub(crate) fn host_facts(cgroups: &cgroup::CgroupRoot) -> HostFacts {
 /// stderr nobody reads (a wedged ssh session, a full pipe) must never block the daemon, its
 /// shutdown included.
 fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+    // 4,096 lines queued at most: the default (128,000) preallocates megabytes.
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(4096)
         .lossy(true)
         .thread_name("executor-log")
         .finish(std::io::stderr());
