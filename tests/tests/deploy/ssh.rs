@@ -115,6 +115,40 @@ fn ssh_flags(sshd: &Sshd) -> Vec<String> {
 }
 
 /// Executors of this sshd's sessions still running.
+/// `agent deploy up --json` with `flags`, and the one JSON line it prints.
+async fn deploy_up(flags: &[String]) -> (tokio::process::Child, serde_json::Value) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(binary("agent"))
+        .args(["deploy", "up", "--json"])
+        .args(flags)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    (child, serde_json::from_str(&line).unwrap())
+}
+
+/// A client of the deployment `line` describes, with the token it handed over.
+async fn connect_to(line: &serde_json::Value) -> executor_tests::Client {
+    let token = std::fs::read_to_string(line["token_file"].as_str().unwrap()).unwrap();
+    executor_tests::Client::connect(line["url"].as_str().unwrap(), Some(token.trim()))
+        .await
+        .unwrap()
+}
+
+/// The executor's directory on the target, from the deployment's id (`host:dir`).
+fn remote_dir_of(line: &serde_json::Value) -> String {
+    let id = line["id"].as_str().unwrap();
+    id.split_once(':').unwrap().1.to_string()
+}
+
 /// The tests here count the executors of every ssh deployment on this host: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -151,40 +185,15 @@ async fn the_executor_dies_with_the_ssh_session_when_the_agent_is_killed() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(sshd) = start_sshd() else { return };
     let flags = ssh_flags(&sshd);
-    let mut child = tokio::process::Command::new(binary("agent"))
-        .args(["deploy", "up", "--json"])
-        .args(&flags)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let line: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let (mut child, line) = deploy_up(&flags).await;
     assert_eq!(line["deployment"], "ssh");
     assert!(line["url"].as_str().unwrap().starts_with("ws://127.0.0.1:"));
     // Reachable through the tunnel with the token it handed over.
-    let token = std::fs::read_to_string(line["token_file"].as_str().unwrap()).unwrap();
-    let mut client =
-        executor_tests::Client::connect(line["url"].as_str().unwrap(), Some(token.trim()))
-            .await
-            .unwrap();
+    let mut client = connect_to(&line).await;
     assert_eq!(client.run("c1", "echo hi").await.output, "hi\n");
     drop(client);
     assert_eq!(remote_executors().len(), 1, "{:?}", remote_executors());
-    let remote_dir = line["id"]
-        .as_str()
-        .unwrap()
-        .split_once(':')
-        .unwrap()
-        .1
-        .to_string();
+    let remote_dir = remote_dir_of(&line);
     assert!(Path::new(&remote_dir).exists());
     // SIGKILL: no teardown of ours runs; the session's end must do it.
     child.start_kill().unwrap();
@@ -217,28 +226,9 @@ async fn a_silent_network_drop_ends_the_ssh_session_within_a_minute() {
     let mut flags = ssh_flags(&sshd);
     let at = flags.iter().position(|f| f == "--ssh-port").unwrap();
     flags[at + 1] = proxy.addr.port().to_string();
-    let mut child = tokio::process::Command::new(binary("agent"))
-        .args(["deploy", "up", "--json"])
-        .args(&flags)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let line: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let (mut child, line) = deploy_up(&flags).await;
     // Control: up and reachable through the proxy, its ssh client probing the server.
-    let token = std::fs::read_to_string(line["token_file"].as_str().unwrap()).unwrap();
-    let mut client =
-        executor_tests::Client::connect(line["url"].as_str().unwrap(), Some(token.trim()))
-            .await
-            .unwrap();
+    let mut client = connect_to(&line).await;
     assert_eq!(client.run("c1", "echo hi").await.output, "hi\n");
     drop(client);
     let port = proxy.addr.port();
@@ -249,13 +239,7 @@ async fn a_silent_network_drop_ends_the_ssh_session_within_a_minute() {
         "{clients:?}"
     );
     assert_eq!(remote_executors().len(), 1, "{:?}", remote_executors());
-    let remote_dir = line["id"]
-        .as_str()
-        .unwrap()
-        .split_once(':')
-        .unwrap()
-        .1
-        .to_string();
+    let remote_dir = remote_dir_of(&line);
     let _cleanup = KillLeftovers(remote_dir);
     // The drop.
     assert!(proxy.stall() >= 1);
