@@ -10,6 +10,16 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod files;
+mod processes;
+
+pub use files::*;
+pub use processes::*;
+
+/// What this daemon adds to version 1 (protocol 1.1), listed in [`Hello::capabilities`]: a
+/// client checks for a name before it uses the requests it covers.
+pub const CAPABILITIES: &[&str] = &["processes", "pty", "files", "tar"];
+
 /// Version of this protocol, sent in [`Hello::protocol`]. Bumped only for breaking changes.
 pub const PROTOCOL_VERSION: u32 = 1;
 
@@ -28,6 +38,19 @@ pub enum ClientMessage {
     Cancel(CancelRequest),
     /// Re-attach this connection to a session whose connection dropped (first message only).
     Resume(ResumeRequest),
+    // Protocol 1.1: processes.
+    Spawn(SpawnRequest),
+    Write(WriteRequest),
+    Read(ReadRequest),
+    Signal(SignalRequest),
+    Resize(ResizeRequest),
+    Wait(WaitRequest),
+    ListProcesses(ListProcessesRequest),
+    // Protocol 1.1: files.
+    Upload(UploadRequest),
+    Download(DownloadRequest),
+    Stat(StatRequest),
+    ListDir(ListDirRequest),
 }
 
 /// Run one shell command as a fresh process session.
@@ -55,7 +78,7 @@ pub struct ExecRequest {
     pub stream: bool,
 }
 
-fn is_false(value: &bool) -> bool {
+pub(crate) fn is_false(value: &bool) -> bool {
     !*value
 }
 
@@ -89,6 +112,17 @@ pub enum ServerMessage {
     Output(OutputChunk),
     Result(ExecResult),
     Error(ErrorMessage),
+    // Protocol 1.1.
+    Spawned(Spawned),
+    ProcessOutput(ProcessOutput),
+    Exited(Exited),
+    Processes(ProcessList),
+    Done(Done),
+    Uploaded(Uploaded),
+    DownloadData(DownloadData),
+    Downloaded(Downloaded),
+    FileInfo(FileInfo),
+    DirListing(DirListing),
 }
 
 /// First message on every connection.
@@ -121,6 +155,9 @@ pub struct Hello {
     /// the host's system files are offered only when the operator names them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_offered: Vec<NotOffered>,
+    /// What the daemon offers beyond protocol 1 ([`CAPABILITIES`]); empty from a 1.0 daemon.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
 }
 
 /// A profile the daemon knows but does not let clients use.
@@ -200,6 +237,12 @@ pub struct Limits {
     pub max_output_bytes: usize,
     pub max_commands_per_connection: usize,
     pub max_commands_total: usize,
+    /// Protocol 1.1: output kept per process for `read` (older bytes fall out).
+    #[serde(default)]
+    pub max_process_buffer_bytes: usize,
+    /// Protocol 1.1: largest file (or tar stream) `upload` takes.
+    #[serde(default)]
+    pub max_upload_bytes: u64,
 }
 
 /// A piece of a command's merged stdout and stderr, sent only when the request set `stream`.
@@ -311,7 +354,8 @@ pub enum ErrorCode {
     BadRequest,
     /// The id is already in use by a running command of this connection.
     DuplicateId,
-    /// `cancel` named no running command of this connection.
+    /// `cancel` named no running command of this connection (or a process request no process,
+    /// a file request a missing path).
     NotFound,
     /// A concurrency limit is reached. Retry later.
     Busy,
@@ -328,6 +372,9 @@ pub enum ErrorCode {
     QuotaExceeded,
     /// A bug in the daemon. Nothing was run.
     Internal,
+    /// Protocol 1.1: the sandbox refused a file operation (permission, read-only, outside
+    /// what the profile lets a command reach); a command would have been refused the same.
+    Denied,
 }
 
 impl ErrorCode {
@@ -342,6 +389,7 @@ impl ErrorCode {
             Self::ShuttingDown => "shutting_down",
             Self::QuotaExceeded => "quota_exceeded",
             Self::Internal => "internal",
+            Self::Denied => "denied",
         }
     }
 }
