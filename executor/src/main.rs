@@ -6,6 +6,7 @@ mod cgroup;
 mod clients;
 mod connect;
 mod engine;
+mod files;
 mod helper;
 mod local;
 mod metrics;
