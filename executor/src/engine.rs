@@ -28,6 +28,10 @@ pub fn default_limits() -> Limits {
         max_output_bytes: 1 << 20,
         max_commands_per_connection: 16,
         max_commands_total: 64,
+        // A REPL's or a server's recent output; older bytes fall out (the reply says how many).
+        max_process_buffer_bytes: 1 << 20,
+        // Data sets and artifacts, not disk images.
+        max_upload_bytes: 1 << 30,
     }
 }
 

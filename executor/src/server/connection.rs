@@ -409,6 +409,10 @@ impl Connection {
                 )
                 .await;
             }
+            _ => {
+                self.error(None, ErrorCode::BadRequest, "not implemented yet")
+                    .await;
+            }
         }
     }
 
