@@ -1070,6 +1070,43 @@ mod tests {
     }
 
     #[test]
+    fn pack_leaves_out_sockets_and_does_not_wait_on_fifos() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join("file"), b"x").expect("write");
+        let _listener =
+            std::os::unix::net::UnixListener::bind(dir.path().join("sock")).expect("bind");
+        nix::unistd::mkfifo(
+            &dir.path().join("pipe"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .expect("mkfifo");
+
+        let (code, header, archive) = run(
+            FileOp::Pack {
+                path: path_str(dir.path()),
+            },
+            &[],
+        );
+        assert_eq!(code, 0, "{header:?}");
+        let mut names = Vec::new();
+        for entry in tar::Archive::new(&archive[..]).entries().expect("entries") {
+            let entry = entry.expect("entry");
+            names.push((
+                String::from_utf8_lossy(&entry.path_bytes()).into_owned(),
+                entry.header().entry_type(),
+            ));
+        }
+        assert_eq!(
+            names,
+            [
+                (".".to_owned(), tar::EntryType::Directory),
+                ("file".to_owned(), tar::EntryType::Regular),
+                ("pipe".to_owned(), tar::EntryType::Fifo),
+            ]
+        );
+    }
+
+    #[test]
     fn pack_of_a_file_is_invalid() {
         let dir = tempfile::tempdir().expect("tempdir");
         fs::write(dir.path().join("f"), b"x").expect("write");
