@@ -8,6 +8,7 @@ mod daemon_life;
 mod kill;
 mod metrics;
 mod output;
+mod processes;
 mod profiles;
 mod protocol_errors;
 mod resume;
