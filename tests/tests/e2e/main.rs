@@ -5,6 +5,7 @@ mod auth;
 mod basics;
 mod clients;
 mod daemon_life;
+mod files;
 mod kill;
 mod metrics;
 mod output;

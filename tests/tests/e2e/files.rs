@@ -1,0 +1,492 @@
+//! Protocol 1.1 files: `upload`, `download`, `stat`, `list_dir`, carried out inside the
+//! profile's sandbox as the command's identity. Every case checks what landed on the host, in
+//! the daemon's workspace.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use executor_tests::{
+    download_req, eventually, peak_rss_kib, req, rss_kib, upload_leftovers, upload_req, Client,
+    Daemon,
+};
+use protocol::{ClientMessage, ErrorCode, ListDirRequest, ServerMessage, StatRequest};
+use sha2::{Digest, Sha256};
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn random(len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    getrandom::fill(&mut bytes).unwrap();
+    bytes
+}
+
+async fn upload(client: &mut Client, id: &str, path: &str, content: &[u8]) -> protocol::Uploaded {
+    client
+        .upload(upload_req(id, path), content)
+        .await
+        .unwrap_or_else(|e| panic!("upload {path}: {e:?}"))
+}
+
+async fn download(client: &mut Client, id: &str, path: &str) -> Vec<u8> {
+    client
+        .download(download_req(id, path))
+        .await
+        .unwrap_or_else(|e| panic!("download {path}: {e:?}"))
+        .data
+}
+
+async fn stat(client: &mut Client, id: &str, path: &str) -> Result<protocol::FileStat, ErrorCode> {
+    client
+        .send(&ClientMessage::Stat(StatRequest {
+            id: id.to_string(),
+            path: path.to_string(),
+            profile: None,
+        }))
+        .await;
+    match client.reply_for(id).await {
+        ServerMessage::FileInfo(info) => Ok(info.stat),
+        ServerMessage::Error(e) => Err(e.code),
+        other => panic!("{id}: expected file_info, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_byte_value_round_trips_and_lands_on_the_host_owned_as_a_command_would() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    assert!(
+        ["files", "tar"]
+            .iter()
+            .all(|c| client.hello.capabilities.iter().any(|h| h == c)),
+        "{:?}",
+        client.hello.capabilities
+    );
+    let bytes: Vec<u8> = (0..=255u8).collect();
+    for profile in ["strict", "landlock"] {
+        assert!(
+            client
+                .hello
+                .profiles
+                .iter()
+                .any(|p| p.name == profile && p.available),
+            "{profile} is offered and available: {:?}",
+            client.hello.profiles
+        );
+        let name = format!("bytes-{profile}.bin");
+        let mut up = upload_req(&format!("up-{profile}"), &name);
+        up.profile = Some(profile.to_string());
+        let done = client.upload(up, &bytes).await.unwrap();
+        assert_eq!(done.bytes, 256);
+        assert!(done.path.ends_with(&format!("/{name}")), "{done:?}");
+        let mut down = download_req(&format!("down-{profile}"), &name);
+        down.profile = Some(profile.to_string());
+        assert_eq!(client.download(down).await.unwrap().data, bytes);
+
+        // On the host: exactly those bytes, owned like a file a command of the profile makes.
+        let host = daemon.workspace.join(&name);
+        assert_eq!(std::fs::read(&host).unwrap(), bytes, "[{profile}]");
+        let mut touch = req(
+            &format!("touch-{profile}"),
+            &format!("touch made-{profile}"),
+        );
+        touch.profile = Some(profile.to_string());
+        let result = client.exec(touch).await.result.unwrap();
+        assert_eq!(result.returncode, 0, "{result:?}");
+        let made = std::fs::metadata(daemon.workspace.join(format!("made-{profile}"))).unwrap();
+        let uploaded = std::fs::metadata(&host).unwrap();
+        assert_eq!(
+            (uploaded.uid(), uploaded.gid()),
+            (made.uid(), made.gid()),
+            "[{profile}]"
+        );
+        assert_eq!(
+            uploaded.uid(),
+            65534,
+            "[{profile}] the command's uid, not root"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_50_mb_file_round_trips_with_flat_daemon_memory() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let content = random(50 << 20);
+    let digest = sha256(&content);
+    // Warm the daemon up (its first sandbox, buffers) before the baseline.
+    upload(&mut client, "warm", "warm", b"warm").await;
+    download(&mut client, "warm-down", "warm").await;
+    let before = peak_rss_kib(daemon.pid()).max(rss_kib(daemon.pid()));
+
+    let done = upload(&mut client, "big", "big.bin", &content).await;
+    assert_eq!(done.bytes, content.len() as u64);
+    assert_eq!(
+        sha256(&std::fs::read(daemon.workspace.join("big.bin")).unwrap()),
+        digest,
+        "the file on the host"
+    );
+    let back = client
+        .download(download_req("big-down", "big.bin"))
+        .await
+        .unwrap();
+    assert_eq!(back.data.len(), content.len());
+    assert_eq!(sha256(&back.data), digest);
+    assert!(back.chunks > 1, "streamed in chunks");
+
+    let after = peak_rss_kib(daemon.pid());
+    assert!(
+        after.saturating_sub(before) < 20 * 1024,
+        "daemon peak RSS grew from {before} KiB to {after} KiB for a 50 MB round trip"
+    );
+    assert!(upload_leftovers(&daemon.workspace).is_empty());
+}
+
+#[tokio::test]
+async fn a_download_takes_a_byte_range() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let content: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+    upload(&mut client, "up", "range.bin", &content).await;
+    for (offset, length, expected) in [
+        (100, Some(50), &content[100..150]),
+        (990, Some(50), &content[990..]),
+        (0, Some(0), &content[..0]),
+        (999, None, &content[999..]),
+        (1000, None, &content[..0]),
+        (5000, Some(10), &content[..0]),
+    ] {
+        let mut r = download_req("range", "range.bin");
+        r.offset = offset;
+        r.length = length;
+        let got = client.download(r).await.unwrap();
+        assert_eq!(got.data, expected, "offset {offset} length {length:?}");
+        assert_eq!(got.done.bytes, expected.len() as u64);
+    }
+    // A range of a tar download makes no sense: refused.
+    let mut r = download_req("tar-range", ".");
+    r.tar = true;
+    r.offset = 1;
+    let err = client.download(r).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::BadRequest, "{err:?}");
+}
+
+#[tokio::test]
+async fn the_mode_asked_for_is_applied_without_setuid_bits() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for (mode, expected) in [
+        (None, 0o644),
+        (Some(0o750), 0o750),
+        (Some(0o600), 0o600),
+        (Some(0o777), 0o777),
+        // A set-id file owned by the command's uid is no privilege for the command itself,
+        // but anyone else running it would take on that uid: the daemon leaves those bits out.
+        (Some(0o4755), 0o755),
+    ] {
+        let name = format!("mode-{:o}", mode.unwrap_or(0));
+        let mut r = upload_req(&name, &name);
+        r.mode = mode;
+        client.upload(r, b"#!/bin/sh\necho ran\n").await.unwrap();
+        let host = std::fs::metadata(daemon.workspace.join(&name)).unwrap();
+        assert_eq!(host.permissions().mode() & 0o7777, expected, "{name}");
+    }
+    // The mode is real: an executable upload runs.
+    let result = client.run("x", "./mode-750").await;
+    assert_eq!(result.output, "ran\n");
+}
+
+#[tokio::test]
+async fn parent_directories_are_created_only_when_asked() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let err = client
+        .upload(upload_req("no-parents", "a/b/c.txt"), b"deep")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::NotFound, "{err:?}");
+    assert!(!daemon.workspace.join("a").exists(), "a directory was made");
+
+    let mut r = upload_req("parents", "a/b/c.txt");
+    r.parents = true;
+    client.upload(r, b"deep").await.unwrap();
+    assert_eq!(
+        std::fs::read(daemon.workspace.join("a/b/c.txt")).unwrap(),
+        b"deep"
+    );
+    let dir = std::fs::metadata(daemon.workspace.join("a/b")).unwrap();
+    assert!(dir.is_dir());
+    assert_eq!(dir.uid(), 65534, "made as the command's uid");
+}
+
+/// What the host (or a tar stream) holds for one path: kind, mode, content or link target.
+#[derive(Debug, PartialEq, Eq)]
+enum Node {
+    Dir(u32),
+    File(u32, Vec<u8>),
+    Link(String),
+}
+
+fn host_tree(root: &Path) -> BTreeMap<String, Node> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mode = meta.permissions().mode() & 0o7777;
+            let node = if meta.is_symlink() {
+                Node::Link(std::fs::read_link(&path).unwrap().display().to_string())
+            } else if meta.is_dir() {
+                stack.push(path.clone());
+                Node::Dir(mode)
+            } else {
+                Node::File(mode, std::fs::read(&path).unwrap())
+            };
+            out.insert(name, node);
+        }
+    }
+    out
+}
+
+fn tar_tree(archive: &[u8]) -> BTreeMap<String, Node> {
+    use std::io::Read;
+    let mut out = BTreeMap::new();
+    let mut archive = tar::Archive::new(archive);
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let name = entry.path().unwrap().display().to_string();
+        let name = name
+            .trim_start_matches("./")
+            .trim_end_matches('/')
+            .to_string();
+        let mode = entry.header().mode().unwrap() & 0o7777;
+        let node = match entry.header().entry_type() {
+            tar::EntryType::Directory => Node::Dir(mode),
+            tar::EntryType::Symlink => {
+                Node::Link(entry.link_name().unwrap().unwrap().display().to_string())
+            }
+            _ => {
+                let mut data = Vec::new();
+                entry.read_to_end(&mut data).unwrap();
+                Node::File(mode, data)
+            }
+        };
+        if name != "." && !name.is_empty() {
+            out.insert(name, node);
+        }
+    }
+    out
+}
+
+fn build_tar(tree: &BTreeMap<String, Node>) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (name, node) in tree {
+        let mut header = tar::Header::new_gnu();
+        header.set_mtime(1_700_000_000);
+        match node {
+            Node::Dir(mode) => {
+                header.set_entry_type(tar::EntryType::Directory);
+                header.set_mode(*mode);
+                header.set_size(0);
+                builder
+                    .append_data(&mut header, name, std::io::empty())
+                    .unwrap();
+            }
+            Node::File(mode, data) => {
+                header.set_mode(*mode);
+                header.set_size(data.len() as u64);
+                builder
+                    .append_data(&mut header, name, data.as_slice())
+                    .unwrap();
+            }
+            Node::Link(target) => {
+                header.set_entry_type(tar::EntryType::Symlink);
+                header.set_mode(0o777);
+                header.set_size(0);
+                builder.append_link(&mut header, name, target).unwrap();
+            }
+        }
+    }
+    builder.into_inner().unwrap()
+}
+
+#[tokio::test]
+async fn a_directory_tree_goes_up_and_comes_back_as_tar() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let tree: BTreeMap<String, Node> = [
+        ("a.txt", Node::File(0o644, b"alpha\n".to_vec())),
+        ("empty", Node::Dir(0o755)),
+        ("link", Node::Link("a.txt".into())),
+        ("sub", Node::Dir(0o750)),
+        (
+            "sub/run.sh",
+            Node::File(0o755, b"#!/bin/sh\necho sub\n".to_vec()),
+        ),
+        ("sub/deeper", Node::Dir(0o755)),
+        ("sub/deeper/bytes", Node::File(0o600, (0..=255u8).collect())),
+    ]
+    .into_iter()
+    .map(|(n, node)| (n.to_string(), node))
+    .collect();
+    let archive = build_tar(&tree);
+    let mut r = upload_req("tar-up", "tree");
+    r.tar = true;
+    let done = client.upload(r, &archive).await.unwrap();
+    assert_eq!(done.bytes, archive.len() as u64);
+    // On the host, the same tree.
+    let root = daemon.workspace.join("tree");
+    assert_eq!(host_tree(&root), tree);
+    assert_eq!(std::fs::metadata(&root).unwrap().uid(), 65534);
+    // And back.
+    let mut r = download_req("tar-down", "tree");
+    r.tar = true;
+    let back = client.download(r).await.unwrap();
+    assert_eq!(tar_tree(&back.data), tree);
+    assert!(upload_leftovers(&root).is_empty());
+}
+
+#[tokio::test]
+async fn stat_and_list_dir_describe_what_the_host_holds() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let mut r = upload_req("f", "dir/file");
+    r.parents = true;
+    r.mode = Some(0o640);
+    client.upload(r, b"12345").await.unwrap();
+    upload(&mut client, "g", "dir/another", b"").await;
+    std::os::unix::fs::symlink("file", daemon.workspace.join("dir/link")).unwrap();
+    std::fs::create_dir(daemon.workspace.join("dir/sub")).unwrap();
+
+    let host = std::fs::metadata(daemon.workspace.join("dir/file")).unwrap();
+    let info = stat(&mut client, "stat", "dir/file").await.unwrap();
+    assert_eq!(info.kind, "file");
+    assert_eq!(info.size, 5);
+    assert_eq!(info.mode, 0o640);
+    assert_eq!((info.uid, info.gid), (host.uid(), host.gid()));
+    assert_eq!(info.mtime, host.mtime());
+    assert!(info.name.ends_with("/dir/file"), "{info:?}");
+    let link = stat(&mut client, "stat-link", "dir/link").await.unwrap();
+    assert_eq!(
+        (link.kind.as_str(), link.target.as_deref()),
+        ("symlink", Some("file"))
+    );
+    assert_eq!(
+        stat(&mut client, "stat-missing", "dir/nope").await,
+        Err(ErrorCode::NotFound)
+    );
+
+    client
+        .send(&ClientMessage::ListDir(ListDirRequest {
+            id: "ls".into(),
+            path: "dir".into(),
+            profile: None,
+        }))
+        .await;
+    let listing = match client.reply_for("ls").await {
+        ServerMessage::DirListing(l) => l,
+        other => panic!("{other:?}"),
+    };
+    assert!(!listing.truncated);
+    let seen: Vec<(&str, &str, u64)> = listing
+        .entries
+        .iter()
+        .map(|e| (e.name.as_str(), e.kind.as_str(), e.size))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("another", "file", 0),
+            ("file", "file", 5),
+            ("link", "symlink", 4),
+            ("sub", "dir", seen[3].2),
+        ]
+    );
+    client
+        .send(&ClientMessage::ListDir(ListDirRequest {
+            id: "ls-missing".into(),
+            path: "nodir".into(),
+            profile: None,
+        }))
+        .await;
+    assert!(matches!(
+        client.reply_for("ls-missing").await,
+        ServerMessage::Error(e) if e.code == ErrorCode::NotFound
+    ));
+}
+
+#[tokio::test]
+async fn an_upload_replaces_the_file_atomically_and_leaves_no_temporary_file() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    upload(&mut client, "v1", "atomic.txt", b"version 1\n").await;
+    let first = std::fs::metadata(daemon.workspace.join("atomic.txt")).unwrap();
+    upload(&mut client, "v2", "atomic.txt", b"version 2\n").await;
+    let host = daemon.workspace.join("atomic.txt");
+    assert_eq!(std::fs::read(&host).unwrap(), b"version 2\n");
+    assert_ne!(
+        std::fs::metadata(&host).unwrap().ino(),
+        first.ino(),
+        "renamed into place, not rewritten"
+    );
+    assert!(upload_leftovers(&daemon.workspace).is_empty());
+
+    // A failed upload (into a directory the command may not write) leaves nothing either.
+    std::fs::create_dir(daemon.workspace.join("locked")).unwrap();
+    let err = client
+        .upload(upload_req("locked", "locked/x"), b"no")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Denied, "{err:?}");
+    assert!(std::fs::read_dir(daemon.workspace.join("locked"))
+        .unwrap()
+        .next()
+        .is_none());
+    assert!(upload_leftovers(&daemon.workspace).is_empty());
+}
+
+#[tokio::test]
+async fn an_upload_cut_short_by_the_connection_leaves_neither_a_partial_nor_a_temporary_file() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    upload(&mut client, "v1", "cut.txt", b"complete\n").await;
+    client
+        .send(&ClientMessage::Upload(upload_req("v2", "cut.txt")))
+        .await;
+    client.write_chunk("v2", &[b'p'; 4096], false).await;
+    // Control: mid-upload, the temporary file exists beside the destination.
+    assert!(
+        eventually(Duration::from_secs(10), || !upload_leftovers(
+            &daemon.workspace
+        )
+        .is_empty())
+        .await,
+        "no temporary file while the upload runs"
+    );
+    // The connection ends before the upload's end-of-file.
+    drop(client);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        std::fs::read(daemon.workspace.join("cut.txt")).unwrap(),
+        b"complete\n",
+        "a partial upload replaced the file"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || upload_leftovers(
+            &daemon.workspace
+        )
+        .is_empty())
+        .await,
+        "temporary upload files left behind: {:?}",
+        upload_leftovers(&daemon.workspace)
+    );
+}
