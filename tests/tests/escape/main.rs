@@ -14,6 +14,7 @@ mod cgroups;
 mod cross_client;
 mod daemon_reach;
 mod env_injection;
+mod file_paths;
 mod floods;
 mod fs_tricks;
 mod isolation;
