@@ -490,3 +490,73 @@ async fn an_upload_cut_short_by_the_connection_leaves_neither_a_partial_nor_a_te
         upload_leftovers(&daemon.workspace)
     );
 }
+
+#[tokio::test]
+async fn endless_devices_and_fifos_are_refused_at_once_not_read_forever() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    nix::unistd::mkfifo(
+        &daemon.workspace.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+    )
+    .unwrap();
+    for (profile, path) in [
+        ("landlock", "/dev/urandom"),
+        ("landlock", "/dev/zero"),
+        ("strict", "/dev/zero"),
+        ("strict", "fifo"),
+        ("landlock", "fifo"),
+    ] {
+        let mut r = download_req(&format!("dev-{profile}"), path);
+        r.profile = Some(profile.to_string());
+        let started = std::time::Instant::now();
+        let err = client.download(r).await.unwrap_err();
+        assert_eq!(
+            err.code,
+            ErrorCode::BadRequest,
+            "[{profile}] {path}: {err:?}"
+        );
+        assert!(
+            err.message.contains("not a regular file"),
+            "[{profile}] {path}: {}",
+            err.message
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    // Control: a regular file beside the FIFO downloads.
+    std::fs::write(daemon.workspace.join("plain"), "plain\n").unwrap();
+    assert_eq!(download(&mut client, "plain", "plain").await, b"plain\n");
+}
+
+#[tokio::test]
+async fn writes_that_follow_a_refused_upload_get_no_reply_of_their_own() {
+    // The refusal is the upload's one answer; what the client still sends for it is dropped
+    // (executor/src/server/attached.rs: "one already answered (it failed early) drops what
+    // still comes"), so a client never takes another error for the upload's answer.
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    std::fs::create_dir(daemon.workspace.join("locked")).unwrap();
+    client
+        .send(&ClientMessage::Upload(upload_req("up", "locked/x")))
+        .await;
+    for _ in 0..50 {
+        client.write_chunk("up", &[b'x'; 1024], false).await;
+    }
+    client.write_chunk("up", &[], true).await;
+    let mut replies = Vec::new();
+    while let Ok(Some(msg)) = client.recv_within(Duration::from_secs(2)).await {
+        replies.push(msg);
+    }
+    assert!(
+        matches!(replies.first(), Some(ServerMessage::Error(e)) if e.code == ErrorCode::Denied),
+        "{:?}",
+        replies.first()
+    );
+    assert_eq!(
+        replies.len(),
+        1,
+        "more than one reply for one upload: {:?}",
+        replies.iter().skip(1).take(3).collect::<Vec<_>>()
+    );
+    assert!(!daemon.workspace.join("locked/x").exists());
+}

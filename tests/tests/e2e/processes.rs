@@ -774,3 +774,146 @@ async fn requests_for_an_unknown_process_are_not_found() {
         }
     }
 }
+
+#[tokio::test]
+async fn when_the_shell_exits_its_background_jobs_are_killed_and_the_output_ends() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let s = marked_sleep(&m);
+    spawn(
+        &mut client,
+        spawn_req("bg", &format!("{s} & setsid {s} & echo shell done")),
+    )
+    .await;
+    // The sleeps hold the output open; the output still ends once the shell has.
+    assert_eq!(
+        read_to_eof(&mut client, "bg", 0).await,
+        b"shell done\n".to_vec()
+    );
+    let exited = wait(&mut client, "bg", 10.0).await;
+    assert_eq!(exited.returncode, 0, "{exited:?}");
+    assert_eq!(exited.extra.as_ref().unwrap().killed_processes, 2);
+    assert!(
+        eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await,
+        "survivors: {:?}",
+        sleepers(&m)
+    );
+}
+
+#[tokio::test]
+async fn stop_and_cont_reach_the_tree_and_kill_ends_a_stopped_tree() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    spawn(
+        &mut client,
+        spawn_req("t", &format!("{s} & {s}", s = marked_sleep(&m))),
+    )
+    .await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    let state = |want: char| {
+        let m = m.clone();
+        move || {
+            let pids = sleepers(&m);
+            pids.len() == 2
+                && pids
+                    .iter()
+                    .all(|p| executor_tests::process_state(*p) == Some(want))
+        }
+    };
+    signal(&mut client, "t", "SIGSTOP", false).await;
+    assert!(eventually(Duration::from_secs(5), state('T')).await, "STOP");
+    signal(&mut client, "t", "CONT", false).await;
+    assert!(eventually(Duration::from_secs(5), state('S')).await, "CONT");
+    signal(&mut client, "t", "STOP", false).await;
+    assert!(eventually(Duration::from_secs(5), state('T')).await);
+    signal(&mut client, "t", "KILL", false).await;
+    let exited = wait(&mut client, "t", 10.0).await;
+    assert!(!exited.running);
+    assert!(
+        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        "a stopped tree survived KILL: {:?}",
+        processes_matching(&m)
+    );
+    // An unknown signal name is refused, and the known one names the process.
+    client
+        .send(&ClientMessage::Signal(SignalRequest {
+            id: "t".into(),
+            signal: "SEGV".into(),
+            foreground: false,
+        }))
+        .await;
+    match client.reply_for("t").await {
+        ServerMessage::Error(e) => assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_process_past_its_timeout_is_killed_with_its_tree() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let mut r = spawn_req(
+        "slow",
+        &format!("echo begun; setsid {s} & {s}", s = marked_sleep(&m)),
+    );
+    r.timeout = Some(1.0);
+    spawn(&mut client, r).await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    let exited = wait(&mut client, "slow", 10.0).await;
+    assert!(!exited.running);
+    assert_eq!(exited.returncode, protocol::RETURNCODE_NOT_FINISHED);
+    assert!(exited.extra.as_ref().unwrap().timed_out, "{exited:?}");
+    assert!(
+        eventually(Duration::from_secs(3), || processes_matching(&m).is_empty()).await,
+        "survivors: {:?}",
+        processes_matching(&m)
+    );
+    // Its output stays readable after the end.
+    assert_eq!(read_to_eof(&mut client, "slow", 0).await, b"begun\n");
+}
+
+#[tokio::test]
+async fn a_dropped_sessions_processes_live_through_the_grace_period_and_then_die() {
+    let daemon = Daemon::start_with(&["--resume-grace", "2"]);
+    let mut client = daemon.connect().await;
+    let m = marker();
+    spawn(
+        &mut client,
+        spawn_req("p", &format!("setsid {s} & {s}", s = marked_sleep(&m))),
+    )
+    .await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        sleepers(&m).len(),
+        2,
+        "killed before the grace period ended"
+    );
+    assert!(
+        eventually(Duration::from_secs(8), || processes_matching(&m).is_empty()).await,
+        "the tree outlived the grace period: {:?}",
+        processes_matching(&m)
+    );
+}
+
+#[tokio::test]
+async fn a_running_process_id_cannot_be_taken_again_but_an_ended_ones_can() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    spawn(&mut client, spawn_req("p", &marked_sleep(&m))).await;
+    let err = spawn_refused(&mut client, spawn_req("p", "echo second")).await;
+    assert_eq!(err.code, ErrorCode::DuplicateId, "{err:?}");
+    let refused = client.exec(req("p", "echo exec")).await.result.unwrap_err();
+    assert_eq!(refused.code, ErrorCode::DuplicateId, "{refused:?}");
+    assert_eq!(sleepers(&m).len(), 1);
+    signal(&mut client, "p", "KILL", false).await;
+    assert!(!wait(&mut client, "p", 10.0).await.running);
+    // Ended: the id is free again, and the new process's output is its own.
+    spawn(&mut client, spawn_req("p", "echo second")).await;
+    assert_eq!(read_to_eof(&mut client, "p", 0).await, b"second\n");
+}
