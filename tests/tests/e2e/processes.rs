@@ -917,3 +917,41 @@ async fn a_running_process_id_cannot_be_taken_again_but_an_ended_ones_can() {
     spawn(&mut client, spawn_req("p", "echo second")).await;
     assert_eq!(read_to_eof(&mut client, "p", 0).await, b"second\n");
 }
+
+#[tokio::test]
+async fn waiting_reads_are_bounded_per_connection() {
+    // Every buffer a client can fill must have a limit (design.md, "Bounded"). A `read` with
+    // `wait` parks until output comes or the wait passes (up to 60 s); a client may send them
+    // far faster than they end, so the daemon must refuse (`busy`) past some number instead of
+    // parking every one.
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    spawn(&mut client, spawn_req("quiet", "sleep 120")).await;
+    // Control: a waiting read is answered when its wait passes.
+    let out = read(&mut client, "quiet", 0, 0.2).await;
+    assert!(out.data.is_empty() && !out.eof, "{out:?}");
+    let before = executor_tests::rss_kib(daemon.pid());
+    let text = serde_json::to_string(&ClientMessage::Read(ReadRequest {
+        id: "quiet".into(),
+        offset: 0,
+        max_bytes: None,
+        wait: Some(60.0),
+    }))
+    .unwrap();
+    const READS: usize = 50_000;
+    for _ in 0..READS {
+        client.send_text(&text).await;
+    }
+    // Everything sent has been handled once a request behind it is answered.
+    client
+        .send(&ClientMessage::ListProcesses(ListProcessesRequest {
+            id: Some("after".into()),
+        }))
+        .await;
+    client.reply_for("after").await;
+    let grown = executor_tests::rss_kib(daemon.pid()).saturating_sub(before);
+    assert!(
+        grown < 20 * 1024,
+        "{READS} parked reads grew the daemon by {grown} KiB (unbounded)"
+    );
+}
