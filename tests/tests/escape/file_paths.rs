@@ -414,3 +414,62 @@ async fn a_tar_upload_whose_entries_climb_out_is_refused() {
     );
     assert_daemon_intact(&daemon).await;
 }
+
+#[tokio::test]
+async fn a_symlink_in_the_workspace_to_a_host_file_does_not_download_it() {
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let mut client = daemon.connect().await;
+    let m = marker();
+    // World-readable on the host (0755 directory, 0644 file): only the sandbox's view of the
+    // filesystem keeps it from the command.
+    let victims = victim_dir();
+    std::fs::set_permissions(
+        victims.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let secret = victims.path().join("secret");
+    std::fs::write(&secret, format!("secret {m}\n")).unwrap();
+    let dir = daemon.workspace.join("links");
+    std::fs::create_dir(&dir).unwrap();
+    symlink(&secret, dir.join("to-secret")).unwrap();
+    for (profile, expect, code) in [
+        (LANDLOCK, Denied, Some(ErrorCode::Denied)),
+        (STRICT, Denied, Some(ErrorCode::NotFound)),
+        (TRUSTED, Allowed, None),
+    ] {
+        let l = label(profile, expect);
+        let got = download_as(&mut client, profile, "links/to-secret").await;
+        match (expect, code) {
+            (Denied, Some(code)) => {
+                let err = got.expect_err(&format!("{l} read the secret through a link"));
+                assert_eq!(err.code, code, "{l}: {err:?}");
+            }
+            _ => assert_eq!(got.unwrap(), format!("secret {m}\n").into_bytes(), "{l}"),
+        }
+        // A tar download of the directory stores the link itself, never its target's bytes.
+        let mut r = download_req(&format!("tar-{profile}"), "links");
+        r.profile = Some(profile.to_string());
+        r.tar = true;
+        let archive = client.download(r).await.unwrap().data;
+        let needle = format!("secret {m}");
+        assert!(
+            !archive
+                .windows(needle.len())
+                .any(|w| w == needle.as_bytes()),
+            "{l} the tar stream holds the link's target"
+        );
+        let mut entries = tar::Archive::new(archive.as_slice());
+        let link = entries
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap())
+            .find(|e| e.path().unwrap().ends_with("to-secret"))
+            .unwrap_or_else(|| panic!("{l} no entry for the link"));
+        assert_eq!(link.header().entry_type(), tar::EntryType::Symlink, "{l}");
+        assert_eq!(link.link_name().unwrap().unwrap(), secret, "{l}");
+    }
+    assert_daemon_intact(&daemon).await;
+}
