@@ -560,3 +560,78 @@ async fn writes_that_follow_a_refused_upload_get_no_reply_of_their_own() {
     );
     assert!(!daemon.workspace.join("locked/x").exists());
 }
+
+#[tokio::test]
+async fn two_interleaved_uploads_to_one_path_leave_one_whole_version() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let a = vec![b'a'; 300_000];
+    let b = vec![b'b'; 300_000];
+    for id in ["a", "b"] {
+        client
+            .send(&ClientMessage::Upload(upload_req(id, "shared.bin")))
+            .await;
+    }
+    for (ca, cb) in a.chunks(30_000).zip(b.chunks(30_000)) {
+        client.write_chunk("a", ca, false).await;
+        client.write_chunk("b", cb, false).await;
+    }
+    client.write_chunk("b", &[], true).await;
+    client.write_chunk("a", &[], true).await;
+    let mut answered = Vec::new();
+    while answered.len() < 2 {
+        match client.recv().await {
+            Some(ServerMessage::Uploaded(u)) => answered.push(u.id),
+            Some(ServerMessage::Error(e)) => panic!("{e:?}"),
+            Some(_) => {}
+            None => panic!("closed"),
+        }
+    }
+    let host = std::fs::read(daemon.workspace.join("shared.bin")).unwrap();
+    assert!(host == a || host == b, "a mix of both uploads");
+    assert!(upload_leftovers(&daemon.workspace).is_empty());
+}
+
+#[tokio::test]
+async fn an_upload_goes_on_after_a_dropped_connection_is_resumed() {
+    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
+    let mut client = daemon.connect().await;
+    let session = client.hello.session.clone();
+    client
+        .send(&ClientMessage::Upload(upload_req("up", "resumed.bin")))
+        .await;
+    client.write_chunk("up", b"first half, ", false).await;
+    assert!(
+        eventually(Duration::from_secs(10), || !upload_leftovers(
+            &daemon.workspace
+        )
+        .is_empty())
+        .await,
+        "the upload started"
+    );
+    // The network fails (no close frame) part way through.
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!daemon.workspace.join("resumed.bin").exists());
+    let mut client = daemon.connect().await;
+    client
+        .send(&ClientMessage::Resume(protocol::ResumeRequest {
+            session,
+            awaiting: vec!["up".into()],
+        }))
+        .await;
+    match client.recv().await {
+        Some(ServerMessage::Resumed(r)) => assert_eq!(r.running, vec!["up".to_string()]),
+        other => panic!("expected resumed, got {other:?}"),
+    }
+    client.write_chunk("up", b"second half", true).await;
+    match client.reply_for("up").await {
+        ServerMessage::Uploaded(u) => assert_eq!(u.bytes, 23),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(daemon.workspace.join("resumed.bin")).unwrap(),
+        b"first half, second half"
+    );
+    assert!(upload_leftovers(&daemon.workspace).is_empty());
+}
