@@ -861,6 +861,9 @@ class AsyncClient:
             ping_interval=None,
             close_timeout=2,
             max_size=MAX_INCOMING_BYTES,
+            # Messages read ahead of us: a download's pieces wait here while one is written,
+            # so few (four pieces of 512 KiB) keep a large download out of memory.
+            max_queue=4,
         )
         try:
             return ws, await ws.recv()
