@@ -63,11 +63,11 @@ from .protocol import (
 from .tls import PinRefused, client_context
 from .transfer import (
     Destination,
+    PipeWriter,
     Source,
     extract_tar,
     opened_sink,
     opened_source,
-    write_all,
     write_tar,
 )
 
@@ -368,7 +368,7 @@ class AsyncClient:
     ) -> AsyncProcess:
         """Start `command` and keep it: write its stdin, read its output, signal it, wait.
 
-        `pty=(rows, cols)` (or True: 24x80) runs it on a terminal; else stdin is a pipe and
+        `pty=(rows, cols)` (or True: 24x80) runs it on a terminal; else stdin is a socket and
         stdout and stderr are one stream. `timeout` defaults to the executor's `max_timeout`.
         """
         self.require("processes")
@@ -531,19 +531,20 @@ class AsyncClient:
         message["tar"] = True
         rfd, wfd = os.pipe()
         extractor = asyncio.ensure_future(asyncio.to_thread(extract_tar, rfd, local_dir))
+        pipe = PipeWriter(wfd)
 
         async def on_data(data: bytes) -> None:
-            await asyncio.to_thread(write_all, wfd, data)
+            await asyncio.to_thread(pipe.write, data)
 
         try:
             result = await self._download(message, on_data)
         except BaseException as e:
-            os.close(wfd)
+            pipe.close()
             (unpacked,) = await asyncio.gather(extractor, return_exceptions=True)
             if isinstance(e, BrokenPipeError) and isinstance(unpacked, Exception):
                 raise unpacked from None  # the extractor stopped reading: its reason
             raise
-        os.close(wfd)
+        pipe.close()
         await extractor
         return result
 

@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import tarfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -44,10 +45,27 @@ def opened_sink(destination: Destination) -> Iterator[Callable[[bytes], object]]
         raise
 
 
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+class PipeWriter:
+    """The writing end of a pipe, written from worker threads and closed from the event loop:
+    the lock keeps a close from freeing the descriptor number while a write still uses it."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if self._fd is None:
+                raise BrokenPipeError("the pipe is closed")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 def write_tar(directory: str | os.PathLike[str], fd: int) -> None:
