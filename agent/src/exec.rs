@@ -219,7 +219,8 @@ async fn run_command(
                 err.code,
                 err.message
             ),
-            ServerMessage::Hello(_) => continue,
+            // Hello, and replies to protocol 1.1 requests this command never makes.
+            _ => continue,
         }
     }
 }

@@ -201,7 +201,8 @@ impl Environment {
             | ErrorCode::ProfileDenied
             | ErrorCode::Internal
             | ErrorCode::DuplicateId
-            | ErrorCode::NotFound => Err(EnvError::Unusable {
+            | ErrorCode::NotFound
+            | ErrorCode::Denied => Err(EnvError::Unusable {
                 code: err.code.to_string(),
                 message: err.message,
             }),
