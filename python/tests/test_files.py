@@ -126,6 +126,10 @@ def test_an_upload_where_commands_cannot_write_is_denied(daemon, tmp_path):
         with pytest.raises(DeniedError):
             client.upload_dir(tmp_path, "/usr/share")
         assert not Path("/usr/share/executor-denied-marker").exists()
+        # Reading too: the sandbox's identity may not read the host's shadow file.
+        with pytest.raises(DeniedError):
+            client.download("/etc/shadow", io.BytesIO())
+        assert client.download("/etc/passwd", io.BytesIO()).bytes > 0
         # Control: the same upload into the workspace is written; the session goes on.
         client.upload(b"yes", "allowed-upload")
         assert (Path(daemon.workspace) / "allowed-upload").read_bytes() == b"yes"

@@ -181,6 +181,26 @@ def test_wait_and_list_processes_report_how_processes_ended(daemon):
         assert after[running.id].running is False
 
 
+def test_a_failed_write_raises_at_the_next_write_not_at_other_requests(daemon):
+    with connect(daemon) as client:
+        cat = client.spawn("cat")
+        cat.close_stdin()
+        assert cat.wait(PATIENCE).returncode == 0
+        cat.write("too late\n")  # no answer on success, so nothing is known yet
+        # The write's error arrives while this read waits for its own answer: the read
+        # still gets its answer ...
+        assert cat.read(0, wait=1).eof
+        # ... and the write's error is raised by the next write.
+        with pytest.raises(NotFoundError, match="ended"):
+            cat.write("again\n")
+        # A terminal request to a process without a terminal is the request's own error.
+        plain = client.spawn("sleep 5")
+        with pytest.raises(BadRequestError):
+            plain.resize(10, 10)
+        plain.signal("KILL")
+        assert not plain.wait(PATIENCE).running
+
+
 def test_errors_name_the_request_that_caused_them(daemon):
     async def scenario() -> None:
         async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
