@@ -135,6 +135,35 @@ def test_an_upload_where_commands_cannot_write_is_denied(daemon, tmp_path):
         assert (Path(daemon.workspace) / "allowed-upload").read_bytes() == b"yes"
 
 
+class FailingSource(io.RawIOBase):
+    """A source that breaks after `good` bytes, as a failing disk or network would."""
+
+    def __init__(self, good: int) -> None:
+        self.left = good
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.left <= 0:
+            raise OSError("the source broke")
+        n = min(self.left, len(buffer))
+        buffer[:n] = b"x" * n
+        self.left -= n
+        return n
+
+
+def test_a_source_that_fails_midway_leaves_no_file(daemon):
+    with connect(daemon) as client:
+        with pytest.raises(OSError, match="the source broke"):
+            client.upload(io.BufferedReader(FailingSource(3 * 1024 * 1024)), "half.bin")
+        host = Path(daemon.workspace) / "half.bin"
+        assert not host.exists()
+        # Control: the connection serves on, and a whole source lands.
+        client.upload(b"x" * 1000, "half.bin")
+        assert host.read_bytes() == b"x" * 1000
+
+
 def test_parents_are_made_only_when_asked(daemon):
     with connect(daemon) as client:
         with pytest.raises(ServerError):

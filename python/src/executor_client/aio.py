@@ -586,7 +586,10 @@ class AsyncClient:
                         try:
                             await before_eof()
                         except BaseException:
-                            # Never complete a file whose source failed; drop the upload.
+                            # Never complete a file whose source failed: no `eof`, so it is
+                            # never renamed into place. Protocol 1.1 has no request that
+                            # aborts an upload; a cancel asks anyway (refused as not_found by
+                            # today's executor, and ignored).
                             with contextlib.suppress(ExecutorClientError):
                                 await self._send(ws, {"type": "cancel", "id": rid})
                             raise
