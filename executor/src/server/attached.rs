@@ -285,6 +285,24 @@ impl Connection {
             })
     }
 
+    /// A place among the session's waiting `read`s and `wait`s.
+    fn waiting_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ExecError> {
+        self.session
+            .processes
+            .waiting
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                ExecError::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "{} reads and waits of this session are waiting already",
+                        super::processes::MAX_WAITING
+                    ),
+                )
+            })
+    }
+
     fn read(&self, req: ReadRequest) -> Result<(), ExecError> {
         let wait = seconds(req.wait, "wait")?;
         let max = req
@@ -293,12 +311,21 @@ impl Connection {
             .clamp(1, MAX_READ_BYTES) as usize;
         let process = self.process(&req.id)?;
         let session = self.session.clone();
+        let permit = self.waiting_permit()?;
+        let shutdown = self.daemon.shutdown.clone();
         let task = self.session.tasks.track_future(async move {
             if !wait.is_zero() {
                 tokio::select! {
                     () = process.ring.wait_for(req.offset, wait) => {}
                     () = session.ended.cancelled() => return,
+                    () = shutdown.cancelled() => {}
                 }
+            }
+            drop(permit);
+            // Nobody to answer: a read is idempotent, the client reads again after a resume
+            // (kept, the reply would only fill the session's outbox).
+            if !session.is_attached() {
+                return;
             }
             let slice = process.ring.read(req.offset, max);
             let reply = ServerMessage::ProcessOutput(ProcessOutput {
@@ -374,12 +401,16 @@ impl Connection {
         let timeout = seconds(req.timeout, "timeout")?;
         let process = self.process(&req.id)?;
         let session = self.session.clone();
+        let permit = self.waiting_permit()?;
+        let shutdown = self.daemon.shutdown.clone();
         let task = self.session.tasks.track_future(async move {
             let mut exit = process.exit.subscribe();
             tokio::select! {
                 _ = tokio::time::timeout(timeout, exit.wait_for(Option::is_some)) => {}
                 () = session.ended.cancelled() => return,
+                () = shutdown.cancelled() => {}
             }
+            drop(permit);
             let ended = process.exit.borrow().clone();
             let reply = ended.unwrap_or(Exited {
                 id: req.id,

@@ -11,8 +11,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::runner::attached::{OutputRing, PtyMaster};
 
-/// Ended processes a session keeps for `read` and `wait`; past it the oldest is forgotten.
-const KEPT_ENDED: usize = 32;
+/// Ended processes a session keeps for `read` and `wait`; past it the oldest is forgotten
+/// (each holds up to a buffer of output).
+const KEPT_ENDED: usize = 8;
+/// `read`s and `wait`s of a session waiting at once; past it they are refused with `busy`.
+pub const MAX_WAITING: usize = 64;
 /// Chunks of stdin queued for a process; a process that does not read its stdin fills it and
 /// then a `write` is refused with `busy` (an upload waits instead).
 pub const STDIN_QUEUE: usize = 64;
@@ -119,9 +122,19 @@ pub async fn feed_stdin(mut end: StdinEnd, mut queue: mpsc::Receiver<StdinChunk>
     }
 }
 
-#[derive(Default)]
 pub struct Processes {
     map: Mutex<(HashMap<String, Arc<Process>>, u64)>,
+    /// Permits of the `read`s and `wait`s waiting now.
+    pub waiting: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Processes {
+    fn default() -> Self {
+        Self {
+            map: Mutex::default(),
+            waiting: Arc::new(tokio::sync::Semaphore::new(MAX_WAITING)),
+        }
+    }
 }
 
 impl Processes {
