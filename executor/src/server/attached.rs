@@ -448,6 +448,9 @@ impl Connection {
 
     async fn upload(&mut self, req: UploadRequest, draining: bool) -> Result<(), ExecError> {
         check_path(&req.path)?;
+        if req.mode.is_some_and(|mode| mode > 0o777) {
+            return Err(bad("mode holds permission bits only: at most 0o777 (511)"));
+        }
         let limits = &self.daemon.engine.limits;
         let (max_bytes, timeout) = (limits.max_upload_bytes, limits.max_timeout);
         let op = if req.tar {
@@ -459,7 +462,7 @@ impl Connection {
         } else {
             FileOp::Write {
                 path: req.path.clone(),
-                mode: req.mode.unwrap_or(0o644) & 0o777,
+                mode: req.mode.unwrap_or(0o644),
                 parents: req.parents,
                 max_bytes,
             }
