@@ -22,7 +22,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::connection::{Connection, Job};
-use super::processes::{feed_stdin, Kind, Process, StdinChunk, StdinEnd, STDIN_QUEUE};
+use super::processes::{
+    feed_stdin, Kind, Process, StdinChunk, StdinEnd, STDIN_BUDGET_KIB, STDIN_QUEUE,
+};
 use super::session::Session;
 use crate::engine::ExecError;
 use crate::files::{FileOp, Header, MAX_HEADER_BYTES};
@@ -229,19 +231,32 @@ impl Connection {
                 format!("no process or upload with id {:?}", req.id),
             ));
         };
-        let chunks = (!data.is_empty())
-            .then_some(StdinChunk::Data(data))
-            .into_iter()
-            .chain(req.eof.then_some(StdinChunk::Eof));
+        let permits = super::processes::budget_permits(data.len());
         match process.kind {
             Kind::Query => Err(bad(format!("{:?} takes no input", req.id))),
             // An upload waits for its writer (the connection's backpressure); one already
             // answered (it failed early) drops what still comes.
             Kind::Upload => {
-                for chunk in chunks {
-                    if process.running() && process.stdin.send(chunk).await.is_err() {
-                        break;
+                if !data.is_empty() && process.running() {
+                    let Ok(budget) = process
+                        .stdin_budget
+                        .clone()
+                        .acquire_many_owned(permits)
+                        .await
+                    else {
+                        return Ok(());
+                    };
+                    if process
+                        .stdin
+                        .send(StdinChunk::Data(data, budget))
+                        .await
+                        .is_err()
+                    {
+                        return Ok(());
                     }
+                }
+                if req.eof && process.running() {
+                    let _ = process.stdin.send(StdinChunk::Eof).await;
                 }
                 Ok(())
             }
@@ -252,22 +267,34 @@ impl Connection {
                         format!("process {:?} has ended", req.id),
                     ));
                 }
+                let not_reading = || {
+                    ExecError::new(
+                        ErrorCode::Busy,
+                        format!(
+                            "process {:?} is not reading its stdin ({STDIN_QUEUE} writes or \
+                             {STDIN_BUDGET_KIB} KiB queued); write again later",
+                            req.id
+                        ),
+                    )
+                };
+                let closed = || bad(format!("the stdin of {:?} is closed", req.id));
+                let mut chunks = Vec::new();
+                if !data.is_empty() {
+                    let budget = process
+                        .stdin_budget
+                        .clone()
+                        .try_acquire_many_owned(permits)
+                        .map_err(|_| not_reading())?;
+                    chunks.push(StdinChunk::Data(data, budget));
+                }
+                if req.eof {
+                    chunks.push(StdinChunk::Eof);
+                }
                 for chunk in chunks {
                     match process.stdin.try_send(chunk) {
                         Ok(()) => {}
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            return Err(ExecError::new(
-                                ErrorCode::Busy,
-                                format!(
-                                    "process {:?} is not reading its stdin ({STDIN_QUEUE} writes \
-                                     queued); write again later",
-                                    req.id
-                                ),
-                            ))
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => {
-                            return Err(bad(format!("the stdin of {:?} is closed", req.id)))
-                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => return Err(not_reading()),
+                        Err(mpsc::error::TrySendError::Closed(_)) => return Err(closed()),
                     }
                 }
                 Ok(())
@@ -285,6 +312,24 @@ impl Connection {
             })
     }
 
+    /// A place among the session's waiting `read`s and `wait`s.
+    fn waiting_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ExecError> {
+        self.session
+            .processes
+            .waiting
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                ExecError::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "{} reads and waits of this session are waiting already",
+                        super::processes::MAX_WAITING
+                    ),
+                )
+            })
+    }
+
     fn read(&self, req: ReadRequest) -> Result<(), ExecError> {
         let wait = seconds(req.wait, "wait")?;
         let max = req
@@ -293,12 +338,21 @@ impl Connection {
             .clamp(1, MAX_READ_BYTES) as usize;
         let process = self.process(&req.id)?;
         let session = self.session.clone();
+        let permit = self.waiting_permit()?;
+        let shutdown = self.daemon.shutdown.clone();
         let task = self.session.tasks.track_future(async move {
             if !wait.is_zero() {
                 tokio::select! {
                     () = process.ring.wait_for(req.offset, wait) => {}
                     () = session.ended.cancelled() => return,
+                    () = shutdown.cancelled() => {}
                 }
+            }
+            drop(permit);
+            // Nobody to answer: a read is idempotent, the client reads again after a resume
+            // (kept, the reply would only fill the session's outbox).
+            if !session.is_attached() {
+                return;
             }
             let slice = process.ring.read(req.offset, max);
             let reply = ServerMessage::ProcessOutput(ProcessOutput {
@@ -374,12 +428,16 @@ impl Connection {
         let timeout = seconds(req.timeout, "timeout")?;
         let process = self.process(&req.id)?;
         let session = self.session.clone();
+        let permit = self.waiting_permit()?;
+        let shutdown = self.daemon.shutdown.clone();
         let task = self.session.tasks.track_future(async move {
             let mut exit = process.exit.subscribe();
             tokio::select! {
                 _ = tokio::time::timeout(timeout, exit.wait_for(Option::is_some)) => {}
                 () = session.ended.cancelled() => return,
+                () = shutdown.cancelled() => {}
             }
+            drop(permit);
             let ended = process.exit.borrow().clone();
             let reply = ended.unwrap_or(Exited {
                 id: req.id,
@@ -417,6 +475,9 @@ impl Connection {
 
     async fn upload(&mut self, req: UploadRequest, draining: bool) -> Result<(), ExecError> {
         check_path(&req.path)?;
+        if req.mode.is_some_and(|mode| mode > 0o777) {
+            return Err(bad("mode holds permission bits only: at most 0o777 (511)"));
+        }
         let limits = &self.daemon.engine.limits;
         let (max_bytes, timeout) = (limits.max_upload_bytes, limits.max_timeout);
         let op = if req.tar {
@@ -428,7 +489,7 @@ impl Connection {
         } else {
             FileOp::Write {
                 path: req.path.clone(),
-                mode: req.mode.unwrap_or(0o644) & 0o777,
+                mode: req.mode.unwrap_or(0o644),
                 parents: req.parents,
                 max_bytes,
             }
