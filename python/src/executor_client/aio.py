@@ -10,8 +10,11 @@ answer to a `cancel` of an unused id comes after the whole replay). `protocol/RE
 ("resume") is the contract; the Rust agent (`agent/src/environment.rs`) does the same.
 
 Protocol 1.1 requests (processes, files) are answered by a reply of their own type with the
-same id; they are not resumed: a broken connection fails the ones waiting, and the next call
-reconnects (taking the session, and its processes, back when it still waits for us).
+same id. Across a broken connection, those that only ask (`read`, `wait`, `resize`, `stat`,
+`list_dir`, `list_processes`) are sent again once the session is back, as the executor expects
+("ask again after the resume"); the others (`spawn`, `signal`, a transfer) fail with
+`ConnectionLostError`, since they may have taken effect. A process request whose session could
+not be taken back fails too: the session's processes died with it.
 """
 
 from __future__ import annotations
@@ -138,6 +141,10 @@ class _Call:
     #: Receives a download's pieces, in order.
     on_data: Callable[[bytes], Awaitable[None]] | None = None
     next_seq: int = 0
+    #: The request, when it may be sent again after a dropped connection (it only asks).
+    again: JsonDict | None = None
+    #: The session (`AsyncClient._epoch`) a process request belongs to; None: any.
+    epoch: int | None = None
 
 
 def read_token(token: str | None, token_file: str | os.PathLike[str] | None) -> str | None:
@@ -205,6 +212,8 @@ class AsyncClient:
         #: Per process: the error of a write, raised by its next write.
         self._write_errors: dict[str, ServerError] = {}
         self._seq = itertools.count()
+        #: Counts the sessions this client has had (a fresh one after a failed resume).
+        self._epoch = 0
         self.hello: Hello
         #: The session our commands belong to; a resume keeps it.
         self.session = ""
@@ -387,7 +396,8 @@ class AsyncClient:
     async def list_processes(self) -> list[ProcessInfo]:
         """The session's processes, running and ended."""
         self.require("processes")
-        reply = await self._call({"type": "list_processes", "id": self.new_id()}, ("processes",))
+        message: JsonDict = {"type": "list_processes", "id": self.new_id()}
+        reply = await self._call(message, ("processes",), again=True)
         processes = reply.get("processes")
         return [ProcessInfo.from_json(p) for p in processes or [] if isinstance(p, dict)]
 
@@ -420,7 +430,12 @@ class AsyncClient:
         if wait > 0:
             message["wait"] = wait
         reply = await self._call(
-            message, ("process_output",), patience=wait + REPLY_PATIENCE, long_poll=wait > 0
+            message,
+            ("process_output",),
+            patience=wait + REPLY_PATIENCE,
+            long_poll=wait > 0,
+            again=True,
+            process=True,
         )
         return ProcessOutput.from_json(reply)
 
@@ -431,7 +446,8 @@ class AsyncClient:
         await self._call(message, ("done",))
 
     async def _process_resize(self, rid: str, rows: int, cols: int) -> None:
-        await self._call({"type": "resize", "id": rid, "rows": rows, "cols": cols}, ("done",))
+        message: JsonDict = {"type": "resize", "id": rid, "rows": rows, "cols": cols}
+        await self._call(message, ("done",), again=True, process=True)
 
     async def _process_wait(self, rid: str, timeout: float) -> ProcessExit:
         timeout = min(max(timeout, 0.0), MAX_WAIT)
@@ -439,7 +455,12 @@ class AsyncClient:
         if timeout > 0:
             message["timeout"] = timeout
         reply = await self._call(
-            message, ("exited",), patience=timeout + REPLY_PATIENCE, long_poll=timeout > 0
+            message,
+            ("exited",),
+            patience=timeout + REPLY_PATIENCE,
+            long_poll=timeout > 0,
+            again=True,
+            process=True,
         )
         return ProcessExit.from_json(reply)
 
@@ -552,13 +573,13 @@ class AsyncClient:
         """A path's facts (a symbolic link's own); `NotFoundError` when it is missing."""
         self.require("files")
         message = _file_request("stat", self.new_id(), remote_path, profile)
-        return FileStat.from_json(await self._call(message, ("file_info",)))
+        return FileStat.from_json(await self._call(message, ("file_info",), again=True))
 
     async def list_dir(self, remote_path: str, *, profile: str | None = None) -> DirListing:
         """A directory's entries, sorted by name."""
         self.require("files")
         message = _file_request("list_dir", self.new_id(), remote_path, profile)
-        return DirListing.from_json(await self._call(message, ("dir_listing",)))
+        return DirListing.from_json(await self._call(message, ("dir_listing",), again=True))
 
     async def _upload(
         self,
@@ -586,10 +607,8 @@ class AsyncClient:
                         try:
                             await before_eof()
                         except BaseException:
-                            # Never complete a file whose source failed: no `eof`, so it is
-                            # never renamed into place. Protocol 1.1 has no request that
-                            # aborts an upload; a cancel asks anyway (refused as not_found by
-                            # today's executor, and ignored).
+                            # Never complete a file whose source failed: no `eof`, and a
+                            # cancel ends the upload (a failed upload leaves nothing).
                             with contextlib.suppress(ExecutorClientError):
                                 await self._send(ws, {"type": "cancel", "id": rid})
                             raise
@@ -630,12 +649,25 @@ class AsyncClient:
         *,
         patience: float = REPLY_PATIENCE,
         long_poll: bool = False,
+        again: bool = False,
+        process: bool = False,
     ) -> JsonDict:
-        """Send a request and wait for its answer; an `error` raises its `ServerError`."""
+        """Send a request and wait for its answer; an `error` raises its `ServerError`.
+        `again`: it only asks, so it is sent again after a dropped connection; `process`: it
+        names a process of the session, so it fails if the session is not taken back."""
         ws = await self._connection()
         call = self._open_call(ws, str(message["id"]), replies, long_poll=long_poll)
+        call.again = message if again else None
+        call.epoch = self._epoch if process else None
         try:
-            await self._send(ws, message)
+            try:
+                await self._send(ws, message)
+            except ConnectionLostError:
+                if call.again is None:
+                    raise
+                if self._ws is not ws:
+                    # The loss was seen before this call was registered: reconnect for it.
+                    self._send_again(call, await self._connection())
             return await self._answer(call, patience)
         finally:
             self._forget(call)
@@ -684,6 +716,11 @@ class AsyncClient:
             done, _ = await asyncio.wait({call.future}, timeout=patience)
             if done:
                 return call.future.result()
+            recovery = self._recovery
+            if recovery is not None and not recovery.done():
+                # Reconnecting: it ends in bounded time, and sends the call again or fails it.
+                await asyncio.wait({recovery})
+                continue
             if call.next_seq == progress or call.on_data is None:
                 raise ConnectionLostError(
                     f"the executor at {self.url} did not answer {call.id!r} in time"
@@ -749,16 +786,44 @@ class AsyncClient:
             return None
         return _deliver(call, call.on_data, data)
 
-    def _fail_calls(self, ws: ClientConnection | None, error: ExecutorClientError) -> None:
-        """Fail the requests sent on `ws` (None: all)."""
+    def _fail_calls(
+        self, ws: ClientConnection | None, error: ExecutorClientError, *, keep: bool = False
+    ) -> None:
+        """Fail the requests sent on `ws` (None: all); with `keep`, not those that may be
+        sent again (the recovery does that, or fails them)."""
         for calls in list(self._calls.values()):
             for call in list(calls):
-                if ws is None or call.ws is ws:
+                if (ws is None or call.ws is ws) and not (keep and call.again is not None):
                     self._forget(call)
                     if not call.future.done():
                         call.future.set_exception(error)
         # Errors of writes sent on a dead connection will never come.
         self._writes.clear()
+
+    def _send_again(self, call: _Call, ws: ClientConnection) -> None:
+        """Send a request that only asks again on a new connection, unless it names a process
+        of a session that is gone."""
+        if call.future.done() or call.ws is ws:
+            return
+        if call.again is None or (call.epoch is not None and call.epoch != self._epoch):
+            self._forget(call)
+            call.future.set_exception(
+                ConnectionLostError(
+                    "the connection to the executor was lost and its session could not be "
+                    "taken back: the session's processes were killed",
+                    reconnected=True,
+                )
+            )
+            return
+        log.info("sending %s %r again on the new connection", call.again.get("type"), call.id)
+        call.ws = ws
+        task = asyncio.ensure_future(ws.send(json.dumps(call.again)))
+        task.add_done_callback(_consume)
+
+    def _send_calls_again(self, ws: ClientConnection) -> None:
+        for calls in list(self._calls.values()):
+            for call in list(calls):
+                self._send_again(call, ws)
 
     # --- waiting --------------------------------------------------------------------------
 
@@ -880,6 +945,7 @@ class AsyncClient:
         self.hello = hello
         self.session = hello.session
         self.resume_grace = hello.resume_grace
+        self._epoch += 1
         self._start(ws)
 
     def _start(self, ws: ClientConnection) -> None:
@@ -914,13 +980,15 @@ class AsyncClient:
         except (OSError, ValueError) as e:
             log.debug("reading from %s failed: %r", self.url, e)
             deliberate = False
+        current = not self._closed and self._ws is ws
         self._fail_calls(
             ws,
             ConnectionLostError(
                 f"the connection to the executor at {self.url} ended before it answered"
             ),
+            keep=current and not deliberate,
         )
-        if self._closed or self._ws is not ws:
+        if not current:
             return
         self._ws = None
         if deliberate:
@@ -939,8 +1007,8 @@ class AsyncClient:
         if self._lost_at is None:
             self._lost_at = time.monotonic()
         log.info("lost the connection to %s", self.url)
-        if any(p.sent for p in self._pending.values()):
-            # Commands are waiting: get them back now rather than at their deadline.
+        if any(p.sent for p in self._pending.values()) or self._calls:
+            # Commands or requests are waiting: get them back now, not at their deadline.
             task = self._recovery
             if task is None or task.done():
                 self._recovery = asyncio.ensure_future(self._reconnect())
@@ -1015,6 +1083,7 @@ class AsyncClient:
                         f"reconnect: {last}"
                     )
                     self._fail_pending(error, only_sent=True)
+                    self._fail_calls(None, error)
                     raise error
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 4.0)
@@ -1024,6 +1093,7 @@ class AsyncClient:
             except ConnectError as e:
                 if not e.retry:
                     self._fail_pending(ConnectionLostError(str(e)), only_sent=True)
+                    self._fail_calls(None, ConnectionLostError(str(e)))
                     raise
                 last = str(e)
                 continue
@@ -1057,6 +1127,7 @@ class AsyncClient:
             renewed = time.monotonic() + REPLAY_PATIENCE
             for pending in self._pending.values():
                 pending.deadline = max(pending.deadline, renewed)
+            self._send_calls_again(ws)
             await self._after_resume(ws, [i for i in awaiting if i not in running])
             return ws
 
@@ -1072,6 +1143,7 @@ class AsyncClient:
             only_sent=True,
         )
         self._adopt(ws, hello)
+        self._send_calls_again(ws)
 
     async def _resume(self, ws: ClientConnection, awaiting: list[str]) -> list[str] | None:
         """Ask for our session back as the first message on `ws`: the ids still running, or
