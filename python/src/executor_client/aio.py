@@ -406,6 +406,8 @@ class AsyncClient:
         error = self._write_errors.pop(rid, None)
         if error is not None:
             raise error
+        if not data and not eof:
+            return
         ws = await self._connection()
         size = self._chunk_bytes()
         pieces = [data[i : i + size] for i in range(0, len(data), size)] or [b""]
