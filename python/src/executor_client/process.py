@@ -42,8 +42,8 @@ class AsyncProcess:
 
     async def write(self, data: bytes | str) -> None:
         """Send bytes (str: UTF-8) to its stdin. No answer comes: a failed write (the process
-        ended; `BusyError` when it leaves 64 writes unread) raises at the next `write` or
-        `close_stdin`."""
+        ended; `BusyError` when it leaves 64 writes or 4 MiB unread) raises at the next
+        `write` or `close_stdin`."""
         raw = data.encode() if isinstance(data, str) else bytes(data)
         await self._client._process_write(self.id, raw, eof=False)
 
