@@ -12,7 +12,8 @@ answer to a `cancel` of an unused id comes after the whole replay). `protocol/RE
 Protocol 1.1 requests (processes, files) are answered by a reply of their own type with the
 same id. Across a broken connection, those that only ask (`read`, `wait`, `resize`, `stat`,
 `list_dir`, `list_processes`) are sent again once the session is back, as the executor expects
-("ask again after the resume"); the others (`spawn`, `signal`, a transfer) fail with
+("ask again after the resume"); a `spawn` is awaited in the resume as a command is (its answer
+replayed, or sent again if it never arrived); `signal` and transfers fail with
 `ConnectionLostError`, since they may have taken effect. A process request whose session could
 not be taken back fails too: the session's processes died with it.
 """
@@ -145,6 +146,9 @@ class _Call:
     again: JsonDict | None = None
     #: The session (`AsyncClient._epoch`) a process request belongs to; None: any.
     epoch: int | None = None
+    #: A `spawn`: listed in a resume's `awaiting`, which replays its answer, and sent again
+    #: only when the replay shows it never arrived (as `exec`).
+    resumable: JsonDict | None = None
 
 
 def read_token(token: str | None, token_file: str | os.PathLike[str] | None) -> str | None:
@@ -390,7 +394,7 @@ class AsyncClient:
             self.require("pty")
             rows, cols = pty if isinstance(pty, tuple) else (24, 80)
             message["pty"] = {"rows": rows, "cols": cols}
-        reply = await self._call(message, ("spawned",))
+        reply = await self._call(message, ("spawned",), resumable=True)
         return AsyncProcess(self, rid, command, pty=bool(reply.get("pty")))
 
     async def list_processes(self) -> list[ProcessInfo]:
@@ -653,19 +657,22 @@ class AsyncClient:
         long_poll: bool = False,
         again: bool = False,
         process: bool = False,
+        resumable: bool = False,
     ) -> JsonDict:
         """Send a request and wait for its answer; an `error` raises its `ServerError`.
         `again`: it only asks, so it is sent again after a dropped connection; `process`: it
-        names a process of the session, so it fails if the session is not taken back."""
+        names a process of the session, so it fails if the session is not taken back;
+        `resumable`: its answer is awaited in a resume (see `_Call.resumable`)."""
         ws = await self._connection()
         call = self._open_call(ws, str(message["id"]), replies, long_poll=long_poll)
         call.again = message if again else None
-        call.epoch = self._epoch if process else None
+        call.resumable = message if resumable else None
+        call.epoch = self._epoch if process or resumable else None
         try:
             try:
                 await self._send(ws, message)
             except ConnectionLostError:
-                if call.again is None:
+                if call.again is None and call.resumable is None:
                     raise
                 if self._ws is not ws:
                     # The loss was seen before this call was registered: reconnect for it.
@@ -795,7 +802,8 @@ class AsyncClient:
         sent again (the recovery does that, or fails them)."""
         for calls in list(self._calls.values()):
             for call in list(calls):
-                if (ws is None or call.ws is ws) and not (keep and call.again is not None):
+                kept = call.again is not None or call.resumable is not None
+                if (ws is None or call.ws is ws) and not (keep and kept):
                     self._forget(call)
                     if not call.future.done():
                         call.future.set_exception(error)
@@ -807,6 +815,8 @@ class AsyncClient:
         of a session that is gone."""
         if call.future.done() or call.ws is ws:
             return
+        if call.resumable is not None and call.epoch == self._epoch:
+            return  # awaited in the resume: its answer is replayed, or it is sent again
         if call.again is None or (call.epoch is not None and call.epoch != self._epoch):
             self._forget(call)
             call.future.set_exception(
@@ -1102,7 +1112,9 @@ class AsyncClient:
             if not self._may_resume():
                 self._fresh(ws, hello, "reconnected")
                 return ws
-            awaiting = [p.id for p in self._pending.values() if p.sent]
+            awaiting = [p.id for p in self._pending.values() if p.sent] + [
+                c.id for calls in self._calls.values() for c in calls if c.resumable is not None
+            ]
             try:
                 running = await self._resume(ws, awaiting)
             except (*_CONNECTION_FAILURES, ProtocolError) as e:
@@ -1184,6 +1196,12 @@ class AsyncClient:
     def _resend_unsure(self, ids: list[str]) -> None:
         ws = self._ws
         for rid in ids:
+            for call in self._calls.get(rid, []):
+                if call.resumable is not None and not call.future.done() and ws is not None:
+                    log.info("%s never reached the executor; sending it again", rid)
+                    call.ws = ws
+                    task = asyncio.ensure_future(ws.send(json.dumps(call.resumable)))
+                    task.add_done_callback(_consume)
             pending = self._pending.get(rid)
             if pending is None or pending.future.done() or ws is None:
                 continue
