@@ -125,10 +125,10 @@ impl Connection {
         let handled = match msg {
             ClientMessage::Spawn(req) => self.spawn(req, draining).await,
             ClientMessage::Write(req) => self.write(req).await,
-            ClientMessage::Read(req) => self.read(req),
+            ClientMessage::Read(req) => self.read(req).await,
             ClientMessage::Signal(req) => self.signal(req).await,
             ClientMessage::Resize(req) => self.resize(req).await,
-            ClientMessage::Wait(req) => self.wait(req),
+            ClientMessage::Wait(req) => self.wait(req).await,
             ClientMessage::ListProcesses(req) => {
                 let processes = self.session.processes.list();
                 self.reply(ServerMessage::Processes(ProcessList {
@@ -330,40 +330,49 @@ impl Connection {
             })
     }
 
-    fn read(&self, req: ReadRequest) -> Result<(), ExecError> {
+    /// Answered at once when there is output after `offset` (or it ended, or no `wait`), on
+    /// the connection's own pace; otherwise a task waits, holding one of the session's
+    /// waiting places until its answer is sent.
+    async fn read(&self, req: ReadRequest) -> Result<(), ExecError> {
         let wait = seconds(req.wait, "wait")?;
         let max = req
             .max_bytes
             .unwrap_or(MAX_READ_BYTES)
             .clamp(1, MAX_READ_BYTES) as usize;
         let process = self.process(&req.id)?;
-        let session = self.session.clone();
-        let permit = self.waiting_permit()?;
-        let shutdown = self.daemon.shutdown.clone();
-        let task = self.session.tasks.track_future(async move {
-            if !wait.is_zero() {
-                tokio::select! {
-                    () = process.ring.wait_for(req.offset, wait) => {}
-                    () = session.ended.cancelled() => return,
-                    () = shutdown.cancelled() => {}
-                }
-            }
-            drop(permit);
-            // Nobody to answer: a read is idempotent, the client reads again after a resume
-            // (kept, the reply would only fill the session's outbox).
-            if !session.is_attached() {
-                return;
-            }
+        let answer = move |process: &Process, id: String| {
             let slice = process.ring.read(req.offset, max);
+            let ready = !slice.data.is_empty() || slice.eof;
             let reply = ServerMessage::ProcessOutput(ProcessOutput {
-                id: req.id,
+                id,
                 offset: slice.offset,
                 data: b64().encode(&slice.data),
                 next_offset: slice.next_offset,
                 dropped: slice.dropped,
                 eof: slice.eof,
             });
-            session.send(reply).await;
+            (ready, reply)
+        };
+        let (ready, reply) = answer(&process, req.id.clone());
+        if ready || wait.is_zero() {
+            self.reply(reply).await;
+            return Ok(());
+        }
+        let session = self.session.clone();
+        let permit = self.waiting_permit()?;
+        let shutdown = self.daemon.shutdown.clone();
+        let task = self.session.tasks.track_future(async move {
+            tokio::select! {
+                () = process.ring.wait_for(req.offset, wait) => {}
+                () = session.ended.cancelled() => return,
+                () = shutdown.cancelled() => {}
+            }
+            // Nobody to answer: a read is idempotent, the client reads again after a resume
+            // (kept, the reply would only fill the session's outbox).
+            if session.is_attached() {
+                session.send(answer(&process, req.id).1).await;
+            }
+            drop(permit);
         });
         self.daemon.tasks.spawn(task);
         Ok(())
@@ -424,9 +433,24 @@ impl Connection {
         Ok(())
     }
 
-    fn wait(&self, req: WaitRequest) -> Result<(), ExecError> {
+    /// As `read`: at once when the process ended or no `timeout` was given.
+    async fn wait(&self, req: WaitRequest) -> Result<(), ExecError> {
         let timeout = seconds(req.timeout, "timeout")?;
         let process = self.process(&req.id)?;
+        let answer = |process: &Process, id: String| {
+            let ended = process.exit.borrow().clone();
+            ServerMessage::Exited(ended.unwrap_or(Exited {
+                id,
+                running: true,
+                returncode: protocol::RETURNCODE_NOT_FINISHED,
+                exception_info: String::new(),
+                extra: None,
+            }))
+        };
+        if !process.running() || timeout.is_zero() {
+            self.reply(answer(&process, req.id)).await;
+            return Ok(());
+        }
         let session = self.session.clone();
         let permit = self.waiting_permit()?;
         let shutdown = self.daemon.shutdown.clone();
@@ -437,16 +461,8 @@ impl Connection {
                 () = session.ended.cancelled() => return,
                 () = shutdown.cancelled() => {}
             }
+            session.send(answer(&process, req.id)).await;
             drop(permit);
-            let ended = process.exit.borrow().clone();
-            let reply = ended.unwrap_or(Exited {
-                id: req.id,
-                running: true,
-                returncode: protocol::RETURNCODE_NOT_FINISHED,
-                exception_info: String::new(),
-                extra: None,
-            });
-            session.send(ServerMessage::Exited(reply)).await;
         });
         self.daemon.tasks.spawn(task);
         Ok(())
@@ -649,10 +665,16 @@ fn register(
     );
     process.pty = stdio.pty;
     process.started = std::sync::Mutex::new(Some(started_rx));
+    let abort = process.abort.clone();
     let process = session.processes.insert(process);
-    // Not a session task: it ends when the entry is forgotten (its queue closes) or its
-    // process is gone (a write fails), and must not hold the session's end up.
-    tokio::spawn(feed_stdin(stdio.stdin, stdin_rx));
+    // Not a session task: it ends when the entry is forgotten (its queue closes), its
+    // process is gone (a write fails) or it is aborted, and must not hold the session's end up.
+    tokio::spawn(feed_stdin(
+        stdio.stdin,
+        stdin_rx,
+        kind == Kind::Upload,
+        abort,
+    ));
     let attached = Attached {
         theirs: stdio.theirs,
         output: stdio.output,
@@ -773,8 +795,11 @@ impl Job {
         let id = req.id.clone();
         let ring = attached.ring.clone();
         let failed = CancellationToken::new();
+        let abort = matches!(answer, Answer::Upload).then(|| process.abort.clone());
         let exec = async {
-            let result = self.execute(&req, Io::Attached(attached)).await;
+            let result = self
+                .execute_aborting(&req, Io::Attached(attached), abort)
+                .await;
             if result.is_err() {
                 failed.cancel();
             }
@@ -797,7 +822,11 @@ impl Job {
             exception_info: String::new(),
             extra: None,
         }));
-        self.session.processes.remove(&id, &process);
+        // An answered upload stays listed (ended) so that `write`s still on their way are
+        // dropped quietly; the rest are forgotten at once.
+        if !matches!(answer, Answer::Upload) {
+            self.session.processes.remove(&id, &process);
+        }
         let reply = match (&result, header) {
             (Err(err), _) => Err(err.clone()),
             (Ok(_), Err(err)) => Err(err),

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use protocol::{Exited, ProcessInfo};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::runner::attached::{OutputRing, PtyMaster};
 
@@ -55,6 +56,8 @@ pub struct Process {
     pub stdin_budget: Arc<tokio::sync::Semaphore>,
     pub signals: mpsc::Sender<i32>,
     pub exit: watch::Sender<Option<Exited>>,
+    /// Stops the stdin feeder at once (an upload whose session ended: cut off, not committed).
+    pub abort: CancellationToken,
     /// Fires when the payload has exec'd (taken by the process's job).
     pub started: Mutex<Option<oneshot::Receiver<()>>>,
     /// Order of creation, to forget the oldest ended first.
@@ -80,6 +83,7 @@ impl Process {
             stdin_budget: Arc::new(tokio::sync::Semaphore::new(STDIN_BUDGET_KIB)),
             signals,
             exit: watch::channel(None).0,
+            abort: CancellationToken::new(),
             started: Mutex::new(None),
             serial: 0,
         }
@@ -115,19 +119,40 @@ pub enum StdinEnd {
     Terminal(PtyMaster),
 }
 
-/// Write queued stdin chunks until the queue closes or a write fails (the process is gone or
-/// closed its stdin). End-of-file shuts the socket's sending side, or types the terminal's
-/// end-of-file character (^D, as a user would).
-pub async fn feed_stdin(mut end: StdinEnd, mut queue: mpsc::Receiver<StdinChunk>) {
-    while let Some(chunk) = queue.recv().await {
+/// Write queued stdin chunks until the queue closes, `abort` is cancelled, or a write fails
+/// (the process is gone or closed its stdin). End-of-file shuts the socket's sending side, or
+/// types the terminal's end-of-file character (^D, as a user would). An upload's content is
+/// framed (`files::Framed`): its end-of-file is the commit, and a feeder that stops without
+/// it (aborted, the queue closed) leaves the upload cut off, never complete.
+pub async fn feed_stdin(
+    mut end: StdinEnd,
+    mut queue: mpsc::Receiver<StdinChunk>,
+    framed: bool,
+    abort: CancellationToken,
+) {
+    loop {
+        let chunk = tokio::select! {
+            chunk = queue.recv() => chunk,
+            () = abort.cancelled() => None,
+        };
+        let Some(chunk) = chunk else {
+            return;
+        };
         let written = match (&mut end, chunk) {
             (StdinEnd::Socket(sock), StdinChunk::Data(data, _budget)) => {
+                let header = crate::files::frame_header(data.len());
+                if framed && sock.write_all(&header).await.is_err() {
+                    return;
+                }
                 sock.write_all(&data).await
             }
             (StdinEnd::Terminal(pty), StdinChunk::Data(data, _budget)) => {
                 pty.write_all(&data).await
             }
             (StdinEnd::Socket(sock), StdinChunk::Eof) => {
+                if framed {
+                    let _ = sock.write_all(&crate::files::frame_header(0)).await;
+                }
                 let _ = sock.shutdown().await;
                 return;
             }
