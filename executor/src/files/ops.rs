@@ -30,6 +30,9 @@ const TEMP_NAME_BYTES: usize = 200;
 
 /// Carry out `op` with `input` as stdin and `output` as stdout; returns the exit code.
 pub fn serve(op: &FileOp, input: &mut dyn Read, output: &mut dyn Write) -> i32 {
+    // An upload's content is framed: end-of-file before its commit is a cut-off upload.
+    let mut framed = super::Framed::new(input);
+    let input: &mut dyn Read = &mut framed;
     let outcome = match op {
         FileOp::Write {
             path,
@@ -712,7 +715,14 @@ mod tests {
 
     /// Runs `op` with `input` as stdin: the exit code, the header, the bytes after it.
     fn run(op: FileOp, input: &[u8]) -> (i32, Header, Vec<u8>) {
-        let mut input = input;
+        // As the daemon sends an upload: framed, and committed.
+        let mut framed = Vec::new();
+        for chunk in input.chunks(64 * 1024) {
+            framed.extend_from_slice(&crate::files::frame_header(chunk.len()));
+            framed.extend_from_slice(chunk);
+        }
+        framed.extend_from_slice(&crate::files::frame_header(0));
+        let mut input = framed.as_slice();
         let mut output = Vec::new();
         let code = serve(&op, &mut input, &mut output);
         let end = output
