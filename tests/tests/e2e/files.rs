@@ -175,7 +175,7 @@ async fn a_download_takes_a_byte_range() {
 }
 
 #[tokio::test]
-async fn the_mode_asked_for_is_applied_without_setuid_bits() {
+async fn the_mode_asked_for_is_applied_and_set_id_bits_are_refused() {
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
     for (mode, expected) in [
@@ -183,9 +183,6 @@ async fn the_mode_asked_for_is_applied_without_setuid_bits() {
         (Some(0o750), 0o750),
         (Some(0o600), 0o600),
         (Some(0o777), 0o777),
-        // A set-id file owned by the command's uid is no privilege for the command itself,
-        // but anyone else running it would take on that uid: the daemon leaves those bits out.
-        (Some(0o4755), 0o755),
     ] {
         let name = format!("mode-{:o}", mode.unwrap_or(0));
         let mut r = upload_req(&name, &name);
@@ -197,6 +194,17 @@ async fn the_mode_asked_for_is_applied_without_setuid_bits() {
     // The mode is real: an executable upload runs.
     let result = client.run("x", "./mode-750").await;
     assert_eq!(result.output, "ran\n");
+    // A set-id file would hand the command's uid to whoever runs it: such a mode is refused,
+    // and nothing is written.
+    for mode in [0o4755, 0o2755, 0o1777] {
+        let name = format!("mode-{mode:o}");
+        let mut r = upload_req(&name, &name);
+        r.mode = Some(mode);
+        let err = client.upload(r, b"x").await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::BadRequest, "{name}: {err:?}");
+        assert!(!daemon.workspace.join(&name).exists(), "{name}");
+    }
+    assert!(upload_leftovers(&daemon.workspace).is_empty());
 }
 
 #[tokio::test]

@@ -919,11 +919,10 @@ async fn a_running_process_id_cannot_be_taken_again_but_an_ended_ones_can() {
 }
 
 #[tokio::test]
-async fn waiting_reads_are_bounded_per_connection() {
+async fn waiting_reads_are_bounded_per_session() {
     // Every buffer a client can fill must have a limit (design.md, "Bounded"). A `read` with
     // `wait` parks until output comes or the wait passes (up to 60 s); a client may send them
-    // far faster than they end, so the daemon must refuse (`busy`) past some number instead of
-    // parking every one.
+    // far faster than they end, so past 64 waiting (protocol/README.md) they are `busy`.
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
     spawn(&mut client, spawn_req("quiet", "sleep 120")).await;
@@ -938,7 +937,8 @@ async fn waiting_reads_are_bounded_per_connection() {
         wait: Some(60.0),
     }))
     .unwrap();
-    const READS: usize = 50_000;
+    const READS: usize = 5_000;
+    const WAITING: usize = 64;
     for _ in 0..READS {
         client.send_text(&text).await;
     }
@@ -948,10 +948,31 @@ async fn waiting_reads_are_bounded_per_connection() {
             id: Some("after".into()),
         }))
         .await;
-    client.reply_for("after").await;
+    let mut busy = 0;
+    loop {
+        match client.recv().await {
+            Some(ServerMessage::Error(e)) if e.id.as_deref() == Some("quiet") => {
+                assert_eq!(e.code, ErrorCode::Busy, "{e:?}");
+                busy += 1;
+            }
+            Some(ServerMessage::Processes(_)) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(busy, READS - WAITING, "reads refused past the waiting ones");
     let grown = executor_tests::rss_kib(daemon.pid()).saturating_sub(before);
     assert!(
         grown < 20 * 1024,
-        "{READS} parked reads grew the daemon by {grown} KiB (unbounded)"
+        "{READS} reads grew the daemon by {grown} KiB"
     );
+    // Output wakes the parked reads: each is answered.
+    signal(&mut client, "quiet", "KILL", false).await;
+    let mut answered = 0;
+    while answered < WAITING {
+        match client.recv().await {
+            Some(ServerMessage::ProcessOutput(out)) if out.id == "quiet" => answered += 1,
+            Some(_) => {}
+            None => panic!("closed"),
+        }
+    }
 }
