@@ -643,3 +643,47 @@ async fn an_upload_goes_on_after_a_dropped_connection_is_resumed() {
     );
     assert!(upload_leftovers(&daemon.workspace).is_empty());
 }
+
+#[tokio::test]
+async fn a_tar_upload_does_not_create_set_id_files_either() {
+    // A plain upload refuses a mode beyond 0o777 (protocol/README.md: "at most 0o777"): a
+    // set-id file hands its owner's uid to whoever runs it. A tar stream is the same upload
+    // and must not make one either (set-id bits dropped, or the upload refused). Control: the
+    // archive's ordinary permission bits are kept.
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let mut builder = tar::Builder::new(Vec::new());
+    for (name, mode) in [("suid", 0o4755), ("sgid", 0o2755), ("plain", 0o750)] {
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(mode);
+        header.set_size(3);
+        builder.append_data(&mut header, name, &b"abc"[..]).unwrap();
+    }
+    let archive = builder.into_inner().unwrap();
+    for profile in ["strict", "landlock"] {
+        let dir = daemon.workspace.join(format!("tar-{profile}"));
+        let mut r = upload_req(&format!("t-{profile}"), &format!("tar-{profile}"));
+        r.tar = true;
+        r.profile = Some(profile.into());
+        let got = client.upload(r, &archive).await;
+        if got.is_ok() {
+            let mode = |name: &str| {
+                std::fs::metadata(dir.join(name))
+                    .unwrap()
+                    .permissions()
+                    .mode()
+                    & 0o7777
+            };
+            assert_eq!(mode("plain"), 0o750, "[{profile}] control");
+            for name in ["suid", "sgid"] {
+                assert_eq!(
+                    mode(name) & 0o7000,
+                    0,
+                    "[{profile}] {name} is {:o} on the host, owned by uid {}",
+                    mode(name),
+                    std::fs::metadata(dir.join(name)).unwrap().uid()
+                );
+            }
+        }
+    }
+}

@@ -976,3 +976,47 @@ async fn waiting_reads_are_bounded_per_session() {
         }
     }
 }
+
+#[tokio::test]
+async fn ended_processes_are_kept_for_reading_until_eight_newer_ones_push_them_out() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for i in 0..10 {
+        let id = format!("p{i}");
+        spawn(&mut client, spawn_req(&id, &format!("echo out-{i}"))).await;
+        assert_eq!(wait(&mut client, &id, 10.0).await.returncode, 0);
+    }
+    // p9's spawn found nine ended ones (p0..p8): the oldest went, eight stayed.
+    client
+        .send(&ClientMessage::Read(ReadRequest {
+            id: "p0".into(),
+            offset: 0,
+            max_bytes: None,
+            wait: None,
+        }))
+        .await;
+    assert!(matches!(
+        client.reply_for("p0").await,
+        ServerMessage::Error(e) if e.code == ErrorCode::NotFound
+    ));
+    assert_eq!(read_to_eof(&mut client, "p1", 0).await, b"out-1\n");
+    spawn(&mut client, spawn_req("p10", "echo out-10")).await;
+    assert_eq!(wait(&mut client, "p10", 10.0).await.returncode, 0);
+    let listed: Vec<String> = list(&mut client).await.into_iter().map(|p| p.id).collect();
+    let mut expected: Vec<String> = (2..=10).map(|i| format!("p{i}")).collect();
+    expected.sort();
+    assert_eq!(listed, expected, "the oldest ended ones are forgotten");
+    client
+        .send(&ClientMessage::Read(ReadRequest {
+            id: "p1".into(),
+            offset: 0,
+            max_bytes: None,
+            wait: None,
+        }))
+        .await;
+    match client.reply_for("p1").await {
+        ServerMessage::Error(e) => assert_eq!(e.code, ErrorCode::NotFound, "{e:?}"),
+        other => panic!("p1: {other:?}"),
+    }
+    assert_eq!(read_to_eof(&mut client, "p2", 0).await, b"out-2\n");
+}
