@@ -671,6 +671,7 @@ async fn spawns_beyond_max_commands_per_connection_are_busy() {
         .result
         .unwrap_err();
     assert_eq!(refused.code, ErrorCode::Busy, "{refused:?}");
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(sleepers(&m).len(), 2, "the third never ran");
     // Control: once one ends, a spawn fits again.
@@ -732,7 +733,7 @@ async fn writes_to_a_process_that_never_reads_stdin_end_in_busy() {
         (64..=80).contains(&taken),
         "{taken} of {WRITES} writes taken"
     );
-    assert_eq!(sleepers(&m).len(), 1);
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
 }
 
 #[tokio::test]
@@ -910,6 +911,9 @@ async fn a_running_process_id_cannot_be_taken_again_but_an_ended_ones_can() {
     assert_eq!(err.code, ErrorCode::DuplicateId, "{err:?}");
     let refused = client.exec(req("p", "echo exec")).await.result.unwrap_err();
     assert_eq!(refused.code, ErrorCode::DuplicateId, "{refused:?}");
+    // Only the first one runs (`spawned` comes once its shell runs; the sleep just after).
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(sleepers(&m).len(), 1);
     signal(&mut client, "p", "KILL", false).await;
     assert!(!wait(&mut client, "p", 10.0).await.running);
