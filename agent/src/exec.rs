@@ -219,7 +219,8 @@ async fn run_command(
                 err.code,
                 err.message
             ),
-            ServerMessage::Hello(_) => continue,
+            // Answers to protocol 1.1 requests, which this connection does not send.
+            _ => continue,
         }
     }
 }

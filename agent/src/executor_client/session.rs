@@ -201,7 +201,9 @@ impl Environment {
             | ErrorCode::ProfileDenied
             | ErrorCode::Internal
             | ErrorCode::DuplicateId
-            | ErrorCode::NotFound => Err(EnvError::Unusable {
+            | ErrorCode::NotFound
+            // Only file operations are denied; `exec` never is.
+            | ErrorCode::Denied => Err(EnvError::Unusable {
                 code: err.code.to_string(),
                 message: err.message,
             }),
