@@ -1,0 +1,336 @@
+//! A process attached to our stdin and stdout (protocol 1.1): `agent exec --stdin` (pipes)
+//! and `agent shell` (a pseudo-terminal, like `docker exec -it`).
+//!
+//! One loop per process: bytes from our stdin become `write`s (and end of file `eof`), one
+//! `read` with a wait is always outstanding and its output goes to our stdout as it arrives,
+//! window changes become `resize`; when the output ends, `wait` gives the return code.
+
+use std::io::Read;
+
+use clap::Args;
+use protocol::{ErrorCode, Exited, PtySize, ServerMessage, SpawnRequest};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::agent_loop::{Caught, Interrupts, INTERRUPTED};
+use crate::deploy::flags::ExecutorArgs;
+use crate::exec::{env_pairs, exit_code, ExecArgs, EXEC_FAILED};
+use crate::executor_client::{decode_output, resize_message, signal_message, Client, ClientError};
+use crate::target::{Reached, Unreached};
+
+/// Seconds a `read` waits for output the process has not written yet (at most 60).
+const READ_WAIT: f64 = 30.0;
+/// Seconds per `wait` for a process whose output has ended (at most 60; asked again).
+const WAIT_STEP: f64 = 30.0;
+/// Errors about the process in a row, with no output between them, before we give up.
+const MAX_FAILURES: u32 = 8;
+
+#[derive(Args)]
+pub struct ShellArgs {
+    #[command(flatten)]
+    pub executor: ExecutorArgs,
+    /// Working directory (default: the executor's workspace; for a local executor, here).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Extra environment variable NAME=VALUE; repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// Seconds before the shell's whole process tree is killed (default: the executor's
+    /// longest).
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// The program (default: `bash -i`); several words are joined with spaces, as ssh does.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// What the loop feeds the process.
+#[derive(Debug)]
+enum Input {
+    Bytes(Vec<u8>),
+    Eof,
+    Resize(PtySize),
+}
+
+/// What Ctrl-C (SIGINT) does to the process.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnInterrupt {
+    /// Kill its whole tree (`agent exec`: as a cancel does), then report 130.
+    Kill,
+    /// Pass SIGINT to the terminal's foreground process group, as the key would; the shell
+    /// goes on (`agent shell` whose stdin is not a terminal: in raw mode Ctrl-C is a byte the
+    /// remote terminal turns into SIGINT itself).
+    Forward,
+}
+
+/// How the loop ended.
+enum Ended {
+    Exited(Box<Exited>),
+    /// Ctrl-C twice, or SIGTERM: we stopped waiting (closing the connection kills the rest).
+    Abandoned,
+}
+
+/// `agent exec --stdin`: the command's stdin is ours.
+pub async fn exec_with_stdin(
+    args: &ExecArgs,
+    reached: &Reached,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<u8> {
+    let env = env_pairs(&args.env)?;
+    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    let mut client = reached.client().await?;
+    let outcome = async {
+        client.require("processes", "`agent exec --stdin`")?;
+        let id = client.new_id("exec");
+        client
+            .spawn(SpawnRequest {
+                id: id.clone(),
+                command: args.command.join(" "),
+                cwd: args.cwd.clone(),
+                env,
+                timeout: Some(args.timeout),
+                profile,
+                pty: None,
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("the executor refused the command: {e}"))?;
+        let (tx, rx) = mpsc::channel(4);
+        forward_stdin(tx, client.chunk_bytes());
+        let ended = pump(&mut client, &id, rx, interrupts, OnInterrupt::Kill).await?;
+        Ok::<_, anyhow::Error>(ended)
+    }
+    .await;
+    client.close().await;
+    Ok(report("exec", outcome?))
+}
+
+pub async fn shell(args: ShellArgs) -> anyhow::Result<u8> {
+    let mut interrupts = Interrupts::install()?;
+    let reached = match crate::target::reach(&args.executor, "shell", &mut interrupts).await {
+        Ok(reached) => reached,
+        Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
+        Err(Unreached::Failed(e)) => {
+            eprintln!("agent shell: {e:#}");
+            return Ok(EXEC_FAILED);
+        }
+    };
+    let result = shell_with(&args, &reached, &mut interrupts).await;
+    reached.stop().await;
+    match result {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("agent shell: {e:#}");
+            Ok(EXEC_FAILED)
+        }
+    }
+}
+
+async fn shell_with(
+    args: &ShellArgs,
+    reached: &Reached,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<u8> {
+    let mut env = env_pairs(&args.env)?;
+    // Programs on the remote terminal draw for ours: tell them what it is.
+    if !env.contains_key("TERM") {
+        let term = std::env::var("TERM").ok().filter(|t| !t.is_empty());
+        env.insert("TERM".into(), term.unwrap_or_else(|| "xterm".into()));
+    }
+    let command = if args.command.is_empty() {
+        "bash -i".to_string()
+    } else {
+        args.command.join(" ")
+    };
+    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    let mut client = reached.client().await?;
+    let outcome = async {
+        client.require("processes", "`agent shell`")?;
+        client.require("pty", "`agent shell`")?;
+        let id = client.new_id("shell");
+        client
+            .spawn(SpawnRequest {
+                id: id.clone(),
+                command,
+                cwd: args.cwd.clone(),
+                env,
+                timeout: args.timeout,
+                profile,
+                pty: Some(crate::terminal::size().unwrap_or(crate::terminal::DEFAULT_SIZE)),
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("the executor refused the shell: {e}"))?;
+        // Raw mode only once the shell runs, so that errors before read normally; the guard
+        // puts the terminal back however the loop ends (the `?` below included).
+        let raw = crate::terminal::RawMode::enter()?;
+        let (tx, rx) = mpsc::channel(4);
+        let resizes = if raw.is_some() {
+            Some(tokio::spawn(forward_resizes(tx.clone())))
+        } else {
+            None
+        };
+        forward_stdin(tx, client.chunk_bytes());
+        let on_interrupt = if raw.is_some() {
+            OnInterrupt::Kill
+        } else {
+            OnInterrupt::Forward
+        };
+        let ended = pump(&mut client, &id, rx, interrupts, on_interrupt).await;
+        if let Some(task) = resizes {
+            task.abort();
+        }
+        drop(raw);
+        Ok::<_, anyhow::Error>(ended?)
+    }
+    .await;
+    client.close().await;
+    Ok(report("shell", outcome?))
+}
+
+/// Our exit code for how the loop ended, with the executor's explanation on stderr.
+fn report(verb: &str, ended: Ended) -> u8 {
+    match ended {
+        Ended::Abandoned => INTERRUPTED,
+        Ended::Exited(exited) => {
+            if !exited.exception_info.is_empty() {
+                eprintln!("agent {verb}: {}", exited.exception_info);
+            }
+            match exited.extra {
+                Some(extra) => exit_code(exited.returncode, extra.ended),
+                None => (exited.returncode & 0xff) as u8,
+            }
+        }
+    }
+}
+
+/// Our stdin to `tx`, from a thread of its own: a read blocked on a terminal must not hold a
+/// runtime thread, nor keep the runtime from shutting down when the process has ended.
+fn forward_stdin(tx: mpsc::Sender<Input>, chunk: usize) {
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buffer = vec![0; chunk.max(1)];
+        loop {
+            let input = match stdin.read(&mut buffer) {
+                Ok(0) => Input::Eof,
+                Ok(n) => Input::Bytes(buffer[..n].to_vec()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!("cannot read stdin: {e}; closing the process's stdin");
+                    Input::Eof
+                }
+            };
+            let last = matches!(input, Input::Eof);
+            if tx.blocking_send(input).is_err() || last {
+                return;
+            }
+        }
+    });
+}
+
+/// Window size changes of our terminal (SIGWINCH) to `tx`.
+async fn forward_resizes(tx: mpsc::Sender<Input>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut winch) = signal(SignalKind::window_change()) else {
+        return;
+    };
+    while winch.recv().await.is_some() {
+        if let Some(size) = crate::terminal::size() {
+            if tx.send(Input::Resize(size)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Move bytes between us and process `id` until its output ends, then learn how it ended.
+async fn pump(
+    client: &mut Client,
+    id: &str,
+    mut input: mpsc::Receiver<Input>,
+    interrupts: &mut Interrupts,
+    on_interrupt: OnInterrupt,
+) -> Result<Ended, ClientError> {
+    let mut stdout = tokio::io::stdout();
+    let mut offset: u64 = 0;
+    let mut input_open = true;
+    let mut interrupted = false;
+    let mut failures = 0;
+    client.request_read(id, offset, Some(READ_WAIT)).await?;
+    loop {
+        tokio::select! {
+            item = input.recv(), if input_open => match item {
+                Some(Input::Bytes(bytes)) => client.write(id, &bytes, false).await?,
+                Some(Input::Resize(size)) => client.send(resize_message(id, size)).await?,
+                Some(Input::Eof) | None => {
+                    client.write(id, &[], true).await?;
+                    input_open = false;
+                }
+            },
+            caught = interrupts.recv() => {
+                if interrupted || caught == Caught::Terminate {
+                    return Ok(Ended::Abandoned);
+                }
+                interrupted = true;
+                let message = match on_interrupt {
+                    OnInterrupt::Kill => signal_message(id, "KILL", false),
+                    OnInterrupt::Forward => signal_message(id, "INT", true),
+                };
+                client.send(message).await?;
+            }
+            message = client.recv() => match message? {
+                ServerMessage::ProcessOutput(output) if output.id == id => {
+                    let output = decode_output(output)?;
+                    if output.offset > offset {
+                        eprintln!(
+                            "agent: {} bytes of output were lost (the executor keeps {} bytes \
+                             per process)",
+                            output.offset - offset,
+                            client.hello().limits.max_process_buffer_bytes
+                        );
+                    }
+                    let fresh = output.after(offset);
+                    if !fresh.is_empty() {
+                        // A reader that went away (`| head`) is no reason to stop the process
+                        // early: its output is dropped, as a closed pipe would.
+                        if stdout.write_all(fresh).await.is_ok() {
+                            let _ = stdout.flush().await;
+                        }
+                    }
+                    if output.next_offset > offset {
+                        offset = output.next_offset;
+                        failures = 0;
+                    }
+                    if output.eof {
+                        break;
+                    }
+                    client.request_read(id, offset, Some(READ_WAIT)).await?;
+                }
+                ServerMessage::Error(err) if err.id.as_deref() == Some(id) => {
+                    failures += 1;
+                    if err.code == ErrorCode::NotFound || failures > MAX_FAILURES {
+                        return Err(ClientError::Refused { code: err.code, message: err.message });
+                    }
+                    // A refused `write` (the program closed its stdin) or our `read`: the
+                    // answer does not say which. Stop writing, and read again: a second read of
+                    // the same range is harmless (only bytes past `offset` are new).
+                    tracing::debug!("process {id}: {} ({})", err.message, err.code);
+                    input_open = false;
+                    client.request_read(id, offset, Some(READ_WAIT)).await?;
+                }
+                _ => {}
+            },
+        }
+    }
+    loop {
+        let exited = tokio::select! {
+            exited = client.wait(id, Some(WAIT_STEP)) => exited?,
+            _ = interrupts.recv() => return Ok(Ended::Abandoned),
+        };
+        if !exited.running {
+            return Ok(if interrupted && on_interrupt == OnInterrupt::Kill {
+                Ended::Abandoned
+            } else {
+                Ended::Exited(Box::new(exited))
+            });
+        }
+    }
+}
