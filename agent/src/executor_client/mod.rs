@@ -4,6 +4,8 @@
 
 mod chunks;
 mod client;
+#[cfg(test)]
+mod client_tests;
 mod connection;
 mod profile;
 mod session;
