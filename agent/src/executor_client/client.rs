@@ -44,7 +44,7 @@ pub enum ClientError {
     Refused { code: ErrorCode, message: String },
     #[error(
         "the executor at {url} does not support {what} (it lacks the protocol 1.1 capability \
-         {capability:?}; it offers [{offered}]): upgrade the executor"
+         {capability:?}; it offers {offered}): upgrade the executor"
     )]
     Unsupported {
         url: String,
@@ -162,7 +162,11 @@ impl Client {
             url: self.url.clone(),
             capability: capability.to_string(),
             what: what.to_string(),
-            offered: self.hello.capabilities.join(", "),
+            offered: if self.hello.capabilities.is_empty() {
+                "none".into()
+            } else {
+                self.hello.capabilities.join(", ")
+            },
         })
     }
 
