@@ -178,7 +178,7 @@ async fn run_command(
                 err.code,
                 err.message
             ),
-            // Answers to protocol 1.1 requests, which this connection does not send.
+            // Hello, and replies to protocol 1.1 requests this command never makes.
             _ => continue,
         }
     }

@@ -10,7 +10,7 @@ use protocol::{ErrorCode, ExecResult, Isolation, Limits, ResultExtra};
 use crate::plan::{plan_command, PlanSettings};
 use crate::profile::Profile;
 use crate::request::ValidRequest;
-use crate::runner::{OutputSink, RunError, Runner, StopReason};
+use crate::runner::{Io, RunError, Runner, StopReason};
 
 /// Limits used when no flag overrides them; the comments give the reason for each value.
 pub fn default_limits() -> Limits {
@@ -120,7 +120,7 @@ impl Engine {
     pub async fn execute(
         &self,
         req: &ValidRequest,
-        sink: Option<OutputSink>,
+        io: Io,
         stop: impl Future<Output = StopReason>,
     ) -> Result<ExecResult, ExecError> {
         let profile = self.profile(req.profile.as_deref())?;
@@ -128,7 +128,7 @@ impl Engine {
             .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
         let outcome = self
             .runner
-            .run(&plan, req.warm, req.timeout, sink, stop)
+            .run(&plan, req.warm, req.timeout, io, stop)
             .await?;
         let captured = outcome.captured;
         Ok(ExecResult {
@@ -200,7 +200,10 @@ impl Engine {
                 // A probe's sandbox is no client's: keeping one warm would only waste it.
                 warm: false,
             };
-            let outcome = match self.execute(&req, None, std::future::pending()).await {
+            let outcome = match self
+                .execute(&req, Io::Capture(None), std::future::pending())
+                .await
+            {
                 Ok(result) if result.returncode == 0 => Ok(Probed {
                     layers: result.extra.isolation.layers,
                     missing: result.extra.isolation.missing,

@@ -139,7 +139,9 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
             let _ = tokio::signal::ctrl_c().await;
             StopReason::Cancelled
         };
-        let result = engine.execute(&valid, Some(sink), stop).await;
+        let result = engine
+            .execute(&valid, crate::runner::Io::Capture(Some(sink)), stop)
+            .await;
         let _ = printer.await;
         let result = result.map_err(|e| anyhow::anyhow!("{}: {}", e.code, e.message))?;
         if !result.exception_info.is_empty() {

@@ -46,6 +46,27 @@ pub struct CommandPlan {
     pub cwd: PathBuf,
     /// The payload's whole environment (the helper starts from an empty one).
     pub env: BTreeMap<String, String>,
+    /// What the payload's stdin is.
+    #[serde(default)]
+    pub stdin: StdinKind,
+    /// A file operation the payload carries out in place of exec'ing `argv`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub builtin: Option<crate::files::FileOp>,
+}
+
+/// A command's stdin. The output descriptor is the payload's stdout and stderr in every case;
+/// for a process the client talks to it is the stdin too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StdinKind {
+    /// `/dev/null` (commands).
+    #[default]
+    Null,
+    /// The output descriptor, a socket whose other end the daemon writes (processes, uploads).
+    Socket,
+    /// The output descriptor, a terminal: the payload starts a session with it as its
+    /// controlling terminal.
+    Terminal,
 }
 
 /// The name of the cgroup directories of the helper with this pid (the helper knows its
@@ -164,6 +185,9 @@ pub enum HelperReport {
     },
     /// A setup step failed; the command never ran.
     SetupFailed { stage: String, message: String },
+    /// Written before the final report, once the payload has exec'd (or begun its file
+    /// operation): a process the client talks to is running.
+    Started,
 }
 
 /// Settings of the daemon that shape every plan.
@@ -209,6 +233,8 @@ pub struct CommandSpec {
     pub identity: Option<(u32, u32)>,
     /// The client's home directory (`{home}` in profiles), writable by its commands only.
     pub home: Option<PathBuf>,
+    pub stdin: StdinKind,
+    pub builtin: Option<crate::files::FileOp>,
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -327,6 +353,8 @@ pub fn plan_command(
             argv,
             cwd: spec.cwd.clone().unwrap_or_else(|| workspace.clone()),
             env,
+            stdin: spec.stdin,
+            builtin: spec.builtin.clone(),
         },
     })
 }
@@ -743,6 +771,8 @@ mod tests {
                     argv: vec!["bash".into(), "-c".into(), "echo hi".into()],
                     cwd: "/srv/state/workspace".into(),
                     env,
+                    stdin: StdinKind::Null,
+                    builtin: None,
                 },
             }
         );

@@ -218,6 +218,10 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
             interpreter,
             workspace: workspace.display().to_string(),
             not_offered,
+            capabilities: protocol::CAPABILITIES
+                .iter()
+                .map(|c| c.to_string())
+                .collect(),
             ..protocol::Hello::default()
         };
         let daemon = Arc::new(server::Daemon::new(

@@ -333,3 +333,59 @@ pub fn devnull_stdio(stderr: bool) {
         }
     }
 }
+
+/// Make the terminal `fd` the caller's controlling terminal (the caller leads a session that
+/// has none): what a shell on a PTY needs for job control and Ctrl-C.
+pub fn set_controlling_terminal(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: TIOCSCTTY takes an int argument (0: do not steal another session's terminal);
+    // no memory is passed.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSCTTY, 0 as libc::c_int) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Set a terminal's size (on the PTY's master: the kernel tells the foreground group with
+/// SIGWINCH).
+pub fn set_window_size(fd: std::os::fd::BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `struct winsize`, which `size` is, for the call's duration.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Send `signal` to the foreground process group of the terminal whose master is `fd`
+/// (TIOCSIG, Linux 2.6.25): what typing Ctrl-C does, without depending on the line discipline's
+/// settings.
+pub fn signal_foreground(fd: std::os::fd::BorrowedFd<'_>, signal: i32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // TIOCSIG is _IOW('T', 0x36, int); the libc crate does not name it.
+    const TIOCSIG: libc::c_ulong = 0x4004_5436;
+    // SAFETY: TIOCSIG takes the signal number as an int argument; no memory is passed.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), TIOCSIG as _, signal as libc::c_int) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Register a descriptor we own with tokio's reactor (a PTY master, which tokio's typed
+/// wrappers do not cover).
+pub fn register_async(
+    fd: std::os::fd::OwnedFd,
+) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: an OwnedFd is open, is closed only when dropped (by the AsyncFd that now owns
+    // it), and its as_raw_fd always returns the same descriptor.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|err| err.into_parts().1)
+}

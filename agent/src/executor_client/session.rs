@@ -202,7 +202,6 @@ impl Environment {
             | ErrorCode::Internal
             | ErrorCode::DuplicateId
             | ErrorCode::NotFound
-            // Only file operations are denied; `exec` never is.
             | ErrorCode::Denied => Err(EnvError::Unusable {
                 code: err.code.to_string(),
                 message: err.message,

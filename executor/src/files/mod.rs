@@ -45,9 +45,15 @@ pub enum FileOp {
         length: Option<u64>,
     },
     /// The directory `path` as a tar stream to stdout after the header.
-    Pack { path: String },
-    Stat { path: String },
-    List { path: String },
+    Pack {
+        path: String,
+    },
+    Stat {
+        path: String,
+    },
+    List {
+        path: String,
+    },
 }
 
 /// The first line the payload writes.

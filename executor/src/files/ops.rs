@@ -1,18 +1,1408 @@
-//! Placeholder until the implementation lands (branch `files`).
+//! The file operations themselves, run in the confined payload (see the module above).
+//!
+//! Only ordinary file syscalls: no threads, no processes, so the payload's seccomp filter and
+//! landlock rules judge each open, rename and unlink exactly as they would a command's.
+//!
+//! Framing: the first bytes on `output` are one [`Header`] line. A write consumes all of its
+//! input before that line; a read writes the line, then the bytes it announced. A failure before
+//! the header becomes an `Error` header; one after it (the reader went away, the file shrank)
+//! can only cut the stream short, and the exit code 1 says so.
 
-use std::io::{Read, Write};
+use std::error::Error as StdError;
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, DirBuilder, Metadata, OpenOptions, Permissions};
+use std::io::{self, BufWriter, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
-use super::{ErrorKind, FileOp, Header};
+use protocol::FileStat;
+
+use super::{ErrorKind, FileOp, Header, MAX_LIST_ENTRIES};
+
+/// Copy buffer for uploads and downloads.
+const CHUNK: usize = 64 * 1024;
+/// Mode of parent directories a write or unpack creates (before the umask, as `mkdir -p`).
+const DIR_MODE: u32 = 0o755;
+/// Bytes of the destination's name kept in a temporary file's name: the rest of
+/// `.<name>.upload-<16 hex>` must fit NAME_MAX (255) too.
+const TEMP_NAME_BYTES: usize = 200;
 
 /// Carry out `op` with `input` as stdin and `output` as stdout; returns the exit code.
-pub fn serve(_op: &FileOp, _input: &mut dyn Read, output: &mut dyn Write) -> i32 {
-    let header = Header::Error {
-        kind: ErrorKind::Invalid,
-        message: "file operations are not built yet".into(),
+pub fn serve(op: &FileOp, input: &mut dyn Read, output: &mut dyn Write) -> i32 {
+    let outcome = match op {
+        FileOp::Write {
+            path,
+            mode,
+            parents,
+            max_bytes,
+        } => write_file(Path::new(path), *mode, *parents, *max_bytes, input)
+            .map_err(Failure::Refused)
+            .and_then(|header| send_header(output, &header)),
+        FileOp::Unpack {
+            path,
+            parents,
+            max_bytes,
+        } => unpack(Path::new(path), *parents, *max_bytes, input)
+            .map_err(Failure::Refused)
+            .and_then(|header| send_header(output, &header)),
+        FileOp::Read {
+            path,
+            offset,
+            length,
+        } => read_file(Path::new(path), *offset, *length, output),
+        FileOp::Pack { path } => pack(Path::new(path), output),
+        FileOp::Stat { path } => stat(Path::new(path))
+            .map_err(Failure::Refused)
+            .and_then(|header| send_header(output, &header)),
+        FileOp::List { path } => list(Path::new(path))
+            .map_err(Failure::Refused)
+            .and_then(|header| send_header(output, &header)),
     };
-    if let Ok(mut line) = serde_json::to_vec(&header) {
-        line.push(b'\n');
-        let _ = output.write_all(&line);
+    match outcome {
+        Ok(()) => 0,
+        Err(Failure::Refused(error)) => {
+            let header = Header::Error {
+                kind: error.kind,
+                message: error.message,
+            };
+            // Nothing more to do if even this cannot be written: the exit code tells.
+            let _ = send_header(output, &header);
+            1
+        }
+        Err(Failure::Broken(reason)) => {
+            // The header went out already, so stderr is the only place left for the reason.
+            let _ = writeln!(io::stderr(), "{reason}");
+            1
+        }
     }
-    1
+}
+
+/// An operation that failed before its header: the error becomes the header.
+#[derive(Debug)]
+struct OpError {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl OpError {
+    /// `cannot <doing> <path>: <the OS error and its causes>`.
+    fn io(doing: &str, path: &Path, error: &io::Error) -> Self {
+        Self {
+            kind: kind_of(error),
+            message: format!("cannot {doing} {}: {}", path.display(), chain(error)),
+        }
+    }
+
+    fn invalid(message: String) -> Self {
+        Self {
+            kind: ErrorKind::Invalid,
+            message,
+        }
+    }
+}
+
+enum Failure {
+    /// Before the header: answered with an `Error` header.
+    Refused(OpError),
+    /// After the header (or while writing it): the stream stops short.
+    Broken(String),
+}
+
+/// How an OS error is reported. Looks at the errno first; errors wrapped by the tar crate keep
+/// only the `io::ErrorKind`, so that is the fallback.
+fn kind_of(error: &io::Error) -> ErrorKind {
+    match error.raw_os_error() {
+        Some(libc::ENOENT) => return ErrorKind::NotFound,
+        Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::EXDEV) => return ErrorKind::Denied,
+        Some(_) => return ErrorKind::Invalid,
+        None => {}
+    }
+    match error.kind() {
+        io::ErrorKind::NotFound => ErrorKind::NotFound,
+        io::ErrorKind::PermissionDenied
+        | io::ErrorKind::ReadOnlyFilesystem
+        | io::ErrorKind::CrossesDevices => ErrorKind::Denied,
+        _ => ErrorKind::Invalid,
+    }
+}
+
+/// An error and its sources, `: `-separated (the tar crate's errors name the entry on top and
+/// keep the OS error as their source).
+fn chain(error: &(dyn StdError + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// One JSON line.
+fn send_header(output: &mut dyn Write, header: &Header) -> Result<(), Failure> {
+    let mut line = serde_json::to_vec(header)
+        .map_err(|error| Failure::Broken(format!("cannot encode the header: {error}")))?;
+    line.push(b'\n');
+    output
+        .write_all(&line)
+        .and_then(|()| output.flush())
+        .map_err(|error| Failure::Broken(format!("cannot write the header: {error}")))
+}
+
+fn ok(path: &Path) -> Header {
+    Header::Ok {
+        path: path.to_string_lossy().into_owned(),
+        bytes: None,
+        stat: None,
+        entries: None,
+        truncated: false,
+    }
+}
+
+/// `path` as an absolute path without following its last component: the canonical parent
+/// joined with the final name (so a symbolic link at `path` is named, not its target). A path
+/// without a final name (`/`, `..`) is canonicalized whole; if the parent cannot be resolved,
+/// the current directory is joined lexically.
+fn absolute(path: &Path) -> PathBuf {
+    let resolved = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            parent.canonicalize().map(|parent| parent.join(name))
+        }
+        _ => path.canonicalize(),
+    };
+    resolved.unwrap_or_else(|_| lexical(path))
+}
+
+/// `path` joined to the current directory, for naming a path that may not exist yet.
+fn lexical(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// A parent to write in: `.` for a bare name.
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+fn kind_name(metadata: &Metadata) -> &'static str {
+    let file_type = metadata.file_type();
+    if file_type.is_file() {
+        "file"
+    } else if file_type.is_dir() {
+        "dir"
+    } else if file_type.is_symlink() {
+        "symlink"
+    } else if file_type.is_fifo() {
+        "fifo"
+    } else if file_type.is_socket() {
+        "socket"
+    } else if file_type.is_char_device() {
+        "char"
+    } else {
+        "block"
+    }
+}
+
+/// `metadata` as the protocol describes a path; `path` is read as a link if it is one.
+fn file_stat(name: String, path: &Path, metadata: &Metadata) -> FileStat {
+    let target = if metadata.file_type().is_symlink() {
+        fs::read_link(path)
+            .ok()
+            .map(|target| target.to_string_lossy().into_owned())
+    } else {
+        None
+    };
+    FileStat {
+        name,
+        kind: kind_name(metadata).to_owned(),
+        size: metadata.len(),
+        mode: metadata.mode() & 0o7777,
+        uid: metadata.uid(),
+        gid: metadata.gid(),
+        mtime: metadata.mtime(),
+        target,
+    }
+}
+
+/// Reads at most `max` bytes of `inner`: one more is an error (and `exceeded` set), so a
+/// stream is refused as soon as it is too long rather than after it has been taken in.
+struct Limited<'a> {
+    inner: &'a mut dyn Read,
+    max: u64,
+    count: u64,
+    exceeded: bool,
+}
+
+impl<'a> Limited<'a> {
+    fn new(inner: &'a mut dyn Read, max: u64) -> Self {
+        Self {
+            inner,
+            max,
+            count: 0,
+            exceeded: false,
+        }
+    }
+
+    fn too_large(&self, doing: &str, path: &Path) -> OpError {
+        OpError {
+            kind: ErrorKind::TooLarge,
+            message: format!(
+                "cannot {doing} {}: more than {} bytes",
+                path.display(),
+                self.max
+            ),
+        }
+    }
+}
+
+impl Read for Limited<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.exceeded {
+            return Err(io::Error::other("input over the limit"));
+        }
+        // Room for one byte past the limit, to tell "exactly max" from "more".
+        let room = self.max.saturating_sub(self.count).saturating_add(1);
+        let want = usize::try_from(room).map_or(buf.len(), |room| room.min(buf.len()));
+        let got = self.inner.read(&mut buf[..want])?;
+        self.count += got as u64;
+        if self.count > self.max {
+            self.exceeded = true;
+            return Err(io::Error::other("input over the limit"));
+        }
+        Ok(got)
+    }
+}
+
+/// Unlinks the temporary file unless the rename took it.
+struct TempFile {
+    path: PathBuf,
+    armed: bool,
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// `.<name>.upload-<16 random hex>` beside the destination: the same directory, so the final
+/// rename stays within one filesystem and is atomic.
+fn temp_path(dir: &Path, name: &OsStr, shown: &Path) -> Result<PathBuf, OpError> {
+    let mut random = [0u8; 8];
+    getrandom::fill(&mut random)
+        .map_err(|error| OpError::invalid(format!("cannot write {}: {error}", shown.display())))?;
+    let name = name.as_bytes();
+    let mut temp = b".".to_vec();
+    temp.extend_from_slice(&name[..name.len().min(TEMP_NAME_BYTES)]);
+    temp.extend_from_slice(b".upload-");
+    temp.extend_from_slice(hex::encode(random).as_bytes());
+    Ok(dir.join(OsString::from_vec(temp)))
+}
+
+/// Upload: stdin to a temporary file, renamed over `path`. The rename replaces whatever
+/// `path` was (a symbolic link, a hard link to another file) instead of writing through it,
+/// and a reader never sees half a file.
+fn write_file(
+    path: &Path,
+    mode: u32,
+    parents: bool,
+    max_bytes: u64,
+    input: &mut dyn Read,
+) -> Result<Header, OpError> {
+    if mode & !0o7777 != 0 {
+        return Err(OpError::invalid(format!(
+            "cannot write {}: mode {mode:#o} has bits beyond 0o7777",
+            path.display()
+        )));
+    }
+    let Some(name) = path.file_name() else {
+        return Err(OpError::invalid(format!(
+            "cannot write {}: not a file name",
+            path.display()
+        )));
+    };
+    let dir = parent_of(path);
+    if parents {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(dir)
+            .map_err(|error| OpError::io("create directory", &lexical(dir), &error))?;
+    }
+    let shown = absolute(path);
+    // rename(2) would refuse too (EISDIR), but only after the whole upload was taken in.
+    if fs::symlink_metadata(path).is_ok_and(|metadata| metadata.is_dir()) {
+        return Err(OpError::invalid(format!(
+            "cannot write {}: it is a directory",
+            shown.display()
+        )));
+    }
+
+    let temp_path = temp_path(dir, name, &shown)?;
+    // O_EXCL: never reuse (or follow a link at) a name someone else made. std adds O_CLOEXEC.
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&temp_path)
+        .map_err(|error| OpError::io("write", &shown, &error))?;
+    let mut temp = TempFile {
+        path: temp_path,
+        armed: true,
+    };
+
+    let mut limited = Limited::new(input, max_bytes);
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let got = match limited.read(&mut buf) {
+            Ok(0) => break,
+            Ok(got) => got,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) if limited.exceeded => return Err(limited.too_large("write", &shown)),
+            Err(error) => return Err(OpError::io("read the upload for", &shown, &error)),
+        };
+        file.write_all(&buf[..got])
+            .map_err(|error| OpError::io("write", &shown, &error))?;
+    }
+    // open(2)'s mode went through the umask; fchmod(2) does not.
+    file.set_permissions(Permissions::from_mode(mode))
+        .map_err(|error| OpError::io("set the mode of", &shown, &error))?;
+    drop(file);
+    fs::rename(&temp.path, path).map_err(|error| OpError::io("write", &shown, &error))?;
+    temp.armed = false;
+
+    let mut header = ok(&shown);
+    if let Header::Ok { bytes, .. } = &mut header {
+        *bytes = Some(limited.count);
+    }
+    Ok(header)
+}
+
+/// Upload of a tar stream into the directory `path`.
+fn unpack(
+    path: &Path,
+    parents: bool,
+    max_bytes: u64,
+    input: &mut dyn Read,
+) -> Result<Header, OpError> {
+    match DirBuilder::new()
+        .recursive(parents)
+        .mode(DIR_MODE)
+        .create(path)
+    {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(error) => return Err(OpError::io("create directory", &lexical(path), &error)),
+    }
+    let shown = absolute(path);
+    // The tar crate checks each entry's parent against this, canonical, path.
+    let dst = path
+        .canonicalize()
+        .map_err(|error| OpError::io("unpack into", &shown, &error))?;
+    if !dst.is_dir() {
+        return Err(OpError::invalid(format!(
+            "cannot unpack into {}: not a directory",
+            shown.display()
+        )));
+    }
+
+    let mut limited = Limited::new(input, max_bytes);
+    let unpacked = unpack_entries(&mut limited, &dst, &shown);
+    if limited.exceeded {
+        return Err(limited.too_large("unpack into", &shown));
+    }
+    unpacked?;
+    // The archive ends at its first zero block; the rest (the second zero block, a writer's
+    // padding to a whole record) is read too, so the sender is never left blocked or cut off.
+    match io::copy(&mut limited, &mut io::sink()) {
+        Ok(_) => {}
+        Err(_) if limited.exceeded => return Err(limited.too_large("unpack into", &shown)),
+        Err(error) => return Err(OpError::io("read the upload for", &shown, &error)),
+    }
+
+    let mut header = ok(&shown);
+    if let Header::Ok { bytes, .. } = &mut header {
+        *bytes = Some(limited.count);
+    }
+    Ok(header)
+}
+
+/// `tar::Archive::unpack`, except that an entry it would skip (one with a `..` component) fails
+/// the upload instead of vanishing silently. Each entry goes through `unpack_in`, which strips
+/// a leading `/`, refuses `..`, replaces (never writes through) what is at the entry's path,
+/// and checks that the entry's parent, links resolved, is inside `dst`.
+fn unpack_entries(input: &mut dyn Read, dst: &Path, shown: &Path) -> Result<(), OpError> {
+    let failed = |error: io::Error| OpError::io("unpack into", shown, &error);
+    let mut archive = tar::Archive::new(input);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(false);
+    archive.set_preserve_mtime(true);
+    archive.set_overwrite(true);
+    archive.set_unpack_xattrs(false);
+
+    // Directories last, deepest first, as the tar crate does: a read-only directory in the
+    // archive must not stop its own entries from being written.
+    let mut directories = Vec::new();
+    for entry in archive.entries().map_err(failed)? {
+        let mut entry = entry.map_err(failed)?;
+        if entry.header().entry_type() == tar::EntryType::Directory {
+            directories.push(entry);
+            continue;
+        }
+        if !entry.unpack_in(dst).map_err(failed)? {
+            return Err(refused_entry(&entry, shown));
+        }
+    }
+    directories.sort_by(|a, b| b.path_bytes().cmp(&a.path_bytes()));
+    for mut entry in directories {
+        if !entry.unpack_in(dst).map_err(failed)? {
+            return Err(refused_entry(&entry, shown));
+        }
+    }
+    Ok(())
+}
+
+fn refused_entry<R: Read>(entry: &tar::Entry<'_, R>, shown: &Path) -> OpError {
+    OpError::invalid(format!(
+        "cannot unpack into {}: entry {} leaves the directory",
+        shown.display(),
+        String::from_utf8_lossy(&entry.path_bytes())
+    ))
+}
+
+/// Download of a byte range of a regular file.
+fn read_file(
+    path: &Path,
+    offset: u64,
+    length: Option<u64>,
+    output: &mut dyn Write,
+) -> Result<(), Failure> {
+    let shown = absolute(path);
+    let refused = |error: io::Error| Failure::Refused(OpError::io("read", &shown, &error));
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below anyway);
+    // it changes nothing for a regular file.
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(refused)?;
+    let metadata = file.metadata().map_err(refused)?;
+    if !metadata.is_file() {
+        return Err(Failure::Refused(OpError::invalid(format!(
+            "cannot read {}: not a regular file (a {})",
+            shown.display(),
+            kind_name(&metadata)
+        ))));
+    }
+    let count = metadata
+        .len()
+        .saturating_sub(offset)
+        .min(length.unwrap_or(u64::MAX));
+    let mut file = file;
+    if count > 0 {
+        io::Seek::seek(&mut file, io::SeekFrom::Start(offset)).map_err(refused)?;
+    }
+
+    let name = shown.to_string_lossy().into_owned();
+    let mut header = ok(&shown);
+    if let Header::Ok { bytes, stat, .. } = &mut header {
+        *bytes = Some(count);
+        *stat = Some(file_stat(name, &shown, &metadata));
+    }
+    send_header(output, &header)?;
+
+    let mut body = file.take(count);
+    let mut buf = vec![0u8; CHUNK];
+    let mut sent = 0u64;
+    loop {
+        let got = match body.read(&mut buf) {
+            Ok(0) => break,
+            Ok(got) => got,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => {
+                return Err(Failure::Broken(format!(
+                    "cannot read {}: {error}",
+                    shown.display()
+                )))
+            }
+        };
+        output.write_all(&buf[..got]).map_err(|error| {
+            Failure::Broken(format!("cannot send {}: {error}", shown.display()))
+        })?;
+        sent += got as u64;
+    }
+    output
+        .flush()
+        .map_err(|error| Failure::Broken(format!("cannot send {}: {error}", shown.display())))?;
+    if sent < count {
+        return Err(Failure::Broken(format!(
+            "{} shrank while it was read: {sent} of {count} bytes sent",
+            shown.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Download of a directory as a tar stream.
+fn pack(path: &Path, output: &mut dyn Write) -> Result<(), Failure> {
+    let shown = absolute(path);
+    let refused = |error: io::Error| Failure::Refused(OpError::io("pack", &shown, &error));
+    // The directory itself is followed if it is a link (as `tar -C path .` would); nothing
+    // inside it is.
+    let root = path.canonicalize().map_err(refused)?;
+    let metadata = fs::metadata(&root).map_err(refused)?;
+    if !metadata.is_dir() {
+        return Err(Failure::Refused(OpError::invalid(format!(
+            "cannot pack {}: not a directory",
+            shown.display()
+        ))));
+    }
+    // An unreadable top directory is an error header, not an empty archive.
+    fs::read_dir(&root).map_err(refused)?;
+    send_header(output, &ok(&shown))?;
+
+    let mut out = BufWriter::with_capacity(CHUNK, output);
+    pack_tree(&root, &mut out)
+        .and_then(|()| out.flush())
+        .map_err(|error| {
+            Failure::Broken(format!(
+                "cannot pack {}: {}",
+                shown.display(),
+                chain(&error)
+            ))
+        })
+}
+
+/// Every entry under `root`, named relative to it (`.`, `a`, `sub/b`), parents before their
+/// children, siblings sorted. Symbolic links are stored as links; sockets, which tar cannot
+/// hold, are left out.
+fn pack_tree(root: &Path, out: &mut dyn Write) -> io::Result<()> {
+    let mut builder = tar::Builder::new(out);
+    let mut stack = vec![(PathBuf::from("."), root.to_path_buf())];
+    while let Some((name, source)) = stack.pop() {
+        let metadata = fs::symlink_metadata(&source)?;
+        let file_type = metadata.file_type();
+        let mut header = tar::Header::new_gnu();
+        header.set_metadata_in_mode(&metadata, tar::HeaderMode::Complete);
+        header.set_mode(metadata.mode() & 0o7777);
+        header.set_size(0);
+        if file_type.is_dir() {
+            builder.append_data(&mut header, &name, io::empty())?;
+            let mut children = fs::read_dir(&source)?
+                .map(|entry| entry.map(|entry| entry.file_name()))
+                .collect::<io::Result<Vec<_>>>()?;
+            children.sort();
+            for child in children.into_iter().rev() {
+                stack.push((name.join(&child), source.join(&child)));
+            }
+        } else if file_type.is_symlink() {
+            let target = fs::read_link(&source)?;
+            builder.append_link(&mut header, &name, &target)?;
+        } else if file_type.is_file() {
+            // O_NOFOLLOW and O_NONBLOCK: if the file was swapped for a link or a FIFO since
+            // the lstat, fail or go on rather than follow it or wait for a writer.
+            let file = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+                .open(&source)?;
+            let metadata = file.metadata()?;
+            if !metadata.is_file() {
+                continue;
+            }
+            let size = metadata.len();
+            header.set_metadata_in_mode(&metadata, tar::HeaderMode::Complete);
+            header.set_mode(metadata.mode() & 0o7777);
+            header.set_size(size);
+            // Exactly `size` bytes whatever the file does meanwhile (zeros if it shrinks),
+            // so the archive stays well formed.
+            let body = file.take(size).chain(io::repeat(0)).take(size);
+            builder.append_data(&mut header, &name, body)?;
+        } else if file_type.is_socket() {
+            continue;
+        } else {
+            // FIFO, character or block device: a header alone.
+            let device = metadata.rdev();
+            header.set_device_major(device_number(nix::sys::stat::major(device))?)?;
+            header.set_device_minor(device_number(nix::sys::stat::minor(device))?)?;
+            builder.append_data(&mut header, &name, io::empty())?;
+        }
+    }
+    builder.into_inner()?;
+    Ok(())
+}
+
+fn device_number(number: u64) -> io::Result<u32> {
+    u32::try_from(number).map_err(|_| io::Error::other("device number too large for tar"))
+}
+
+/// Facts about `path` itself (a link is not followed).
+fn stat(path: &Path) -> Result<Header, OpError> {
+    let shown = absolute(path);
+    let metadata =
+        fs::symlink_metadata(path).map_err(|error| OpError::io("stat", &shown, &error))?;
+    let name = shown.to_string_lossy().into_owned();
+    let mut header = ok(&shown);
+    if let Header::Ok { stat, .. } = &mut header {
+        *stat = Some(file_stat(name, path, &metadata));
+    }
+    Ok(header)
+}
+
+/// A directory's entries, sorted by name, the first [`MAX_LIST_ENTRIES`].
+fn list(path: &Path) -> Result<Header, OpError> {
+    let shown = absolute(path);
+    let failed = |error: io::Error| OpError::io("list", &shown, &error);
+    // Names first, sorted, cut; only the entries kept are stat'ed.
+    let mut names = fs::read_dir(path)
+        .map_err(failed)?
+        .map(|entry| entry.map(|entry| entry.file_name()))
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(failed)?;
+    names.sort();
+    let truncated = names.len() > MAX_LIST_ENTRIES;
+    names.truncate(MAX_LIST_ENTRIES);
+
+    let mut listed = Vec::with_capacity(names.len());
+    for name in names {
+        let child = path.join(&name);
+        match fs::symlink_metadata(&child) {
+            Ok(metadata) => listed.push(file_stat(
+                name.to_string_lossy().into_owned(),
+                &child,
+                &metadata,
+            )),
+            // Removed since the directory was read.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(failed(error)),
+        }
+    }
+
+    let mut header = ok(&shown);
+    if let Header::Ok {
+        entries,
+        truncated: cut,
+        ..
+    } = &mut header
+    {
+        *entries = Some(listed);
+        *cut = truncated;
+    }
+    Ok(header)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    /// Runs `op` with `input` as stdin: the exit code, the header, the bytes after it.
+    fn run(op: FileOp, input: &[u8]) -> (i32, Header, Vec<u8>) {
+        let mut input = input;
+        let mut output = Vec::new();
+        let code = serve(&op, &mut input, &mut output);
+        let end = output
+            .iter()
+            .position(|&b| b == b'\n')
+            .expect("a header line");
+        let header = serde_json::from_slice(&output[..end]).expect("header JSON");
+        (code, header, output[end + 1..].to_vec())
+    }
+
+    fn path_str(path: &Path) -> String {
+        path.to_str().expect("UTF-8 test path").to_owned()
+    }
+
+    fn write_op(path: &Path, mode: u32) -> FileOp {
+        FileOp::Write {
+            path: path_str(path),
+            mode,
+            parents: false,
+            max_bytes: u64::MAX,
+        }
+    }
+
+    fn read_op(path: &Path, offset: u64, length: Option<u64>) -> FileOp {
+        FileOp::Read {
+            path: path_str(path),
+            offset,
+            length,
+        }
+    }
+
+    fn error_message(header: &Header) -> &str {
+        match header {
+            Header::Error { message, .. } => message,
+            Header::Ok { .. } => panic!("succeeded: {header:?}"),
+        }
+    }
+
+    fn ok_bytes(header: &Header) -> u64 {
+        match header {
+            Header::Ok { bytes, .. } => bytes.expect("bytes in the header"),
+            Header::Error { message, .. } => panic!("failed: {message}"),
+        }
+    }
+
+    fn error_kind(header: &Header) -> ErrorKind {
+        match header {
+            Header::Error { kind, .. } => *kind,
+            Header::Ok { .. } => panic!("succeeded: {header:?}"),
+        }
+    }
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .expect("read_dir")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .filter(|name| name.contains(".upload-"))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Uploads `content` to `path` and downloads it back.
+    fn round_trip(path: &Path, content: &[u8]) {
+        let (code, header, _) = run(write_op(path, 0o644), content);
+        assert_eq!(code, 0, "{header:?}");
+        assert_eq!(ok_bytes(&header), content.len() as u64);
+        let (code, header, body) = run(read_op(path, 0, None), &[]);
+        assert_eq!(code, 0, "{header:?}");
+        assert_eq!(ok_bytes(&header), content.len() as u64);
+        assert!(body == content, "content differs");
+    }
+
+    #[test]
+    fn write_then_read_round_trips_every_byte_value() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let content: Vec<u8> = (0..=255u8).collect();
+        round_trip(&dir.path().join("bytes"), &content);
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn five_megabytes_round_trip() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let content: Vec<u8> = (0..5_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        round_trip(&dir.path().join("big"), &content);
+    }
+
+    #[test]
+    fn write_answers_with_the_absolute_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().canonicalize().expect("canonicalize");
+        let (code, header, _) = run(write_op(&dir.path().join("f"), 0o644), b"x");
+        assert_eq!(code, 0);
+        let Header::Ok { path, .. } = header else {
+            panic!("failed: {header:?}")
+        };
+        assert_eq!(path, path_str(&real.join("f")));
+        // A relative path starts at the current directory.
+        let cwd = std::env::current_dir()
+            .expect("cwd")
+            .canonicalize()
+            .expect("canonicalize");
+        assert_eq!(absolute(Path::new("some-name")), cwd.join("some-name"));
+        assert_eq!(absolute(Path::new("/")), PathBuf::from("/"));
+    }
+
+    #[test]
+    fn write_replaces_a_symlink_instead_of_writing_through_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("target");
+        fs::write(&target, b"target stays").expect("write");
+        let link = dir.path().join("link");
+        symlink(&target, &link).expect("symlink");
+
+        let (code, header, _) = run(write_op(&link, 0o644), b"new");
+        assert_eq!(code, 0, "{header:?}");
+        let Header::Ok { path, .. } = &header else {
+            panic!("failed: {header:?}")
+        };
+        assert!(path.ends_with("/link"), "the link's own path: {path}");
+        assert!(fs::symlink_metadata(&link).expect("lstat").is_file());
+        assert_eq!(fs::read(&link).expect("read"), b"new");
+        assert_eq!(fs::read(&target).expect("read"), b"target stays");
+    }
+
+    #[test]
+    fn write_replaces_a_hardlink_leaving_the_other_name_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = dir.path().join("first");
+        fs::write(&first, b"first stays").expect("write");
+        let second = dir.path().join("second");
+        fs::hard_link(&first, &second).expect("hard_link");
+
+        let (code, header, _) = run(write_op(&second, 0o644), b"new");
+        assert_eq!(code, 0, "{header:?}");
+        assert_eq!(fs::read(&second).expect("read"), b"new");
+        assert_eq!(fs::read(&first).expect("read"), b"first stays");
+        assert_eq!(fs::metadata(&first).expect("stat").nlink(), 1);
+    }
+
+    #[test]
+    fn write_applies_the_mode_exactly_whatever_the_umask() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // 0o777 and 0o666 lose bits to any usual umask (022) if only open(2) sets them.
+        for mode in [0o600, 0o640, 0o666, 0o751, 0o777, 0o4755, 0o000] {
+            let path = dir.path().join(format!("m{mode:o}"));
+            let (code, header, _) = run(write_op(&path, mode), b"x");
+            assert_eq!(code, 0, "{header:?}");
+            let got = fs::metadata(&path).expect("stat").mode() & 0o7777;
+            assert_eq!(got, mode, "mode {mode:o} became {got:o}");
+        }
+        // Replacing an existing file gives it the new mode too.
+        let path = dir.path().join("again");
+        fs::write(&path, b"old").expect("write");
+        fs::set_permissions(&path, Permissions::from_mode(0o600)).expect("chmod");
+        let (code, _, _) = run(write_op(&path, 0o755), b"new");
+        assert_eq!(code, 0);
+        assert_eq!(fs::metadata(&path).expect("stat").mode() & 0o7777, 0o755);
+
+        let (code, header, _) = run(write_op(&dir.path().join("bad"), 0o100644), b"x");
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Invalid);
+    }
+
+    #[test]
+    fn write_creates_parents_only_when_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("a/b/file");
+
+        let (code, header, _) = run(write_op(&path, 0o644), b"x");
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::NotFound);
+        assert!(!dir.path().join("a").exists());
+
+        let op = FileOp::Write {
+            path: path_str(&path),
+            mode: 0o644,
+            parents: true,
+            max_bytes: 10,
+        };
+        let (code, header, _) = run(op, b"x");
+        assert_eq!(code, 0, "{header:?}");
+        assert_eq!(fs::read(&path).expect("read"), b"x");
+        assert!(fs::metadata(dir.path().join("a/b")).expect("stat").is_dir());
+    }
+
+    #[test]
+    fn write_over_max_bytes_leaves_no_temporary_file_and_no_destination() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f");
+        let op = |max_bytes| FileOp::Write {
+            path: path_str(&path),
+            mode: 0o644,
+            parents: false,
+            max_bytes,
+        };
+
+        let (code, header, _) = run(op(10), &[7u8; 11]);
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::TooLarge);
+        assert!(!path.exists());
+        assert!(leftovers(dir.path()).is_empty());
+
+        // Exactly the limit is fine.
+        let (code, header, _) = run(op(10), &[7u8; 10]);
+        assert_eq!(code, 0, "{header:?}");
+        assert_eq!(ok_bytes(&header), 10);
+        // A file that was there stays as it was.
+        let (code, _, _) = run(op(10), &[8u8; 100_000]);
+        assert_eq!(code, 1);
+        assert_eq!(fs::read(&path).expect("read"), [7u8; 10]);
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn write_onto_a_directory_is_invalid_and_leaves_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sub = dir.path().join("sub");
+        fs::create_dir(&sub).expect("mkdir");
+        fs::write(sub.join("inside"), b"kept").expect("write");
+        let (code, header, _) = run(write_op(&sub, 0o644), b"x");
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Invalid);
+        assert_eq!(fs::read(sub.join("inside")).expect("read"), b"kept");
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn read_honours_offset_and_length() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f");
+        fs::write(&path, b"0123456789").expect("write");
+        let cases: [(u64, Option<u64>, &[u8]); 6] = [
+            (0, None, b"0123456789"),
+            (3, None, b"3456789"),
+            (3, Some(4), b"3456"),
+            (8, Some(100), b"89"),
+            (10, None, b""),
+            (1000, Some(5), b""),
+        ];
+        for (offset, length, expected) in cases {
+            let (code, header, body) = run(read_op(&path, offset, length), &[]);
+            assert_eq!(code, 0, "{header:?}");
+            assert_eq!(ok_bytes(&header), expected.len() as u64);
+            assert_eq!(body, expected, "offset {offset} length {length:?}");
+            let Header::Ok {
+                stat: Some(stat), ..
+            } = header
+            else {
+                panic!("no stat")
+            };
+            assert_eq!(stat.kind, "file");
+            assert_eq!(stat.size, 10);
+        }
+    }
+
+    #[test]
+    fn read_follows_a_symlink_but_refuses_a_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join("f"), b"data").expect("write");
+        symlink("f", dir.path().join("link")).expect("symlink");
+        let (code, _, body) = run(read_op(&dir.path().join("link"), 0, None), &[]);
+        assert_eq!(code, 0);
+        assert_eq!(body, b"data");
+
+        let (code, header, body) = run(read_op(dir.path(), 0, None), &[]);
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Invalid);
+        assert!(body.is_empty());
+    }
+
+    /// Every path under `root` with what it is: (relative path, kind, mode, content or target).
+    fn tree(root: &Path) -> Vec<(String, String, u32, Vec<u8>)> {
+        let mut found = Vec::new();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(relative) = stack.pop() {
+            let path = root.join(&relative);
+            let metadata = fs::symlink_metadata(&path).expect("lstat");
+            let content = if metadata.is_file() {
+                fs::read(&path).expect("read")
+            } else if metadata.file_type().is_symlink() {
+                fs::read_link(&path)
+                    .expect("readlink")
+                    .into_os_string()
+                    .into_vec()
+            } else {
+                Vec::new()
+            };
+            if metadata.is_dir() {
+                for entry in fs::read_dir(&path).expect("read_dir") {
+                    stack.push(relative.join(entry.expect("entry").file_name()));
+                }
+            }
+            let mode = if metadata.file_type().is_symlink() {
+                0
+            } else {
+                metadata.mode() & 0o7777
+            };
+            found.push((
+                path_str(&relative),
+                kind_name(&metadata).to_owned(),
+                mode,
+                content,
+            ));
+        }
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn pack_then_unpack_gives_the_same_tree() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = dir.path().join("source");
+        fs::create_dir_all(source.join("sub/deeper")).expect("mkdir");
+        fs::write(source.join("plain"), b"plain text").expect("write");
+        fs::write(source.join("sub/tool"), b"#!/bin/sh\necho hi\n").expect("write");
+        fs::set_permissions(source.join("sub/tool"), Permissions::from_mode(0o755)).expect("chmod");
+        fs::write(source.join("sub/deeper/empty"), b"").expect("write");
+        fs::set_permissions(source.join("sub/deeper"), Permissions::from_mode(0o700))
+            .expect("chmod");
+        symlink("sub/tool", source.join("link")).expect("symlink");
+        symlink("/nowhere/at/all", source.join("dangling")).expect("symlink");
+
+        let (code, header, archive) = run(
+            FileOp::Pack {
+                path: path_str(&source),
+            },
+            &[],
+        );
+        assert_eq!(code, 0, "{header:?}");
+        assert!(matches!(header, Header::Ok { .. }));
+        assert_eq!(archive.len() % 512, 0);
+
+        let copy = dir.path().join("copy");
+        let op = FileOp::Unpack {
+            path: path_str(&copy),
+            parents: false,
+            max_bytes: u64::MAX,
+        };
+        let (code, header, _) = run(op, &archive);
+        assert_eq!(code, 0, "{header:?}");
+        assert_eq!(ok_bytes(&header), archive.len() as u64);
+        assert_eq!(tree(&copy), tree(&source));
+        assert_eq!(
+            fs::read_link(copy.join("link")).expect("readlink"),
+            Path::new("sub/tool")
+        );
+    }
+
+    #[test]
+    fn pack_leaves_out_sockets_and_does_not_wait_on_fifos() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join("file"), b"x").expect("write");
+        let _listener =
+            std::os::unix::net::UnixListener::bind(dir.path().join("sock")).expect("bind");
+        nix::unistd::mkfifo(
+            &dir.path().join("pipe"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .expect("mkfifo");
+
+        let (code, header, archive) = run(
+            FileOp::Pack {
+                path: path_str(dir.path()),
+            },
+            &[],
+        );
+        assert_eq!(code, 0, "{header:?}");
+        let mut names = Vec::new();
+        for entry in tar::Archive::new(&archive[..]).entries().expect("entries") {
+            let entry = entry.expect("entry");
+            names.push((
+                String::from_utf8_lossy(&entry.path_bytes()).into_owned(),
+                entry.header().entry_type(),
+            ));
+        }
+        assert_eq!(
+            names,
+            [
+                (".".to_owned(), tar::EntryType::Directory),
+                ("file".to_owned(), tar::EntryType::Regular),
+                ("pipe".to_owned(), tar::EntryType::Fifo),
+            ]
+        );
+    }
+
+    #[test]
+    fn pack_of_a_file_is_invalid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join("f"), b"x").expect("write");
+        let (code, header, body) = run(
+            FileOp::Pack {
+                path: path_str(&dir.path().join("f")),
+            },
+            &[],
+        );
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Invalid);
+        assert!(body.is_empty());
+    }
+
+    /// A raw tar entry: the crate's own builder refuses the names these tests need.
+    fn raw_entry(name: &[u8], kind: tar::EntryType, link: &[u8], data: &[u8]) -> Vec<u8> {
+        let mut header = tar::Header::new_gnu();
+        header.as_old_mut().name[..name.len()].copy_from_slice(name);
+        header.as_old_mut().linkname[..link.len()].copy_from_slice(link);
+        header.set_entry_type(kind);
+        header.set_mode(0o644);
+        header.set_size(data.len() as u64);
+        header.set_cksum();
+        let mut bytes = header.as_bytes().to_vec();
+        bytes.extend_from_slice(data);
+        bytes.resize(bytes.len().div_ceil(512) * 512, 0);
+        bytes
+    }
+
+    fn end_of_archive() -> Vec<u8> {
+        vec![0u8; 1024]
+    }
+
+    fn unpack_op(path: &Path) -> FileOp {
+        FileOp::Unpack {
+            path: path_str(path),
+            parents: false,
+            max_bytes: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn unpack_refuses_an_entry_with_dot_dot_and_writes_nothing_outside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dst = dir.path().join("dst");
+        let mut archive = raw_entry(b"fine", tar::EntryType::Regular, b"", b"ok");
+        archive.extend(raw_entry(b"../evil", tar::EntryType::Regular, b"", b"bad"));
+        archive.extend(end_of_archive());
+
+        let (code, header, _) = run(unpack_op(&dst), &archive);
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Invalid);
+        assert!(error_message(&header).ends_with("entry ../evil leaves the directory"));
+        assert!(!dir.path().join("evil").exists());
+        assert!(!dst.join("evil").exists());
+    }
+
+    #[test]
+    fn unpack_refuses_to_write_through_a_symlink_it_made() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dst = dir.path().join("dst");
+        let mut archive = raw_entry(b"up", tar::EntryType::Symlink, b"..", b"");
+        archive.extend(raw_entry(b"up/evil", tar::EntryType::Regular, b"", b"bad"));
+        archive.extend(end_of_archive());
+
+        let (code, header, _) = run(unpack_op(&dst), &archive);
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Invalid);
+        assert!(error_message(&header).contains("outside of destination"));
+        assert!(!dir.path().join("evil").exists());
+    }
+
+    #[test]
+    fn unpack_keeps_an_absolute_entry_inside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dst = dir.path().join("dst");
+        let mut archive = raw_entry(b"/abs/file", tar::EntryType::Regular, b"", b"in");
+        archive.extend(end_of_archive());
+        let (code, header, _) = run(unpack_op(&dst), &archive);
+        assert_eq!(code, 0, "{header:?}");
+        assert_eq!(fs::read(dst.join("abs/file")).expect("read"), b"in");
+    }
+
+    #[test]
+    fn unpack_over_max_bytes_is_too_large() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dst = dir.path().join("dst");
+        let mut archive = raw_entry(b"big", tar::EntryType::Regular, b"", &[1u8; 4096]);
+        archive.extend(end_of_archive());
+        let op = FileOp::Unpack {
+            path: path_str(&dst),
+            parents: false,
+            max_bytes: 2048,
+        };
+        let (code, header, _) = run(op, &archive);
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::TooLarge);
+    }
+
+    #[test]
+    fn unpack_creates_parents_only_when_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dst = dir.path().join("a/b");
+        let mut archive = raw_entry(b"f", tar::EntryType::Regular, b"", b"x");
+        archive.extend(end_of_archive());
+
+        let (code, header, _) = run(unpack_op(&dst), &archive);
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::NotFound);
+
+        let op = FileOp::Unpack {
+            path: path_str(&dst),
+            parents: true,
+            max_bytes: u64::MAX,
+        };
+        let (code, header, _) = run(op, &archive);
+        assert_eq!(code, 0, "{header:?}");
+        assert_eq!(fs::read(dst.join("f")).expect("read"), b"x");
+
+        // Onto a file: not a directory.
+        let (code, header, _) = run(unpack_op(&dst.join("f")), &archive);
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Invalid);
+    }
+
+    #[test]
+    fn unpack_of_garbage_is_invalid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (code, header, _) = run(unpack_op(&dir.path().join("dst")), &[0x55u8; 1024]);
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Invalid);
+    }
+
+    #[test]
+    fn stat_describes_a_file_a_directory_and_a_symlink_without_following_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().canonicalize().expect("canonicalize");
+        fs::write(dir.path().join("f"), b"12345").expect("write");
+        fs::set_permissions(dir.path().join("f"), Permissions::from_mode(0o640)).expect("chmod");
+        fs::create_dir(dir.path().join("d")).expect("mkdir");
+        symlink("f", dir.path().join("l")).expect("symlink");
+
+        let stat_of = |name: &str| {
+            let (code, header, _) = run(
+                FileOp::Stat {
+                    path: path_str(&dir.path().join(name)),
+                },
+                &[],
+            );
+            assert_eq!(code, 0, "{header:?}");
+            let Header::Ok {
+                path,
+                stat: Some(stat),
+                ..
+            } = header
+            else {
+                panic!("no stat: {header:?}")
+            };
+            assert_eq!(path, path_str(&real.join(name)));
+            assert_eq!(stat.name, path);
+            stat
+        };
+        let file = stat_of("f");
+        assert_eq!(
+            (file.kind.as_str(), file.size, file.mode),
+            ("file", 5, 0o640)
+        );
+        assert_eq!(file.target, None);
+        assert!(file.mtime > 0);
+        assert_eq!(stat_of("d").kind, "dir");
+        let link = stat_of("l");
+        assert_eq!(link.kind, "symlink");
+        assert_eq!(link.target.as_deref(), Some("f"));
+
+        let (code, header, _) = run(
+            FileOp::Stat {
+                path: path_str(&dir.path().join("missing")),
+            },
+            &[],
+        );
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn list_gives_sorted_entries_by_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join("b-file"), b"xy").expect("write");
+        fs::create_dir(dir.path().join("c-dir")).expect("mkdir");
+        symlink("b-file", dir.path().join("a-link")).expect("symlink");
+
+        let (code, header, _) = run(
+            FileOp::List {
+                path: path_str(dir.path()),
+            },
+            &[],
+        );
+        assert_eq!(code, 0, "{header:?}");
+        let Header::Ok {
+            entries: Some(entries),
+            truncated,
+            ..
+        } = header
+        else {
+            panic!("no entries: {header:?}")
+        };
+        assert!(!truncated);
+        let names: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|e| (e.name.as_str(), e.kind.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [("a-link", "symlink"), ("b-file", "file"), ("c-dir", "dir")]
+        );
+        assert_eq!(entries[0].target.as_deref(), Some("b-file"));
+        assert_eq!(entries[1].size, 2);
+
+        let (code, header, _) = run(
+            FileOp::List {
+                path: path_str(&dir.path().join("b-file")),
+            },
+            &[],
+        );
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Invalid);
+    }
+
+    #[test]
+    fn list_stops_at_the_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for i in 0..=MAX_LIST_ENTRIES {
+            fs::File::create(dir.path().join(format!("{i:05}"))).expect("create");
+        }
+        let (code, header, _) = run(
+            FileOp::List {
+                path: path_str(dir.path()),
+            },
+            &[],
+        );
+        assert_eq!(code, 0);
+        let Header::Ok {
+            entries: Some(entries),
+            truncated,
+            ..
+        } = header
+        else {
+            panic!("no entries: {header:?}")
+        };
+        assert!(truncated);
+        assert_eq!(entries.len(), MAX_LIST_ENTRIES);
+        assert_eq!(entries[0].name, "00000");
+    }
+
+    #[test]
+    fn os_errors_map_to_the_wire_kinds() {
+        let kind = |errno| kind_of(&io::Error::from_raw_os_error(errno));
+        assert_eq!(kind(libc::ENOENT), ErrorKind::NotFound);
+        for errno in [libc::EACCES, libc::EPERM, libc::EROFS, libc::EXDEV] {
+            assert_eq!(kind(errno), ErrorKind::Denied, "errno {errno}");
+        }
+        for errno in [libc::EISDIR, libc::ENOTDIR, libc::ENOSPC, libc::ELOOP] {
+            assert_eq!(kind(errno), ErrorKind::Invalid, "errno {errno}");
+        }
+        // As the tar crate passes them on: the kind survives, the errno does not.
+        let wrapped = io::Error::new(io::ErrorKind::PermissionDenied, "wrapped");
+        assert_eq!(kind_of(&wrapped), ErrorKind::Denied);
+    }
+
+    #[test]
+    fn a_refused_write_names_the_path_and_the_os_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("missing/f");
+        let (_, header, _) = run(write_op(&path, 0o644), b"x");
+        let Header::Error { message, .. } = header else {
+            panic!("succeeded")
+        };
+        assert!(message.starts_with("cannot write /"), "{message}");
+        assert!(
+            message.ends_with("missing/f: No such file or directory (os error 2)"),
+            "{message}"
+        );
+    }
+
+    /// Permission checks do not apply to root, so this runs only as another user.
+    #[test]
+    fn a_write_the_permissions_forbid_is_denied() {
+        if nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let locked = dir.path().join("locked");
+        fs::create_dir(&locked).expect("mkdir");
+        fs::set_permissions(&locked, Permissions::from_mode(0o555)).expect("chmod");
+        let (code, header, _) = run(write_op(&locked.join("f"), 0o644), b"x");
+        assert_eq!(code, 1);
+        assert_eq!(error_kind(&header), ErrorKind::Denied);
+    }
 }

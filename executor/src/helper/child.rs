@@ -16,7 +16,7 @@ use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
 use super::{ChildNote, SetupError, MAX_PLAN_BYTES, SETUP_FAILED};
-use crate::plan::{CommandPlan, Template};
+use crate::plan::{CommandPlan, StdinKind, Template};
 use crate::sandbox;
 use crate::sys::{self, Forked};
 
@@ -232,12 +232,12 @@ pub fn payload_main(template: &Template, setup_w: OwnedFd, channel: OwnedFd) -> 
         Err(_) => sys::exit_child(0),
     };
     drop(channel);
-    // stdout and stderr on the one output pipe, so their order is kept.
-    let wired = nix::unistd::dup2_stdout(&output).and_then(|()| nix::unistd::dup2_stderr(&output));
-    drop(output);
-    if let Err(err) = wired {
-        fail(&setup_w, &SetupError::OutputPipe(err.into()));
+    // stdout and stderr on the one output pipe, so their order is kept; for a process the
+    // client talks to, stdin too (a socket, or a terminal that becomes ours).
+    if let Err(err) = wire_stdio(&output, command.stdin) {
+        fail(&setup_w, &SetupError::OutputPipe(err));
     }
+    drop(output);
     // Entered as the command, after its confinement: a directory it may not reach fails here
     // as it would for its own `cd`, and tells it no more than `cd` would.
     if let Err(errno) = nix::unistd::chdir(&command.cwd) {
@@ -249,8 +249,44 @@ pub fn payload_main(template: &Template, setup_w: OwnedFd, channel: OwnedFd) -> 
             },
         );
     }
+    if let Some(op) = &command.builtin {
+        // A file operation, where the command would have exec'd: the end of the setup pipe
+        // (exec would have closed it) tells the helper it has started.
+        drop(setup_w);
+        use std::os::fd::AsFd;
+        let code = match (
+            std::io::stdin().as_fd().try_clone_to_owned(),
+            std::io::stdout().as_fd().try_clone_to_owned(),
+        ) {
+            (Ok(input), Ok(output)) => crate::files::serve(
+                op,
+                &mut std::fs::File::from(input),
+                &mut std::fs::File::from(output),
+            ),
+            _ => SETUP_FAILED,
+        };
+        sys::exit_child(code);
+    }
     let err = exec(&command.argv, &command.env);
     fail(&setup_w, &err)
+}
+
+/// The output descriptor as stdout and stderr, and as stdin unless that is /dev/null; a
+/// terminal becomes the controlling terminal of a new session (job control, Ctrl-C).
+fn wire_stdio(output: &OwnedFd, stdin: StdinKind) -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    nix::unistd::dup2_stdout(output)?;
+    nix::unistd::dup2_stderr(output)?;
+    match stdin {
+        StdinKind::Null => {}
+        StdinKind::Socket => nix::unistd::dup2_stdin(output)?,
+        StdinKind::Terminal => {
+            nix::unistd::setsid()?;
+            nix::unistd::dup2_stdin(output)?;
+            sys::set_controlling_terminal(std::io::stdin().as_fd())?;
+        }
+    }
+    Ok(())
 }
 
 /// Hand the waiting payload its output pipe and its command: the descriptor with the

@@ -20,13 +20,31 @@ use crate::plan::Template;
 const SWEEP_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Block until the child exits or the lifeline closes. Returns the child's status if it
-/// exited, and whether the daemon asked for the stop.
+/// exited, and whether the daemon asked for the stop. Lines the daemon writes on the lifeline
+/// meanwhile (`pending` holds what came with the command) ask for signals:
+/// `signal <number>` goes to every process of the command's tree.
 pub fn wait_for_end(
     child: Pid,
+    pid_ns: bool,
     sigchld: &SignalFd,
     lifeline: &OwnedFd,
+    mut pending: Vec<u8>,
 ) -> (Option<WaitStatus>, bool) {
     loop {
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            if let Some(signal) = std::str::from_utf8(&line[..end])
+                .ok()
+                .and_then(|l| l.strip_prefix("signal "))
+                .and_then(|n| n.trim().parse::<i32>().ok())
+                .and_then(|n| Signal::try_from(n).ok())
+            {
+                signal_tree(child, pid_ns, signal);
+            }
+        }
+        if pending.len() > 4096 {
+            pending.clear();
+        }
         if let Some(status) = reap_ready(child) {
             return (Some(status), false);
         }
@@ -41,9 +59,27 @@ pub fn wait_for_end(
             Err(_) => return (None, true),
         }
         if !fds[1].revents().unwrap_or(PollFlags::empty()).is_empty() {
-            return (None, true);
+            let mut chunk = [0u8; 512];
+            match nix::unistd::read(lifeline, &mut chunk) {
+                Ok(0) => return (None, true),
+                Ok(n) => pending.extend_from_slice(&chunk[..n]),
+                Err(Errno::EINTR | Errno::EAGAIN) => {}
+                Err(_) => return (None, true),
+            }
         }
         while let Ok(Some(_)) = sigchld.read_signal() {}
+    }
+}
+
+/// Send `signal` to every process of the command: everything below us (orphans come to us,
+/// the subreaper), but init, which is not the command's and ignores it anyway.
+fn signal_tree(child: Pid, pid_ns: bool, signal: Signal) {
+    let me = Pid::this().as_raw();
+    for pid in descendant_pids(me) {
+        if pid_ns && pid == child.as_raw() {
+            continue;
+        }
+        let _ = kill(Pid::from_raw(pid), signal);
     }
 }
 
@@ -196,11 +232,16 @@ fn children() -> Vec<i32> {
         .collect()
 }
 
-/// How many processes descend from `pid`, from the kernel's children lists
-/// (/proc/<pid>/task/<tid>/children), walked without recursion and bounded.
+/// How many processes descend from `pid`.
 fn descendants(pid: Pid) -> u32 {
-    let mut pending = vec![pid.as_raw()];
-    let mut count = 0u32;
+    u32::try_from(descendant_pids(pid.as_raw()).len()).unwrap_or(u32::MAX)
+}
+
+/// The processes that descend from `pid`, from the kernel's children lists
+/// (/proc/<pid>/task/<tid>/children), walked without recursion and bounded.
+fn descendant_pids(pid: i32) -> Vec<i32> {
+    let mut pending = vec![pid];
+    let mut found = Vec::new();
     while let Some(pid) = pending.pop() {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
@@ -210,15 +251,15 @@ fn descendants(pid: Pid) -> u32 {
                 continue;
             };
             for child in text.split_whitespace().filter_map(|p| p.parse().ok()) {
-                count += 1;
-                if count > 1 << 20 {
-                    return count;
+                if found.len() >= 1 << 20 {
+                    return found;
                 }
+                found.push(child);
                 pending.push(child);
             }
         }
     }
-    count
+    found
 }
 
 fn parent_of(pid: i32) -> Option<i32> {

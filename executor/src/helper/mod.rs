@@ -15,11 +15,14 @@
 //!    left and reports.
 //!
 //! The descriptors of a command:
-//! - the lifeline: the command line (JSON), then kept open. The daemon never writes to it
-//!   again; when the daemon closes it (timeout, cancel, disconnect, shutdown) or dies (even by
+//! - the lifeline: the command line (JSON), then kept open. The daemon writes to it again
+//!   only to ask for a signal to the command's tree (`signal <n>` lines, for a process a
+//!   client talks to); when the daemon closes it (timeout, cancel, disconnect, shutdown) or dies (even by
 //!   SIGKILL, the kernel closes it), the helper sees end-of-file and kills the command's tree.
-//! - the output pipe, handed to the payload as its stdout and stderr.
-//! - the status pipe: one [`HelperReport`] JSON line at the end.
+//! - the output pipe, handed to the payload as its stdout and stderr (for a process a client
+//!   talks to, a socket or a terminal that is its stdin too).
+//! - the status pipe: a `started` line once the payload has exec'd, one [`HelperReport`]
+//!   JSON line at the end.
 //!
 //! The process tree of a command:
 //!
@@ -165,17 +168,18 @@ pub fn main() -> ExitCode {
         write_report(&stdio.status, &SetupError::Process(err).report());
         return ExitCode::SUCCESS;
     }
-    let plan = match read_line(&stdio.lifeline)
-        .and_then(|line| serde_json::from_slice::<Plan>(&line).map_err(SetupError::ParsePlan))
-    {
-        Ok(plan) => plan,
+    let (plan, rest) = match read_line(&stdio.lifeline).and_then(|(line, rest)| {
+        let plan = serde_json::from_slice::<Plan>(&line).map_err(SetupError::ParsePlan)?;
+        Ok((plan, rest))
+    }) {
+        Ok(read) => read,
         Err(err) => {
             write_report(&stdio.status, &err.report());
             return ExitCode::SUCCESS;
         }
     };
     match Worker::prepare(&plan.template) {
-        Ok(worker) => worker.run(stdio, Some(plan.command)),
+        Ok(worker) => worker.run(stdio, Some((plan.command, rest))),
         Err(err) => write_report(&stdio.status, &err.report()),
     }
     ExitCode::SUCCESS
@@ -221,9 +225,9 @@ fn serve_failure(control: &OwnedFd, err: &SetupError) -> ! {
     sys::exit_child(0)
 }
 
-/// One line: the daemon writes exactly one and then nothing more (the rest of the lifeline is
-/// its end of file), so it is read in chunks, not a byte per syscall (a plan is kilobytes).
-fn read_line(fd: &OwnedFd) -> Result<Vec<u8>, SetupError> {
+/// One line, and whatever followed it in the same read (the daemon may write signal
+/// requests after the command): read in chunks, not a byte per syscall (a plan is kilobytes).
+fn read_line(fd: &OwnedFd) -> Result<(Vec<u8>, Vec<u8>), SetupError> {
     let mut line = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     let mut file = std::fs::File::from(fd.try_clone().map_err(SetupError::ReadPlan)?);
@@ -233,12 +237,7 @@ fn read_line(fd: &OwnedFd) -> Result<Vec<u8>, SetupError> {
             Ok(n) => {
                 if let Some(end) = chunk[..n].iter().position(|b| *b == b'\n') {
                     line.extend_from_slice(&chunk[..end]);
-                    if end + 1 < n {
-                        return Err(SetupError::ReadPlan(std::io::Error::other(
-                            "bytes after the plan on the lifeline",
-                        )));
-                    }
-                    break;
+                    return Ok((line, chunk[end + 1..n].to_vec()));
                 }
                 line.extend_from_slice(&chunk[..n]);
             }
@@ -249,7 +248,7 @@ fn read_line(fd: &OwnedFd) -> Result<Vec<u8>, SetupError> {
             return Err(SetupError::ReadPlan(std::io::Error::other("plan too long")));
         }
     }
-    Ok(line)
+    Ok((line, Vec::new()))
 }
 
 fn write_report(status: &OwnedFd, report: &HelperReport) {
@@ -401,15 +400,17 @@ impl<'t> Worker<'t> {
     /// Run the command: hand it and the output pipe to the waiting payload, wait for the end,
     /// kill what is left, write the report on the status pipe, clean up. `command` is read
     /// from the lifeline when not given (a warm worker learns it only now).
-    pub fn run(mut self, stdio: Stdio, command: Option<CommandPlan>) {
+    pub fn run(mut self, stdio: Stdio, command: Option<(CommandPlan, Vec<u8>)>) {
         let Stdio {
             lifeline,
             output,
             status,
         } = stdio;
-        let command = match command.map(Ok).unwrap_or_else(|| {
-            read_line(&lifeline).and_then(|line| {
-                serde_json::from_slice::<CommandPlan>(&line).map_err(SetupError::ParsePlan)
+        let (command, rest) = match command.map(Ok).unwrap_or_else(|| {
+            read_line(&lifeline).and_then(|(line, rest)| {
+                let command =
+                    serde_json::from_slice::<CommandPlan>(&line).map_err(SetupError::ParsePlan)?;
+                Ok((command, rest))
             })
         }) {
             Ok(command) => command,
@@ -429,9 +430,12 @@ impl<'t> Worker<'t> {
             self.dismiss();
             return;
         }
+        write_report(&status, &HelperReport::Started);
 
-        // 13. Wait for the payload (or init) to exit, or for the daemon to close the lifeline.
-        let (mut exit, stopped) = end::wait_for_end(self.child, &self.sigchld, &lifeline);
+        // 13. Wait for the payload (or init) to exit, or for the daemon to close the lifeline;
+        //     pass on the signals it asks for meanwhile.
+        let (mut exit, stopped) =
+            end::wait_for_end(self.child, self.pid_ns, &self.sigchld, &lifeline, rest);
         let counted = end::count(self.template, &self.name, self.pid_ns, self.child);
 
         // 14. Kill whatever the command left behind and note the limits it hit.

@@ -5,6 +5,7 @@
 //! on timeout or stop by closing the helper's lifeline. It never waits on a pipe without a
 //! deadline: once the helper has reported, the output is drained for at most [`DRAIN_DEADLINE`].
 
+pub mod attached;
 pub mod output;
 
 use std::future::Future;
@@ -25,6 +26,7 @@ use crate::cgroup;
 use crate::helper::HELPER_ARG;
 use crate::plan::{HelperReport, Plan};
 use crate::spawner::Spawner;
+use attached::Attached;
 use output::{Captured, HeadTail, Utf8Stream};
 
 /// How long the helper may take to kill the tree and report after the lifeline closes.
@@ -52,6 +54,15 @@ impl StopReason {
             Self::Shutdown => Ending::Shutdown,
         }
     }
+}
+
+/// How the command's stdio is served.
+pub enum Io {
+    /// A command: stdin /dev/null, output captured head and tail for its result (and
+    /// streamed as `output` messages when a sink is given).
+    Capture(Option<OutputSink>),
+    /// A process or file operation: stdio on a descriptor the daemon keeps talking to.
+    Attached(Attached),
 }
 
 /// Where streamed output goes: `output` messages for request `id`.
@@ -120,7 +131,8 @@ pub struct Runner {
 /// A started helper: the daemon's ends of its three pipes, and its process.
 struct Helper {
     lifeline: Box<dyn AsyncWrite + Send + Unpin>,
-    output: Box<dyn AsyncRead + Send + Unpin>,
+    /// None when the command's output descriptor was given (an attached command).
+    output: Option<Box<dyn AsyncRead + Send + Unpin>>,
     status: Box<dyn AsyncRead + Send + Unpin>,
     process: HelperProcess,
 }
@@ -187,12 +199,17 @@ impl Runner {
     /// Start a helper for `plan`: from the fork server (a warm worker when one waits for the
     /// template; another kept warm after it when `warm`), or by exec. Returns it and the line
     /// still to be written into its lifeline.
-    fn start_helper(&self, plan: &Plan, warm: bool) -> Result<(Helper, Vec<u8>), RunError> {
+    fn start_helper(
+        &self,
+        plan: &Plan,
+        warm: bool,
+        output: Option<&OwnedFd>,
+    ) -> Result<(Helper, Vec<u8>), RunError> {
         if let Some(spawner) = &self.spawner {
             let template = serde_json::to_vec(&plan.template).map_err(RunError::Plan)?;
             let mut command = serde_json::to_vec(&plan.command).map_err(RunError::Plan)?;
             command.push(b'\n');
-            match fork_helper(spawner, &template, warm, &command) {
+            match fork_helper(spawner, &template, warm, &command, output) {
                 Ok((helper, written)) => return Ok((helper, command.split_off(written))),
                 Err(err) => {
                     tracing::warn!(%err, "fork server failed; starting the helper by exec");
@@ -201,32 +218,38 @@ impl Runner {
         }
         let mut line = serde_json::to_vec(plan).map_err(RunError::Plan)?;
         line.push(b'\n');
-        Ok((self.exec_helper()?, line))
+        Ok((self.exec_helper(output)?, line))
     }
 
-    fn exec_helper(&self) -> Result<Helper, RunError> {
+    fn exec_helper(&self, output: Option<&OwnedFd>) -> Result<Helper, RunError> {
         let spawn_err = |source| RunError::SpawnHelper {
             path: self.helper_exe.clone(),
             source,
+        };
+        let stdout = match output {
+            Some(fd) => Stdio::from(fd.try_clone().map_err(spawn_err)?),
+            None => Stdio::piped(),
         };
         // The helper starts from an empty environment: nothing of the daemon's reaches it.
         let mut child = tokio::process::Command::new(&self.helper_exe)
             .arg(HELPER_ARG)
             .env_clear()
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .stdout(stdout)
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .map_err(spawn_err)?;
-        let (Some(lifeline), Some(output), Some(status)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
+        let (Some(lifeline), Some(status)) = (child.stdin.take(), child.stderr.take()) else {
             return Err(spawn_err(std::io::Error::other("helper pipes missing")));
         };
+        let output = child
+            .stdout
+            .take()
+            .map(|out| Box::new(out) as Box<dyn AsyncRead + Send + Unpin>);
         Ok(Helper {
             lifeline: Box::new(lifeline),
-            output: Box::new(output),
+            output,
             status: Box::new(status),
             process: HelperProcess::Exec(child),
         })
@@ -239,11 +262,15 @@ impl Runner {
         plan: &Plan,
         warm: bool,
         timeout: Duration,
-        sink: Option<OutputSink>,
+        io: Io,
         stop: impl Future<Output = StopReason>,
     ) -> Result<Outcome, RunError> {
         let started = Instant::now();
         let warm = warm && self.warm_workers;
+        let (sink, attached) = match io {
+            Io::Capture(sink) => (sink, None),
+            Io::Attached(attached) => (None, Some(attached)),
+        };
         let (
             Helper {
                 mut lifeline,
@@ -252,33 +279,65 @@ impl Runner {
                 mut process,
             },
             rest,
-        ) = self.start_helper(plan, warm)?;
+        ) = self.start_helper(plan, warm, attached.as_ref().map(|a| &a.theirs))?;
         // A failed write means the helper already died; its report (or its absence) says why.
         if !rest.is_empty() {
             let _ = lifeline.write_all(&rest).await;
         }
 
         let drain_stop = CancellationToken::new();
-        let reader = tokio::spawn(read_output(
-            out_pipe,
-            self.max_output_bytes,
-            sink,
-            drain_stop.clone(),
-        ));
-        let report_fut = read_report(status_pipe);
-        tokio::pin!(report_fut, stop);
-
-        // Wait for the helper to report on its own, or stop it.
-        let mut stopped_for = None;
-        let report = tokio::select! {
-            report = &mut report_fut => report,
-            () = tokio::time::sleep(timeout) => {
-                stopped_for = Some(Ending::TimedOut);
-                None
+        let (reader, ring, mut signals, started_tx) = match (attached, out_pipe) {
+            (Some(a), _) => {
+                // The helper has its copy of the payload's end; ours would keep the output
+                // open after the command's tree is gone.
+                drop(a.theirs);
+                let pump = tokio::spawn(attached::pump(a.output, a.ring.clone()));
+                drop(pump);
+                (None, Some(a.ring), Some(a.signals), a.started)
             }
-            reason = &mut stop => {
-                stopped_for = Some(reason.ending());
-                None
+            (None, Some(pipe)) => {
+                let reader = tokio::spawn(read_output(
+                    pipe,
+                    self.max_output_bytes,
+                    sink,
+                    drain_stop.clone(),
+                ));
+                (Some(reader), None, None, None)
+            }
+            (None, None) => {
+                return Err(RunError::Setup {
+                    stage: "output".into(),
+                    message: "the helper was started without an output pipe".into(),
+                })
+            }
+        };
+        let report_fut = read_status(status_pipe, started_tx);
+        tokio::pin!(report_fut, stop);
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+
+        // Wait for the helper to report on its own, or stop it; pass signals on meanwhile.
+        let mut stopped_for = None;
+        let report = loop {
+            tokio::select! {
+                report = &mut report_fut => break report,
+                () = &mut deadline => {
+                    stopped_for = Some(Ending::TimedOut);
+                    break None;
+                }
+                reason = &mut stop => {
+                    stopped_for = Some(reason.ending());
+                    break None;
+                }
+                Some(signal) = async {
+                    match signals.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let line = format!("signal {signal}\n");
+                    let _ = lifeline.write_all(line.as_bytes()).await;
+                }
             }
         };
         let mut hung = false;
@@ -324,19 +383,30 @@ impl Runner {
         process.wait().await;
 
         // Every writer of the output pipe is dead by now, unless a process escaped every kill;
-        // read what is buffered, but never wait on such an orphan for long.
-        let mut reader = reader;
-        let joined = match tokio::time::timeout(DRAIN_DEADLINE, &mut reader).await {
-            Ok(joined) => joined,
-            Err(_) => {
-                tracing::warn!("output pipe still open {DRAIN_DEADLINE:?} after the command ended");
-                drain_stop.cancel();
-                reader.await
+        // read what is buffered, but never wait on such an orphan for long. An attached
+        // command's output goes on into its ring, read by the client at its own pace.
+        let captured = match (reader, ring) {
+            (Some(mut reader), _) => {
+                let joined = match tokio::time::timeout(DRAIN_DEADLINE, &mut reader).await {
+                    Ok(joined) => joined,
+                    Err(_) => {
+                        tracing::warn!(
+                            "output pipe still open {DRAIN_DEADLINE:?} after the command ended"
+                        );
+                        drain_stop.cancel();
+                        reader.await
+                    }
+                };
+                match joined {
+                    Ok(buffer) => buffer.finish(),
+                    Err(_) => HeadTail::new(0).finish(),
+                }
             }
-        };
-        let captured = match joined {
-            Ok(buffer) => buffer.finish(),
-            Err(_) => HeadTail::new(0).finish(),
+            (None, ring) => Captured {
+                text: String::new(),
+                total_bytes: ring.map_or(0, |r| r.total()),
+                elided_bytes: 0,
+            },
         };
 
         let mut outcome = Outcome {
@@ -354,6 +424,8 @@ impl Runner {
             Some(HelperReport::SetupFailed { stage, message }) => {
                 return Err(RunError::Setup { stage, message })
             }
+            // `read_status` never returns it.
+            Some(HelperReport::Started) => {}
             Some(HelperReport::Finished {
                 code,
                 signal,
@@ -413,19 +485,27 @@ fn stop_message(ending: Ending, timeout: Duration) -> String {
     }
 }
 
-/// Have the fork server start (or hand over) a helper, wired to three fresh pipes; `line`
-/// goes into its lifeline first. Returns how much of it was written.
+/// Have the fork server start (or hand over) a helper, wired to fresh pipes (or, for the
+/// output, to `output` when given); `line` goes into its lifeline first. Returns how much of
+/// it was written.
 fn fork_helper(
     spawner: &Spawner,
     template: &[u8],
     warm: bool,
     line: &[u8],
+    output: Option<&OwnedFd>,
 ) -> std::io::Result<(Helper, usize)> {
     let pipe = || -> std::io::Result<(OwnedFd, OwnedFd)> {
         Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
     };
     let (stdin_r, stdin_w) = pipe()?;
-    let (out_r, out_w) = pipe()?;
+    let (out_r, out_w) = match output {
+        Some(fd) => (None, fd.try_clone()?),
+        None => {
+            let (r, w) = pipe()?;
+            (Some(r), w)
+        }
+    };
     let (status_r, status_w) = pipe()?;
     // The command goes into the pipe before the helper has it, so it finds it there at once
     // instead of waiting for us to be scheduled again: one wake-up fewer per command. The
@@ -439,28 +519,48 @@ fn fork_helper(
     // The helper has its copies now; ours would hold its pipes open.
     drop((stdin_r, out_w, status_w));
     use tokio::net::unix::pipe;
+    let output = match out_r {
+        Some(r) => {
+            Some(Box::new(pipe::Receiver::from_owned_fd(r)?) as Box<dyn AsyncRead + Send + Unpin>)
+        }
+        None => None,
+    };
     let helper = Helper {
         lifeline: Box::new(pipe::Sender::from_owned_fd(stdin_w)?),
-        output: Box::new(pipe::Receiver::from_owned_fd(out_r)?),
+        output,
         status: Box::new(pipe::Receiver::from_owned_fd(status_r)?),
         process: HelperProcess::Forked(pid),
     };
     Ok((helper, written))
 }
 
-/// Read the helper's report: the last line it wrote before closing its stderr.
-async fn read_report(pipe: impl AsyncRead + Unpin) -> Option<HelperReport> {
-    let mut bytes = Vec::new();
-    let _ = pipe.take(MAX_REPORT_BYTES).read_to_end(&mut bytes).await;
-    let text = String::from_utf8_lossy(&bytes);
-    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
-    match serde_json::from_str(line) {
-        Ok(report) => Some(report),
-        Err(err) => {
-            tracing::warn!(%err, output = %text, "unreadable report from the sandbox helper");
-            None
+/// Read the helper's status pipe: `started` (passed on to `started`), then its report, the
+/// last line it wrote before closing the pipe.
+async fn read_status(
+    pipe: impl AsyncRead + Unpin,
+    mut started: Option<tokio::sync::oneshot::Sender<()>>,
+) -> Option<HelperReport> {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(pipe.take(MAX_REPORT_BYTES)).lines();
+    let mut last = None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<HelperReport>(&line) {
+            Ok(HelperReport::Started) => {
+                if let Some(tx) = started.take() {
+                    let _ = tx.send(());
+                }
+            }
+            Ok(report) => last = Some(report),
+            Err(err) => {
+                tracing::warn!(%err, output = %line, "unreadable report from the sandbox helper");
+                last = None;
+            }
         }
     }
+    last
 }
 
 /// Copy the output pipe into a head-and-tail buffer until end-of-file or `stop`, streaming

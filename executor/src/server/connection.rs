@@ -33,7 +33,7 @@ use crate::clients::{Client, Slot, WorkspacePolicy};
 use crate::engine::ExecError;
 use crate::metrics::InFlight;
 use crate::request::{validate, ValidRequest};
-use crate::runner::{OutputSink, StopReason};
+use crate::runner::{Io, OutputSink, StopReason};
 
 type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
@@ -334,15 +334,15 @@ async fn expire_after_grace(daemon: Arc<Daemon>, session: Arc<Session>, generati
     }
 }
 
-struct Connection {
-    daemon: Arc<Daemon>,
-    client: Arc<Client>,
+pub(super) struct Connection {
+    pub(super) daemon: Arc<Daemon>,
+    pub(super) client: Arc<Client>,
     hello: protocol::Hello,
-    session: Arc<Session>,
+    pub(super) session: Arc<Session>,
     current: watch::Sender<Arc<Session>>,
     tx: mpsc::Sender<ServerMessage>,
-    peer: SocketAddr,
-    connection: u64,
+    pub(super) peer: SocketAddr,
+    pub(super) connection: u64,
     /// Cancelled when another connection resumes our session.
     evicted: CancellationToken,
     /// This connection's writer, for a session it attaches to.
@@ -352,11 +352,11 @@ struct Connection {
 }
 
 impl Connection {
-    async fn reply(&self, msg: ServerMessage) {
+    pub(super) async fn reply(&self, msg: ServerMessage) {
         self.session.send(msg).await;
     }
 
-    async fn error(&self, id: Option<String>, code: ErrorCode, message: &str) {
+    pub(super) async fn error(&self, id: Option<String>, code: ErrorCode, message: &str) {
         self.reply(ServerMessage::Error(ErrorMessage {
             id,
             code,
@@ -409,10 +409,7 @@ impl Connection {
                 )
                 .await;
             }
-            _ => {
-                self.error(None, ErrorCode::BadRequest, "not implemented yet")
-                    .await;
-            }
+            other => self.handle_v1_1(other, draining).await,
         }
     }
 
@@ -486,6 +483,23 @@ impl Connection {
     }
 
     async fn exec(&mut self, req: ExecRequest, draining: bool) {
+        if let Some((valid, job, held)) = self.admit_job(req, draining).await {
+            let task = self.session.tasks.track_future(async move {
+                job.run(valid).await;
+                drop(held);
+            });
+            self.daemon.tasks.spawn(task);
+        }
+    }
+
+    /// Admit a request: on success it is registered as running in the session and its job is
+    /// ready (run it, then drop the slots it holds); on refusal the audit log and the client
+    /// are told, and `None` returned.
+    pub(super) async fn admit_job(
+        &mut self,
+        req: ExecRequest,
+        draining: bool,
+    ) -> Option<(ValidRequest, Job, (tokio::sync::OwnedSemaphorePermit, Slot))> {
         let id = req.id.clone();
         // What the audit log keeps of a refused request.
         let asked = (req.command.clone(), req.cwd.clone(), req.profile.clone());
@@ -504,11 +518,7 @@ impl Connection {
                     cancel,
                     in_flight: self.daemon.metrics.command_started(&self.client.name),
                 };
-                let task = self.session.tasks.track_future(async move {
-                    job.run(valid).await;
-                    drop((permit, slot));
-                });
-                self.daemon.tasks.spawn(task);
+                Some((valid, job, (permit, slot)))
             }
             Err(err) => {
                 self.daemon
@@ -537,12 +547,13 @@ impl Connection {
                     })
                     .await;
                 self.error(Some(id), err.code, &err.message).await;
+                None
             }
         }
     }
 
     /// Validate a request and take its slots, or say why not.
-    fn admit(
+    pub(super) fn admit(
         &self,
         req: ExecRequest,
         draining: bool,
@@ -647,19 +658,44 @@ impl Connection {
     }
 }
 
-/// One admitted command.
-struct Job {
-    daemon: Arc<Daemon>,
-    session: Arc<Session>,
-    client: String,
-    peer: SocketAddr,
-    connection: u64,
-    cancel: CancellationToken,
-    in_flight: InFlight,
+/// One admitted command (or process, or file operation).
+pub(super) struct Job {
+    pub(super) daemon: Arc<Daemon>,
+    pub(super) session: Arc<Session>,
+    pub(super) client: String,
+    pub(super) peer: SocketAddr,
+    pub(super) connection: u64,
+    pub(super) cancel: CancellationToken,
+    pub(super) in_flight: InFlight,
 }
 
 impl Job {
     async fn run(self, req: ValidRequest) {
+        let sink = req.stream.then(|| OutputSink {
+            id: req.id.clone(),
+            to: self.session.clone(),
+        });
+        let result = self.execute(&req, Io::Capture(sink)).await;
+        let reply = match &result {
+            Ok(result) => ServerMessage::Result(result.clone()),
+            Err(err) => ServerMessage::Error(ErrorMessage {
+                id: Some(req.id.clone()),
+                code: err.code,
+                message: err.message.clone(),
+            }),
+        };
+        self.session.running.finishing(&req.id);
+        self.session.send(reply).await;
+        self.session.running.finished(&req.id);
+        self.account(&req, &result).await;
+    }
+
+    /// Run the request until it ends, is cancelled, its session ends or the daemon drains.
+    pub(super) async fn execute(
+        &self,
+        req: &ValidRequest,
+        io: Io,
+    ) -> Result<protocol::ExecResult, ExecError> {
         let stop = async {
             tokio::select! {
                 () = self.cancel.cancelled() => StopReason::Cancelled,
@@ -667,12 +703,16 @@ impl Job {
                 () = self.daemon.shutdown.cancelled() => StopReason::Shutdown,
             }
         };
-        let sink = req.stream.then(|| OutputSink {
-            id: req.id.clone(),
-            to: self.session.clone(),
-        });
+        self.daemon.engine.execute(req, io, stop).await
+    }
+
+    /// The audit record, metrics and usage of a request that ran (or failed to).
+    pub(super) async fn account(
+        self,
+        req: &ValidRequest,
+        result: &Result<protocol::ExecResult, ExecError>,
+    ) {
         let engine = &self.daemon.engine;
-        let result = engine.execute(&req, sink, stop).await;
         let profile = req
             .profile
             .clone()
@@ -704,10 +744,7 @@ impl Job {
         match result {
             Ok(result) => {
                 let extra = &result.extra;
-                record.ended = serde_json::to_value(extra.ended)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default();
+                record.ended = extra.ended.as_str().to_string();
                 record.returncode = Some(result.returncode);
                 record.duration_ms = extra.duration_ms;
                 record.output_bytes = extra.output_bytes;
@@ -719,11 +756,7 @@ impl Job {
                 tracing::debug!(id = %req.id, rc = result.returncode, ended = %record.ended, "command finished");
                 self.daemon
                     .metrics
-                    .command_finished(self.in_flight, &record.profile, &result);
-                self.session.running.finishing(&req.id);
-                self.session.send(ServerMessage::Result(result)).await;
-                self.session.running.finished(&req.id);
-                self.daemon.audit.record(record).await;
+                    .command_finished(self.in_flight, &record.profile, result);
             }
             Err(err) => {
                 tracing::warn!(id = %req.id, code = %err.code, message = %err.message, "command failed to run");
@@ -731,17 +764,8 @@ impl Job {
                 self.daemon
                     .metrics
                     .command_failed(self.in_flight, &record.profile, err.code);
-                self.session.running.finishing(&req.id);
-                self.session
-                    .send(ServerMessage::Error(ErrorMessage {
-                        id: Some(req.id.clone()),
-                        code: err.code,
-                        message: err.message,
-                    }))
-                    .await;
-                self.session.running.finished(&req.id);
-                self.daemon.audit.record(record).await;
             }
         }
+        self.daemon.audit.record(record).await;
     }
 }

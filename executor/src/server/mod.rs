@@ -4,7 +4,9 @@
 //! Unauthenticated peers get a 401 before anything is allocated for them beyond hyper's request
 //! parsing, which is bounded by a header timeout, a 16 KiB buffer and the connection limit.
 
+mod attached;
 mod connection;
+mod processes;
 mod session;
 pub mod tls;
 

@@ -48,6 +48,7 @@ impl Sessions {
             client,
             grace,
             running: Running::default(),
+            processes: super::processes::Processes::default(),
             ended: CancellationToken::new(),
             tasks: TaskTracker::new(),
             link: Mutex::new(Link::default()),
@@ -90,6 +91,7 @@ impl Sessions {
         session.ended.cancel();
         session.tasks.close();
         session.tasks.wait().await;
+        session.processes.clear();
         self.lock().remove(&session.id);
         session.scratch.clone()
     }
@@ -119,6 +121,8 @@ pub struct Session {
     /// Per-connection workspace, removed when the session ends.
     pub scratch: Option<PathBuf>,
     pub running: Running,
+    /// Protocol 1.1: its processes and file operations, running and ended.
+    pub processes: super::processes::Processes,
     /// Cancelled when the session ends: its commands are killed and replies dropped.
     pub ended: CancellationToken,
     /// The session's command tasks.
@@ -362,6 +366,12 @@ impl Session {
     }
 
     /// Since when no connection is attached, if none is.
+    /// Whether a connection is attached (a download pauses for nobody: it fails, and the
+    /// client downloads the rest from its offset after a resume).
+    pub fn is_attached(&self) -> bool {
+        self.link().attached.is_some()
+    }
+
     fn detached_since(&self) -> Option<std::time::Instant> {
         let link = self.link();
         link.attached

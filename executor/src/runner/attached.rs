@@ -1,0 +1,322 @@
+//! Protocol 1.1's processes and file operations: a command whose stdio is one descriptor the
+//! daemon keeps talking to (a socket, or a terminal's master), and whose output goes into a
+//! bounded buffer that clients read by offset, instead of being captured for one result.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+/// Size of one read from the process's descriptor.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// What the runner needs for an attached command: the payload's end of its stdio, our read
+/// end, where the output goes, the signals to pass on, and whom to tell it started.
+pub struct Attached {
+    pub theirs: OwnedFd,
+    pub output: Box<dyn AsyncRead + Send + Unpin>,
+    pub ring: Arc<OutputRing>,
+    pub signals: mpsc::Receiver<i32>,
+    pub started: Option<oneshot::Sender<()>>,
+}
+
+/// A process's output: the last `cap` bytes, addressed by their offset in the whole stream.
+///
+/// `drop_oldest` (processes): new output pushes the oldest out, and a reader learns how much
+/// it missed. Otherwise (file operations) the buffer is a bounded queue: the writer waits for
+/// room, which a read from an offset makes by releasing what lies before it, so a download
+/// never holds more than `cap` bytes in the daemon.
+pub struct OutputRing {
+    state: Mutex<RingState>,
+    changed: watch::Sender<u64>,
+    cap: usize,
+    drop_oldest: bool,
+    /// Cancelled when nobody will read any more (the process was forgotten, the session
+    /// ended): the pump stops.
+    pub discarded: CancellationToken,
+}
+
+#[derive(Default)]
+struct RingState {
+    buf: VecDeque<u8>,
+    /// Offset of `buf[0]` in the whole output.
+    start: u64,
+    eof: bool,
+}
+
+/// One read from the ring.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slice {
+    pub offset: u64,
+    pub data: Vec<u8>,
+    pub next_offset: u64,
+    pub dropped: u64,
+    pub eof: bool,
+}
+
+impl OutputRing {
+    pub fn new(cap: usize, drop_oldest: bool) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(RingState::default()),
+            changed: watch::channel(0).0,
+            cap: cap.max(1),
+            drop_oldest,
+            discarded: CancellationToken::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RingState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Add output. A bounded queue waits for room (or for the ring to be discarded).
+    pub async fn push(&self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let mut changed = self.changed.subscribe();
+            {
+                let mut state = self.lock();
+                if self.drop_oldest {
+                    state.buf.extend(data);
+                    let excess = state.buf.len().saturating_sub(self.cap);
+                    state.buf.drain(..excess);
+                    state.start += excess as u64;
+                    data = &[];
+                } else {
+                    let room = self.cap.saturating_sub(state.buf.len());
+                    let take = room.min(data.len());
+                    state.buf.extend(&data[..take]);
+                    data = &data[take..];
+                }
+            }
+            self.bump();
+            if data.is_empty() {
+                break;
+            }
+            changed.mark_unchanged();
+            tokio::select! {
+                _ = changed.changed() => {}
+                () = self.discarded.cancelled() => return,
+            }
+        }
+    }
+
+    /// The output has ended.
+    pub fn close(&self) {
+        self.lock().eof = true;
+        self.bump();
+    }
+
+    /// Up to `max` bytes from `offset`. In a bounded queue, asking from `offset` releases
+    /// everything before it.
+    pub fn read(&self, offset: u64, max: usize) -> Slice {
+        let mut state = self.lock();
+        let end = state.start + state.buf.len() as u64;
+        if !self.drop_oldest && offset > state.start {
+            let release = (offset.min(end) - state.start) as usize;
+            state.buf.drain(..release);
+            state.start += release as u64;
+        }
+        let from = offset.clamp(state.start, end);
+        let dropped = state.start.saturating_sub(offset);
+        let skip = (from - state.start) as usize;
+        let take = max.min(state.buf.len() - skip);
+        let data: Vec<u8> = state.buf.range(skip..skip + take).copied().collect();
+        let next_offset = from + take as u64;
+        let eof = state.eof && next_offset == end;
+        drop(state);
+        if !self.drop_oldest {
+            self.bump();
+        }
+        Slice {
+            offset: from,
+            data,
+            next_offset,
+            dropped,
+            eof,
+        }
+    }
+
+    /// Wait until there is output after `offset` or the output has ended, for at most `wait`.
+    pub async fn wait_for(&self, offset: u64, wait: Duration) {
+        let mut changed = self.changed.subscribe();
+        let deadline = tokio::time::sleep(wait);
+        tokio::pin!(deadline);
+        loop {
+            {
+                let state = self.lock();
+                if state.eof || state.start + state.buf.len() as u64 > offset {
+                    return;
+                }
+            }
+            tokio::select! {
+                res = changed.changed() => if res.is_err() { return },
+                () = &mut deadline => return,
+            }
+        }
+    }
+
+    /// Bytes written so far.
+    pub fn total(&self) -> u64 {
+        let state = self.lock();
+        state.start + state.buf.len() as u64
+    }
+}
+
+/// Copy `from` into `ring` until end-of-file, an error, or the ring is discarded.
+pub async fn pump(mut from: impl AsyncRead + Unpin, ring: Arc<OutputRing>) {
+    let mut chunk = vec![0u8; READ_CHUNK];
+    loop {
+        let n = tokio::select! {
+            read = from.read(&mut chunk) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            () = ring.discarded.cancelled() => break,
+        };
+        ring.push(&chunk[..n]).await;
+    }
+    ring.close();
+}
+
+/// A pseudo-terminal's master, for tokio: read and write without blocking a worker thread.
+/// After the last process holding the terminal closes it, reads fail with EIO: end of file.
+#[derive(Clone)]
+pub struct PtyMaster(Arc<AsyncFd<OwnedFd>>);
+
+impl PtyMaster {
+    /// A new terminal of `rows` x `cols`: our master and the payload's end (close-on-exec
+    /// both: the payload's end travels by SCM_RIGHTS, not by inheritance).
+    pub fn open(rows: u16, cols: u16) -> io::Result<(Self, OwnedFd)> {
+        let pty = nix::pty::openpty(None, None)?;
+        for fd in [&pty.master, &pty.slave] {
+            nix::fcntl::fcntl(
+                fd,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )?;
+        }
+        nix::fcntl::fcntl(
+            &pty.master,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )?;
+        crate::sys::set_window_size(pty.master.as_fd(), rows, cols)?;
+        Ok((
+            Self(Arc::new(crate::sys::register_async(pty.master)?)),
+            pty.slave,
+        ))
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.0.get_ref().as_fd()
+    }
+}
+
+impl AsyncRead for PtyMaster {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let mut guard = ready!(self.0.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            match guard
+                .try_io(|fd| nix::unistd::read(fd.get_ref(), unfilled).map_err(io::Error::from))
+            {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                // Every process holding the terminal is gone.
+                Ok(Err(err)) if err.raw_os_error() == Some(libc::EIO) => {
+                    return Poll::Ready(Ok(()))
+                }
+                Ok(Err(err)) => return Poll::Ready(Err(err)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for PtyMaster {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let mut guard = ready!(self.0.poll_write_ready(cx))?;
+            match guard.try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(io::Error::from))
+            {
+                Ok(result) => return Poll::Ready(result),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_ring_that_drops_says_how_much_a_reader_missed() {
+        let ring = OutputRing::new(4, true);
+        ring.push(b"abcdef").await;
+        let s = ring.read(0, 100);
+        assert_eq!(
+            (s.offset, s.data.as_slice(), s.dropped),
+            (2, &b"cdef"[..], 2)
+        );
+        assert_eq!(s.next_offset, 6);
+        assert!(!s.eof);
+        ring.close();
+        let s = ring.read(6, 100);
+        assert!(s.eof && s.data.is_empty() && s.dropped == 0);
+    }
+
+    #[tokio::test]
+    async fn a_bounded_queue_waits_for_its_reader_and_loses_nothing() {
+        let ring = OutputRing::new(3, false);
+        let writer = tokio::spawn({
+            let ring = ring.clone();
+            async move {
+                ring.push(b"0123456789").await;
+                ring.close();
+            }
+        });
+        let mut got = Vec::new();
+        let mut offset = 0;
+        loop {
+            ring.wait_for(offset, Duration::from_secs(5)).await;
+            let s = ring.read(offset, 2);
+            assert_eq!(s.dropped, 0);
+            got.extend_from_slice(&s.data);
+            offset = s.next_offset;
+            if s.eof {
+                break;
+            }
+        }
+        writer.await.unwrap();
+        assert_eq!(got, b"0123456789");
+    }
+}

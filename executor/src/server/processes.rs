@@ -1,0 +1,204 @@
+//! A session's processes (protocol 1.1): what the daemon keeps of each so that later requests,
+//! also from a resumed connection, can reach it: its output ring, its stdin, its terminal,
+//! its signals and, once it ended, how.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use protocol::{Exited, ProcessInfo};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::runner::attached::{OutputRing, PtyMaster};
+
+/// Ended processes a session keeps for `read` and `wait`; past it the oldest is forgotten
+/// (each holds up to a buffer of output).
+const KEPT_ENDED: usize = 8;
+/// `read`s and `wait`s of a session waiting at once; past it they are refused with `busy`.
+pub const MAX_WAITING: usize = 64;
+/// Chunks of stdin queued for a process; a process that does not read its stdin fills it and
+/// then a `write` is refused with `busy` (an upload waits instead).
+pub const STDIN_QUEUE: usize = 64;
+
+/// What an entry is for: only processes are listed, read and waited for by clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Process,
+    Upload,
+    /// Downloads, stat and list_dir: nothing to write.
+    Query,
+}
+
+pub enum StdinChunk {
+    Data(Vec<u8>),
+    Eof,
+}
+
+pub struct Process {
+    pub id: String,
+    pub command: String,
+    pub kind: Kind,
+    pub pty: Option<PtyMaster>,
+    pub ring: Arc<OutputRing>,
+    pub stdin: mpsc::Sender<StdinChunk>,
+    pub signals: mpsc::Sender<i32>,
+    pub exit: watch::Sender<Option<Exited>>,
+    /// Fires when the payload has exec'd (taken by the process's job).
+    pub started: Mutex<Option<oneshot::Receiver<()>>>,
+    /// Order of creation, to forget the oldest ended first.
+    serial: u64,
+}
+
+impl Process {
+    pub fn new(
+        id: String,
+        command: String,
+        kind: Kind,
+        ring: Arc<OutputRing>,
+        stdin: mpsc::Sender<StdinChunk>,
+        signals: mpsc::Sender<i32>,
+    ) -> Self {
+        Self {
+            id,
+            command,
+            kind,
+            pty: None,
+            ring,
+            stdin,
+            signals,
+            exit: watch::channel(None).0,
+            started: Mutex::new(None),
+            serial: 0,
+        }
+    }
+
+    pub fn take_started(&self) -> Option<oneshot::Receiver<()>> {
+        self.started
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    pub fn running(&self) -> bool {
+        self.exit.borrow().is_none()
+    }
+
+    pub fn info(&self) -> ProcessInfo {
+        let exit = self.exit.borrow();
+        ProcessInfo {
+            id: self.id.clone(),
+            command: self.command.clone(),
+            pty: self.pty.is_some(),
+            running: exit.is_none(),
+            returncode: exit.as_ref().map(|e| e.returncode),
+            output_bytes: self.ring.total(),
+        }
+    }
+}
+
+/// Where a process's stdin goes: our end of its socket, or its terminal's master.
+pub enum StdinEnd {
+    Socket(tokio::net::unix::OwnedWriteHalf),
+    Terminal(PtyMaster),
+}
+
+/// Write queued stdin chunks until the queue closes or a write fails (the process is gone or
+/// closed its stdin). End-of-file shuts the socket's sending side, or types the terminal's
+/// end-of-file character (^D, as a user would).
+pub async fn feed_stdin(mut end: StdinEnd, mut queue: mpsc::Receiver<StdinChunk>) {
+    while let Some(chunk) = queue.recv().await {
+        let written = match (&mut end, chunk) {
+            (StdinEnd::Socket(sock), StdinChunk::Data(data)) => sock.write_all(&data).await,
+            (StdinEnd::Terminal(pty), StdinChunk::Data(data)) => pty.write_all(&data).await,
+            (StdinEnd::Socket(sock), StdinChunk::Eof) => {
+                let _ = sock.shutdown().await;
+                return;
+            }
+            (StdinEnd::Terminal(pty), StdinChunk::Eof) => pty.write_all(&[0x04]).await,
+        };
+        if written.is_err() {
+            return;
+        }
+    }
+}
+
+pub struct Processes {
+    map: Mutex<(HashMap<String, Arc<Process>>, u64)>,
+    /// Permits of the `read`s and `wait`s waiting now.
+    pub waiting: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Processes {
+    fn default() -> Self {
+        Self {
+            map: Mutex::default(),
+            waiting: Arc::new(tokio::sync::Semaphore::new(MAX_WAITING)),
+        }
+    }
+}
+
+impl Processes {
+    fn lock(&self) -> MutexGuard<'_, (HashMap<String, Arc<Process>>, u64)> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Add a process (replacing an ended one of the same id), forgetting the oldest ended
+    /// processes past [`KEPT_ENDED`].
+    pub fn insert(&self, mut process: Process) -> Arc<Process> {
+        let mut guard = self.lock();
+        guard.1 += 1;
+        process.serial = guard.1;
+        let process = Arc::new(process);
+        if let Some(old) = guard.0.insert(process.id.clone(), process.clone()) {
+            old.ring.discarded.cancel();
+        }
+        let mut ended: Vec<(u64, String)> = guard
+            .0
+            .values()
+            .filter(|p| !p.running())
+            .map(|p| (p.serial, p.id.clone()))
+            .collect();
+        if ended.len() > KEPT_ENDED {
+            ended.sort();
+            for (_, id) in &ended[..ended.len() - KEPT_ENDED] {
+                if let Some(old) = guard.0.remove(id) {
+                    old.ring.discarded.cancel();
+                }
+            }
+        }
+        process
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Process>> {
+        self.lock().0.get(id).cloned()
+    }
+
+    /// Forget an entry that is done (a file operation, once answered).
+    pub fn remove(&self, id: &str, process: &Arc<Process>) {
+        let mut guard = self.lock();
+        if guard.0.get(id).is_some_and(|p| Arc::ptr_eq(p, process)) {
+            guard.0.remove(id);
+        }
+        process.ring.discarded.cancel();
+    }
+
+    /// The session's processes, by id.
+    pub fn list(&self) -> Vec<ProcessInfo> {
+        let mut all: Vec<ProcessInfo> = self
+            .lock()
+            .0
+            .values()
+            .filter(|p| p.kind == Kind::Process)
+            .map(|p| p.info())
+            .collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all
+    }
+
+    /// The session ended: stop every pump and forget everything.
+    pub fn clear(&self) {
+        for (_, p) in self.lock().0.drain() {
+            p.ring.discarded.cancel();
+        }
+    }
+}
