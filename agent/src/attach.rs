@@ -6,6 +6,7 @@
 //! window changes become `resize`; when the output ends, `wait` gives the return code.
 
 use std::io::Read;
+use std::time::Duration;
 
 use clap::Args;
 use protocol::{ErrorCode, Exited, PtySize, ServerMessage, SpawnRequest};
@@ -15,7 +16,9 @@ use tokio::sync::mpsc;
 use crate::agent_loop::{Caught, Interrupts, INTERRUPTED};
 use crate::deploy::flags::ExecutorArgs;
 use crate::exec::{env_pairs, exit_code, ExecArgs, EXEC_FAILED};
-use crate::executor_client::{decode_output, resize_message, signal_message, Client, ClientError};
+use crate::executor_client::{
+    decode_output, resize_message, signal_message, wait_message, Client, ClientError,
+};
 use crate::target::{Reached, Unreached};
 
 /// Seconds a `read` waits for output the process has not written yet (at most 60).
@@ -24,6 +27,8 @@ const READ_WAIT: f64 = 30.0;
 const WAIT_STEP: f64 = 30.0;
 /// Errors about the process in a row, with no output between them, before we give up.
 const MAX_FAILURES: u32 = 8;
+/// Time past a `wait`'s own timeout for its answer.
+const WAIT_SLACK: Duration = Duration::from_secs(30);
 
 #[derive(Args)]
 pub struct ShellArgs {
@@ -95,7 +100,7 @@ pub async fn exec_with_stdin(
             .await
             .map_err(|e| anyhow::anyhow!("the executor refused the command: {e}"))?;
         let (tx, rx) = mpsc::channel(4);
-        forward_stdin(tx, client.chunk_bytes());
+        forward_stdin(tx, client.chunk_bytes(), true);
         let ended = pump(&mut client, &id, rx, interrupts, OnInterrupt::Kill).await?;
         Ok::<_, anyhow::Error>(ended)
     }
@@ -168,7 +173,7 @@ async fn shell_with(
         } else {
             None
         };
-        forward_stdin(tx, client.chunk_bytes());
+        forward_stdin(tx, client.chunk_bytes(), raw.is_none());
         let on_interrupt = if raw.is_some() {
             OnInterrupt::Kill
         } else {
@@ -204,21 +209,32 @@ fn report(verb: &str, ended: Ended) -> u8 {
 
 /// Our stdin to `tx`, from a thread of its own: a read blocked on a terminal must not hold a
 /// runtime thread, nor keep the runtime from shutting down when the process has ended.
-fn forward_stdin(tx: mpsc::Sender<Input>, chunk: usize) {
+/// `gather`: fill whole chunks before sending (a pipe, where fewer and larger `write`s keep the
+/// executor's stdin queue of 64 writes from filling); otherwise send what each read returns
+/// (keys typed at a terminal go at once).
+fn forward_stdin(tx: mpsc::Sender<Input>, chunk: usize, gather: bool) {
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin().lock();
         let mut buffer = vec![0; chunk.max(1)];
+        let mut filled = 0;
         loop {
-            let input = match stdin.read(&mut buffer) {
-                Ok(0) => Input::Eof,
-                Ok(n) => Input::Bytes(buffer[..n].to_vec()),
+            let (input, last) = match stdin.read(&mut buffer[filled..]) {
+                Ok(0) if filled > 0 => (Input::Bytes(buffer[..filled].to_vec()), false),
+                Ok(0) => (Input::Eof, true),
+                Ok(n) => {
+                    filled += n;
+                    if gather && filled < buffer.len() {
+                        continue;
+                    }
+                    (Input::Bytes(buffer[..filled].to_vec()), false)
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     tracing::warn!("cannot read stdin: {e}; closing the process's stdin");
-                    Input::Eof
+                    (Input::Eof, true)
                 }
             };
-            let last = matches!(input, Input::Eof);
+            filled = 0;
             if tx.blocking_send(input).is_err() || last {
                 return;
             }
@@ -254,14 +270,20 @@ async fn pump(
     let mut input_open = true;
     let mut interrupted = false;
     let mut failures = 0;
+    // `write`s sent: each may be answered by an error, even after the output ended.
+    let mut writes: u32 = 0;
     client.request_read(id, offset, Some(READ_WAIT)).await?;
     loop {
         tokio::select! {
             item = input.recv(), if input_open => match item {
-                Some(Input::Bytes(bytes)) => client.write(id, &bytes, false).await?,
+                Some(Input::Bytes(bytes)) => {
+                    client.write(id, &bytes, false).await?;
+                    writes += 1;
+                }
                 Some(Input::Resize(size)) => client.send(resize_message(id, size)).await?,
                 Some(Input::Eof) | None => {
                     client.write(id, &[], true).await?;
+                    writes += 1;
                     input_open = false;
                 }
             },
@@ -306,12 +328,14 @@ async fn pump(
                 }
                 ServerMessage::Error(err) if err.id.as_deref() == Some(id) => {
                     failures += 1;
-                    if err.code == ErrorCode::NotFound || failures > MAX_FAILURES {
+                    // `busy`: the executor's queue for the program's stdin is full and it
+                    // dropped a write; what follows would arrive with a hole in it.
+                    if err.code == ErrorCode::Busy || failures > MAX_FAILURES {
                         return Err(ClientError::Refused { code: err.code, message: err.message });
                     }
-                    // A refused `write` (the program closed its stdin) or our `read`: the
-                    // answer does not say which. Stop writing, and read again: a second read of
-                    // the same range is harmless (only bytes past `offset` are new).
+                    // A refused `write` (the program ended or closed its stdin) or our `read`:
+                    // the answer does not say which. Stop writing, and read again: a second
+                    // read of the same range is harmless (only bytes past `offset` are new).
                     tracing::debug!("process {id}: {} ({})", err.message, err.code);
                     input_open = false;
                     client.request_read(id, offset, Some(READ_WAIT)).await?;
@@ -320,17 +344,49 @@ async fn pump(
             },
         }
     }
+    // Errors about writes sent after the program ended may still come (and, by the executor's
+    // order of answers, before the answer to `wait`): each is met by asking again.
+    let mut budget = MAX_FAILURES + writes;
     loop {
-        let exited = tokio::select! {
-            exited = client.wait(id, Some(WAIT_STEP)) => exited?,
+        client.send(wait_message(id, WAIT_STEP)).await?;
+        let patience = Duration::from_secs_f64(WAIT_STEP) + WAIT_SLACK;
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(patience, exited(client, id)) => answer
+                .map_err(|_| ClientError::Silent("wait".into()))??,
             _ = interrupts.recv() => return Ok(Ended::Abandoned),
         };
-        if !exited.running {
-            return Ok(if interrupted && on_interrupt == OnInterrupt::Kill {
-                Ended::Abandoned
-            } else {
-                Ended::Exited(Box::new(exited))
-            });
+        match answer {
+            Ok(exited) if !exited.running => {
+                return Ok(if interrupted && on_interrupt == OnInterrupt::Kill {
+                    Ended::Abandoned
+                } else {
+                    Ended::Exited(Box::new(exited))
+                });
+            }
+            Ok(_) => {}
+            Err(refused) => {
+                budget = budget.saturating_sub(1);
+                if budget == 0 {
+                    return Err(refused);
+                }
+            }
+        }
+    }
+}
+
+/// The next `exited` about `id`, or an error about it (`Ok(Err)`), passing over the rest (output
+/// of reads sent twice, `done`).
+async fn exited(client: &mut Client, id: &str) -> Result<Result<Exited, ClientError>, ClientError> {
+    loop {
+        match client.recv().await? {
+            ServerMessage::Exited(exited) if exited.id == id => return Ok(Ok(exited)),
+            ServerMessage::Error(err) if err.id.as_deref() == Some(id) => {
+                return Ok(Err(ClientError::Refused {
+                    code: err.code,
+                    message: err.message,
+                }))
+            }
+            _ => {}
         }
     }
 }

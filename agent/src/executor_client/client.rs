@@ -299,21 +299,6 @@ impl Client {
         .await
     }
 
-    /// How process `id` ended, waiting up to `timeout` seconds (`running` when it had not).
-    pub async fn wait(&mut self, id: &str, timeout: Option<f64>) -> Result<Exited, ClientError> {
-        self.send(ClientMessage::Wait(WaitRequest {
-            id: id.to_string(),
-            timeout,
-        }))
-        .await?;
-        let patience = Duration::from_secs_f64(timeout.unwrap_or(0.0).max(0.0)) + ANSWER_SLACK;
-        self.answer(id, patience, "wait", |m| match m {
-            ServerMessage::Exited(e) if e.id == id => Some(e),
-            _ => None,
-        })
-        .await
-    }
-
     // Files.
 
     pub async fn stat(
@@ -472,6 +457,21 @@ impl Client {
 /// them against a scripted executor.
 #[allow(dead_code)]
 impl Client {
+    /// How process `id` ended, waiting up to `timeout` seconds (`running` when it had not).
+    pub async fn wait(&mut self, id: &str, timeout: Option<f64>) -> Result<Exited, ClientError> {
+        self.send(ClientMessage::Wait(WaitRequest {
+            id: id.to_string(),
+            timeout,
+        }))
+        .await?;
+        let patience = Duration::from_secs_f64(timeout.unwrap_or(0.0).max(0.0)) + ANSWER_SLACK;
+        self.answer(id, patience, "wait", |m| match m {
+            ServerMessage::Exited(e) if e.id == id => Some(e),
+            _ => None,
+        })
+        .await
+    }
+
     /// Output of process `id` from `offset` on, waiting up to `wait` seconds for some.
     pub async fn read(
         &mut self,
@@ -567,6 +567,13 @@ pub fn resize_message(id: &str, size: PtySize) -> ClientMessage {
         id: id.to_string(),
         rows: size.rows,
         cols: size.cols,
+    })
+}
+
+pub fn wait_message(id: &str, timeout: f64) -> ClientMessage {
+    ClientMessage::Wait(WaitRequest {
+        id: id.to_string(),
+        timeout: Some(timeout),
     })
 }
 

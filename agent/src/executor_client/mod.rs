@@ -21,7 +21,9 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 use tokio_tungstenite::tungstenite::Message;
 
-pub use client::{decode_output, resize_message, signal_message, Client, ClientError};
+pub use client::{
+    decode_output, resize_message, signal_message, wait_message, Client, ClientError,
+};
 pub use connection::{connect, Ws};
 pub use profile::PROFILE_PREFERENCE;
 use session::Attempt;
