@@ -129,17 +129,21 @@ pub async fn cp(args: CpArgs) -> anyhow::Result<u8> {
             return Ok(EXEC_FAILED);
         }
     };
+    // Ctrl-C drops the copy: its connection closes, and the executor discards a partial
+    // upload (uploads are renamed into place only when complete); a partial download is a
+    // temporary file that is removed.
     let result = tokio::select! {
-        result = copy_with(&args, copy, &reached) => result,
-        _ = interrupts.recv() => Err(anyhow::anyhow!("interrupted")),
+        result = copy_with(&args, copy, &reached) => Some(result),
+        _ = interrupts.recv() => None,
     };
     reached.stop().await;
     match result {
-        Ok(()) => Ok(0),
-        Err(e) => {
+        Some(Ok(())) => Ok(0),
+        Some(Err(e)) => {
             eprintln!("agent cp: {e:#}");
             Ok(EXEC_FAILED)
         }
+        None => Ok(INTERRUPTED),
     }
 }
 
@@ -278,9 +282,10 @@ async fn download(
     to: Side,
     profile: Option<String>,
 ) -> anyhow::Result<()> {
-    let Some(stat) = remote_stat(client, from, &profile).await? else {
-        bail!(":{from} does not exist on the executor");
-    };
+    let stat = client
+        .stat(from, profile.clone())
+        .await
+        .map_err(|e| remote_error(e, "read", from))?;
     let directory = stat.kind == "dir";
     if directory {
         client.require("tar", "copying directories")?;
@@ -375,11 +380,12 @@ async fn download_file(
     Ok(())
 }
 
-/// An error of the executor about `:path`, with its message (`denied`, `not_found`, ...).
+/// An error of the executor about `:path`: its own message (which names the path as the
+/// sandbox sees it) and code (`denied`, `not_found`, ...).
 fn remote_error(e: ClientError, action: &str, path: &str) -> anyhow::Error {
     match e {
-        ClientError::Refused { .. } => {
-            anyhow::anyhow!("cannot {action} :{path} on the executor: {e}")
+        ClientError::Refused { code, message } => {
+            anyhow::anyhow!("the executor could not {action} :{path}: {message} ({code})")
         }
         other => other.into(),
     }

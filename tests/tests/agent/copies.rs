@@ -170,8 +170,10 @@ async fn cp_reports_a_missing_source_on_either_side_and_writes_nothing() {
     let out = s.path().join("out");
     let remote = agent_against(&daemon, "cp", &[":no-such-file", text(&out)], b"").await;
     assert_eq!(remote.code, 255);
+    // The executor's own words, with its code.
     assert!(
-        remote.stderr.contains(":no-such-file does not exist"),
+        remote.stderr.contains("could not read :no-such-file: ")
+            && remote.stderr.contains("(not_found)"),
         "{}",
         remote.stderr
     );
