@@ -72,8 +72,8 @@ pub async fn download_dir(
         what: target.display().to_string(),
         source,
     };
-    let created = match std::fs::symlink_metadata(target) {
-        Ok(meta) if meta.is_dir() => false,
+    let mut created = match std::fs::symlink_metadata(target) {
+        Ok(meta) if meta.is_dir() => Created(None),
         Ok(_) => {
             return Err(local(
                 "unpack a directory over the file",
@@ -82,7 +82,7 @@ pub async fn download_dir(
         }
         Err(_) => {
             std::fs::create_dir(target).map_err(|e| local("create", e))?;
-            true
+            Created(Some(target.to_path_buf()))
         }
     };
     let (sink, source) = tokio::io::duplex(client.chunk_bytes());
@@ -108,10 +108,28 @@ pub async fn download_dir(
         (Err(ClientError::Local { .. }), Err(e)) | (Ok(_), Err(e)) => Err(local("unpack into", e)),
         (Err(e), _) => Err(e),
     };
-    if result.is_err() && created {
-        let _ = std::fs::remove_dir_all(target);
+    if result.is_ok() {
+        created.keep();
     }
     result
+}
+
+/// A directory made for a download, removed again unless the download completes (also when
+/// the download is dropped half way, as Ctrl-C does).
+struct Created(Option<std::path::PathBuf>);
+
+impl Created {
+    fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 /// The writing end of a tar stream on a blocking thread: full chunks into a channel.
