@@ -27,6 +27,11 @@ const READ_WAIT: f64 = 30.0;
 const WAIT_STEP: f64 = 30.0;
 /// Errors about the process in a row, with no output between them, before we give up.
 const MAX_FAILURES: u32 = 8;
+/// Bytes per read of our stdin (a pipe holds 64 KiB).
+const STDIN_READ_BYTES: usize = 64 * 1024;
+/// Reads of our stdin queued for the loop: what it joins into one `write` when input comes
+/// faster than it is sent.
+const STDIN_READS_QUEUED: usize = 16;
 /// Time past a `wait`'s own timeout for its answer.
 const WAIT_SLACK: Duration = Duration::from_secs(30);
 
@@ -99,8 +104,8 @@ pub async fn exec_with_stdin(
             })
             .await
             .map_err(|e| anyhow::anyhow!("the executor refused the command: {e}"))?;
-        let (tx, rx) = mpsc::channel(4);
-        forward_stdin(tx, client.chunk_bytes(), true);
+        let (tx, rx) = mpsc::channel(STDIN_READS_QUEUED);
+        forward_stdin(tx);
         let ended = pump(&mut client, &id, rx, interrupts, OnInterrupt::Kill).await?;
         Ok::<_, anyhow::Error>(ended)
     }
@@ -167,13 +172,13 @@ async fn shell_with(
         // Raw mode only once the shell runs, so that errors before read normally; the guard
         // puts the terminal back however the loop ends (the `?` below included).
         let raw = crate::terminal::RawMode::enter()?;
-        let (tx, rx) = mpsc::channel(4);
+        let (tx, rx) = mpsc::channel(STDIN_READS_QUEUED);
         let resizes = if raw.is_some() {
             Some(tokio::spawn(forward_resizes(tx.clone())))
         } else {
             None
         };
-        forward_stdin(tx, client.chunk_bytes(), raw.is_none());
+        forward_stdin(tx);
         let on_interrupt = if raw.is_some() {
             OnInterrupt::Kill
         } else {
@@ -208,38 +213,64 @@ fn report(verb: &str, ended: Ended) -> u8 {
 }
 
 /// Our stdin to `tx`, from a thread of its own: a read blocked on a terminal must not hold a
-/// runtime thread, nor keep the runtime from shutting down when the process has ended.
-/// `gather`: fill whole chunks before sending (a pipe, where fewer and larger `write`s keep the
-/// executor's stdin queue of 64 writes from filling); otherwise send what each read returns
-/// (keys typed at a terminal go at once).
-fn forward_stdin(tx: mpsc::Sender<Input>, chunk: usize, gather: bool) {
+/// runtime thread, nor keep the runtime from shutting down when the process has ended. Each
+/// read goes at once (keys typed, a line from a slow pipe); [`Stdin::next`] joins what piles up.
+fn forward_stdin(tx: mpsc::Sender<Input>) {
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin().lock();
-        let mut buffer = vec![0; chunk.max(1)];
-        let mut filled = 0;
+        let mut buffer = vec![0; STDIN_READ_BYTES];
         loop {
-            let (input, last) = match stdin.read(&mut buffer[filled..]) {
-                Ok(0) if filled > 0 => (Input::Bytes(buffer[..filled].to_vec()), false),
-                Ok(0) => (Input::Eof, true),
-                Ok(n) => {
-                    filled += n;
-                    if gather && filled < buffer.len() {
-                        continue;
-                    }
-                    (Input::Bytes(buffer[..filled].to_vec()), false)
-                }
+            let input = match stdin.read(&mut buffer) {
+                Ok(0) => Input::Eof,
+                Ok(n) => Input::Bytes(buffer[..n].to_vec()),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     tracing::warn!("cannot read stdin: {e}; closing the process's stdin");
-                    (Input::Eof, true)
+                    Input::Eof
                 }
             };
-            filled = 0;
+            let last = matches!(input, Input::Eof);
             if tx.blocking_send(input).is_err() || last {
                 return;
             }
         }
     });
+}
+
+/// What the loop takes from our stdin: reads that queued up while a `write` was being sent are
+/// joined into one, up to a message's worth. The executor queues at most 64 `write`s for a
+/// program that is slow to read (then refuses with `busy`): large writes when the input comes
+/// fast keep far from that, and a trickle of input comes a little at a time anyway.
+struct Stdin {
+    rx: mpsc::Receiver<Input>,
+    /// A read that did not fit the last write, or what came after the bytes.
+    held: Option<Input>,
+    limit: usize,
+}
+
+impl Stdin {
+    async fn next(&mut self) -> Option<Input> {
+        let first = match self.held.take() {
+            Some(input) => input,
+            None => self.rx.recv().await?,
+        };
+        let Input::Bytes(mut bytes) = first else {
+            return Some(first);
+        };
+        while bytes.len() < self.limit {
+            match self.rx.try_recv() {
+                Ok(Input::Bytes(more)) if bytes.len() + more.len() <= self.limit => {
+                    bytes.extend_from_slice(&more);
+                }
+                Ok(other) => {
+                    self.held = Some(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        Some(Input::Bytes(bytes))
+    }
 }
 
 /// Window size changes of our terminal (SIGWINCH) to `tx`.
@@ -261,10 +292,15 @@ async fn forward_resizes(tx: mpsc::Sender<Input>) {
 async fn pump(
     client: &mut Client,
     id: &str,
-    mut input: mpsc::Receiver<Input>,
+    input: mpsc::Receiver<Input>,
     interrupts: &mut Interrupts,
     on_interrupt: OnInterrupt,
 ) -> Result<Ended, ClientError> {
+    let mut input = Stdin {
+        rx: input,
+        held: None,
+        limit: client.chunk_bytes(),
+    };
     let mut stdout = tokio::io::stdout();
     let mut offset: u64 = 0;
     let mut input_open = true;
@@ -275,7 +311,7 @@ async fn pump(
     client.request_read(id, offset, Some(READ_WAIT)).await?;
     loop {
         tokio::select! {
-            item = input.recv(), if input_open => match item {
+            item = input.next(), if input_open => match item {
                 Some(Input::Bytes(bytes)) => {
                     client.write(id, &bytes, false).await?;
                     writes += 1;
@@ -388,5 +424,53 @@ async fn exited(client: &mut Client, id: &str) -> Result<Result<Exited, ClientEr
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn queued(inputs: Vec<Input>, limit: usize) -> Vec<String> {
+        let (tx, rx) = mpsc::channel(16);
+        for input in inputs {
+            tx.send(input).await.unwrap();
+        }
+        drop(tx);
+        let mut stdin = Stdin {
+            rx,
+            held: None,
+            limit,
+        };
+        let mut seen = Vec::new();
+        while let Some(input) = stdin.next().await {
+            seen.push(match input {
+                Input::Bytes(b) => String::from_utf8(b).unwrap(),
+                Input::Eof => "EOF".into(),
+                Input::Resize(s) => format!("{}x{}", s.rows, s.cols),
+            });
+        }
+        seen
+    }
+
+    fn bytes(text: &str) -> Input {
+        Input::Bytes(text.as_bytes().to_vec())
+    }
+
+    #[tokio::test]
+    async fn reads_that_queued_up_are_joined_up_to_the_limit_in_order() {
+        let inputs = || vec![bytes("abc"), bytes("def"), bytes("gh"), Input::Eof];
+        assert_eq!(queued(inputs(), 100).await, ["abcdefgh", "EOF"]);
+        assert_eq!(queued(inputs(), 6).await, ["abcdef", "gh", "EOF"]);
+        assert_eq!(queued(inputs(), 5).await, ["abc", "defgh", "EOF"]);
+    }
+
+    #[tokio::test]
+    async fn a_resize_is_never_joined_past() {
+        let resize = Input::Resize(PtySize { rows: 2, cols: 3 });
+        assert_eq!(
+            queued(vec![bytes("a"), resize, bytes("b")], 100).await,
+            ["a", "2x3", "b"]
+        );
     }
 }

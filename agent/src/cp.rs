@@ -418,41 +418,63 @@ fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
-/// A progress bar on stderr for large transfers, shown only when stderr is a terminal.
-struct Progress(Option<indicatif::ProgressBar>);
+/// A progress bar on stderr for large transfers, only when stderr is a terminal. It appears
+/// once [`PROGRESS_FROM_BYTES`] have moved (so a small copy of unknown size shows nothing).
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    shown: std::cell::Cell<bool>,
+}
 
 impl Progress {
     fn new(total: Option<u64>, what: &str) -> Self {
         if !std::io::stderr().is_terminal() || total.is_some_and(|t| t < PROGRESS_FROM_BYTES) {
-            return Self(None);
+            return Self {
+                bar: None,
+                shown: std::cell::Cell::new(false),
+            };
         }
         let bar = match total {
-            Some(total) => indicatif::ProgressBar::new(total).with_style(
+            Some(total) => indicatif::ProgressBar::with_draw_target(
+                Some(total),
+                indicatif::ProgressDrawTarget::hidden(),
+            )
+            .with_style(
                 indicatif::ProgressStyle::with_template(
                     "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             ),
-            None => indicatif::ProgressBar::new_spinner().with_style(
-                indicatif::ProgressStyle::with_template("{spinner} {msg} {bytes} {bytes_per_sec}")
+            None => indicatif::ProgressBar::with_draw_target(
+                None,
+                indicatif::ProgressDrawTarget::hidden(),
+            )
+            .with_style(
+                indicatif::ProgressStyle::with_template("{msg} {bytes} {bytes_per_sec}")
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
             ),
         };
-        bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
         bar.set_message(what.to_string());
-        Self(Some(bar))
+        Self {
+            bar: Some(bar),
+            shown: std::cell::Cell::new(false),
+        }
     }
 
     fn set(&self, bytes: u64) {
-        if let Some(bar) = &self.0 {
-            bar.set_position(bytes);
+        let Some(bar) = &self.bar else {
+            return;
+        };
+        bar.set_position(bytes);
+        if !self.shown.get() && bytes >= PROGRESS_FROM_BYTES {
+            self.shown.set(true);
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
         }
     }
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        if let Some(bar) = &self.0 {
+        if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
     }
