@@ -17,7 +17,8 @@ use crate::agent_loop::{Caught, Interrupts, INTERRUPTED};
 use crate::deploy::flags::ExecutorArgs;
 use crate::exec::{env_pairs, exit_code, ExecArgs, EXEC_FAILED};
 use crate::executor_client::{
-    decode_output, resize_message, signal_message, wait_message, Client, ClientError,
+    decode_output, list_processes_message, resize_message, signal_message, wait_message, Client,
+    ClientError,
 };
 use crate::target::{Reached, Unreached};
 
@@ -27,6 +28,10 @@ const READ_WAIT: f64 = 30.0;
 const WAIT_STEP: f64 = 30.0;
 /// Errors about the process in a row, with no output between them, before we give up.
 const MAX_FAILURES: u32 = 8;
+/// First and longest pause before a `write` the executor refused as `busy` (64 writes queued
+/// for a program that does not read its stdin) is sent again.
+const BUSY_BACKOFF_START: Duration = Duration::from_millis(20);
+const BUSY_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Bytes per read of our stdin (a pipe holds 64 KiB).
 const STDIN_READ_BYTES: usize = 64 * 1024;
 /// Reads of our stdin queued for the loop: what it joins into one `write` when input comes
@@ -308,21 +313,47 @@ async fn pump(
     let mut failures = 0;
     // `write`s sent: each may be answered by an error, even after the output ended.
     let mut writes: u32 = 0;
+    // The write whose fate is not known yet. The executor answers a write only when it refuses
+    // it, and answers requests in order: the answer to a `list_processes` sent right after
+    // the write (`marker`) says that everything before it was handled, so an error about the
+    // process that came before that answer is the write's. One write at a time: a refused
+    // (`busy`) write is sent again before anything after it, so stdin arrives whole and in
+    // order however slowly the program reads.
+    let mut pending: Option<PendingWrite> = None;
+    let mut marks: u64 = 0;
+    let mut backoff = BUSY_BACKOFF_START;
     client.request_read(id, offset, Some(READ_WAIT)).await?;
     loop {
+        let retry_at = pending.as_ref().and_then(|p| p.retry_at);
         tokio::select! {
-            item = input.next(), if input_open => match item {
-                Some(Input::Bytes(bytes)) => {
-                    client.write(id, &bytes, false).await?;
-                    writes += 1;
-                }
+            item = input.next(), if input_open && pending.is_none() => match item {
                 Some(Input::Resize(size)) => client.send(resize_message(id, size)).await?,
-                Some(Input::Eof) | None => {
-                    client.write(id, &[], true).await?;
+                Some(Input::Bytes(data)) => {
+                    marks += 1;
+                    let write = PendingWrite::new(data, false, marks);
+                    write.send(client, id).await?;
                     writes += 1;
+                    pending = Some(write);
+                }
+                Some(Input::Eof) | None => {
+                    marks += 1;
+                    let write = PendingWrite::new(Vec::new(), true, marks);
+                    write.send(client, id).await?;
+                    writes += 1;
+                    pending = Some(write);
                     input_open = false;
                 }
             },
+            _ = sleep_until_some(retry_at) => {
+                if let Some(write) = pending.as_mut() {
+                    write.retry_at = None;
+                    write.refused = None;
+                    marks += 1;
+                    write.marker = format!("stdin{marks}");
+                    write.send(client, id).await?;
+                    writes += 1;
+                }
+            }
             caught = interrupts.recv() => {
                 if interrupted || caught == Caught::Terminate {
                     return Ok(Ended::Abandoned);
@@ -362,18 +393,39 @@ async fn pump(
                     }
                     client.request_read(id, offset, Some(READ_WAIT)).await?;
                 }
+                ServerMessage::Processes(list) if pending.as_ref().is_some_and(|p| {
+                    list.id.as_deref() == Some(p.marker.as_str()) && p.retry_at.is_none()
+                }) => {
+                    let Some(mut write) = pending.take() else { continue };
+                    match write.refused.take() {
+                        None => backoff = BUSY_BACKOFF_START,
+                        // The program is not reading yet: the same bytes again, later.
+                        Some(ErrorCode::Busy) => {
+                            tracing::debug!("process {id}: stdin busy, again in {backoff:?}");
+                            write.retry_at = Some(tokio::time::Instant::now() + backoff);
+                            backoff = (backoff * 2).min(BUSY_BACKOFF_MAX);
+                            pending = Some(write);
+                        }
+                        // Ended, or its stdin closed: nothing more to write.
+                        Some(code) => {
+                            tracing::debug!("process {id}: stdin refused ({code})");
+                            input_open = false;
+                        }
+                    }
+                }
                 ServerMessage::Error(err) if err.id.as_deref() == Some(id) => {
+                    if let Some(write) = pending.as_mut().filter(|p| p.retry_at.is_none()) {
+                        write.refused.get_or_insert(err.code);
+                        continue;
+                    }
+                    // About our `read` (or a resize): read again, as long as it leads anywhere.
+                    // A second read of the same range is harmless (only bytes past `offset`
+                    // are new).
                     failures += 1;
-                    // `busy`: the executor's queue for the program's stdin is full and it
-                    // dropped a write; what follows would arrive with a hole in it.
-                    if err.code == ErrorCode::Busy || failures > MAX_FAILURES {
+                    if failures > MAX_FAILURES {
                         return Err(ClientError::Refused { code: err.code, message: err.message });
                     }
-                    // A refused `write` (the program ended or closed its stdin) or our `read`:
-                    // the answer does not say which. Stop writing, and read again: a second
-                    // read of the same range is harmless (only bytes past `offset` are new).
                     tracing::debug!("process {id}: {} ({})", err.message, err.code);
-                    input_open = false;
                     client.request_read(id, offset, Some(READ_WAIT)).await?;
                 }
                 _ => {}
@@ -407,6 +459,43 @@ async fn pump(
                 }
             }
         }
+    }
+}
+
+/// A `write` of stdin and the `list_processes` sent after it, whose answer says the write was
+/// handled.
+struct PendingWrite {
+    data: Vec<u8>,
+    eof: bool,
+    marker: String,
+    /// The error the executor answered the write with, if it did.
+    refused: Option<ErrorCode>,
+    /// Refused as `busy`: when to send it again.
+    retry_at: Option<tokio::time::Instant>,
+}
+
+impl PendingWrite {
+    fn new(data: Vec<u8>, eof: bool, mark: u64) -> Self {
+        Self {
+            data,
+            eof,
+            marker: format!("stdin{mark}"),
+            refused: None,
+            retry_at: None,
+        }
+    }
+
+    async fn send(&self, client: &Client, id: &str) -> Result<(), ClientError> {
+        client.write(id, &self.data, self.eof).await?;
+        client.send(list_processes_message(&self.marker)).await
+    }
+}
+
+/// Sleep until `at`; never, for `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

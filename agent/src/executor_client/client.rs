@@ -570,6 +570,14 @@ pub fn resize_message(id: &str, size: PtySize) -> ClientMessage {
     })
 }
 
+/// `list_processes` with `id` echoed: its answer marks that every request before it was
+/// handled (the executor answers in order).
+pub fn list_processes_message(id: &str) -> ClientMessage {
+    ClientMessage::ListProcesses(ListProcessesRequest {
+        id: Some(id.to_string()),
+    })
+}
+
 pub fn wait_message(id: &str, timeout: f64) -> ClientMessage {
     ClientMessage::Wait(WaitRequest {
         id: id.to_string(),

@@ -22,7 +22,8 @@ use serde_json::{json, Map, Value};
 use tokio_tungstenite::tungstenite::Message;
 
 pub use client::{
-    decode_output, resize_message, signal_message, wait_message, Client, ClientError,
+    decode_output, list_processes_message, resize_message, signal_message, wait_message, Client,
+    ClientError,
 };
 pub use connection::{connect, Ws};
 pub use profile::PROFILE_PREFERENCE;

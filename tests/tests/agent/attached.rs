@@ -50,6 +50,35 @@ async fn exec_with_stdin_feeds_the_command_and_streams_back_its_output() {
     assert_eq!(plain.stdout, b"end\n");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_with_stdin_waits_for_a_program_that_reads_late_and_loses_nothing() {
+    use sha2::Digest;
+    let daemon = Daemon::start();
+    // More than the executor queues for a program that is not reading (64 writes of at most
+    // 512 KiB), in a pattern where a lost, repeated or reordered chunk shows.
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let bytes: Vec<u8> = (0..40_000_000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let late = agent_against(
+        &daemon,
+        "exec",
+        &["--stdin", "--", "sleep 3; sha256sum | cut -d' ' -f1"],
+        &bytes,
+    )
+    .await;
+    assert_eq!(late.code, 0, "{}", late.stderr);
+    assert_eq!(
+        String::from_utf8_lossy(&late.stdout).trim(),
+        hex::encode(sha2::Sha256::digest(&bytes))
+    );
+}
+
 /// What the test's side of a terminal has shown so far, read by a thread until the last
 /// holder of the other side closes it (then a read fails with EIO).
 fn screen_of(master: &std::fs::File) -> Arc<Mutex<Vec<u8>>> {
