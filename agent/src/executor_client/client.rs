@@ -52,6 +52,8 @@ pub enum ClientError {
         what: String,
         offered: String,
     },
+    #[error("cannot connect to the executor at {url}: {reason}")]
+    Connect { url: String, reason: String },
     #[error("the connection to the executor failed: {0}")]
     Lost(String),
     #[error("the executor sent no answer in time ({0})")]
@@ -117,9 +119,22 @@ pub struct Client {
 impl Client {
     /// Connect and read the hello.
     pub async fn connect(url: &str, token: Option<&str>, tls: &Tls) -> Result<Self, ClientError> {
-        let (ws, hello) = connect(url, token, tls).await.map_err(|e| {
-            ClientError::Lost(format!("cannot connect to the executor at {url}: {e}"))
-        })?;
+        let (ws, hello) = connect(url, token, tls)
+            .await
+            .map_err(|e| ClientError::Connect {
+                url: url.to_string(),
+                reason: e.to_string(),
+            })?;
+        if hello.protocol != protocol::PROTOCOL_VERSION {
+            return Err(ClientError::Connect {
+                url: url.to_string(),
+                reason: format!(
+                    "it speaks protocol {}, this agent speaks {}",
+                    hello.protocol,
+                    protocol::PROTOCOL_VERSION
+                ),
+            });
+        }
         Ok(Self::over(url, ws, hello))
     }
 
