@@ -104,6 +104,21 @@ async fn cp_moves_a_directory_there_and_back_as_tar() {
         (seen.code, String::from_utf8_lossy(&seen.stdout).as_ref()),
         (0, "ran\n")
     );
+    // A file into the existing directory keeps its name; `-p` makes missing parents.
+    let extra = s.write("extra.txt", "more\n");
+    let into = agent_against(&daemon, "cp", &[text(&extra), ":tree"], b"").await;
+    assert_eq!(into.code, 0, "{}", into.stderr);
+    assert_eq!(
+        std::fs::read_to_string(daemon.workspace.join("tree/extra.txt")).unwrap(),
+        "more\n"
+    );
+    let deep = agent_against(&daemon, "cp", &[text(&extra), ":new/deep/x.txt"], b"").await;
+    assert_eq!(deep.code, 255, "a missing parent was made without -p");
+    assert!(deep.stderr.contains("(not_found)"), "{}", deep.stderr);
+    let deep = agent_against(&daemon, "cp", &["-p", text(&extra), ":new/deep/x.txt"], b"").await;
+    assert_eq!(deep.code, 0, "{}", deep.stderr);
+    assert!(daemon.workspace.join("new/deep/x.txt").is_file());
+    std::fs::remove_file(daemon.workspace.join("tree/extra.txt")).unwrap();
     // Back to a new directory...
     let back = s.path().join("back");
     let down = agent_against(&daemon, "cp", &[":tree", text(&back)], b"").await;
