@@ -1,9 +1,10 @@
 //! A process attached to our stdin and stdout (protocol 1.1): `agent exec --stdin` (pipes)
 //! and `agent shell` (a pseudo-terminal, like `docker exec -it`).
 //!
-//! One loop per process: bytes from our stdin become `write`s (and end of file `eof`), one
-//! `read` with a wait is always outstanding and its output goes to our stdout as it arrives,
-//! window changes become `resize`; when the output ends, `wait` gives the return code.
+//! One loop per process: bytes from our stdin become `write`s (and end of file `eof`), one at
+//! a time so that a refused one can be sent again in order; one `read` with a wait is always
+//! outstanding and its output goes to our stdout as it arrives; window changes become
+//! `resize`; when the output ends, `wait` gives the return code.
 
 use std::io::Read;
 use std::time::Duration;
