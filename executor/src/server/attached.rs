@@ -22,7 +22,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::connection::{Connection, Job};
-use super::processes::{feed_stdin, Kind, Process, StdinChunk, StdinEnd, STDIN_QUEUE};
+use super::processes::{
+    feed_stdin, Kind, Process, StdinChunk, StdinEnd, STDIN_BUDGET_KIB, STDIN_QUEUE,
+};
 use super::session::Session;
 use crate::engine::ExecError;
 use crate::files::{FileOp, Header, MAX_HEADER_BYTES};
@@ -229,19 +231,32 @@ impl Connection {
                 format!("no process or upload with id {:?}", req.id),
             ));
         };
-        let chunks = (!data.is_empty())
-            .then_some(StdinChunk::Data(data))
-            .into_iter()
-            .chain(req.eof.then_some(StdinChunk::Eof));
+        let permits = super::processes::budget_permits(data.len());
         match process.kind {
             Kind::Query => Err(bad(format!("{:?} takes no input", req.id))),
             // An upload waits for its writer (the connection's backpressure); one already
             // answered (it failed early) drops what still comes.
             Kind::Upload => {
-                for chunk in chunks {
-                    if process.running() && process.stdin.send(chunk).await.is_err() {
-                        break;
+                if !data.is_empty() && process.running() {
+                    let Ok(budget) = process
+                        .stdin_budget
+                        .clone()
+                        .acquire_many_owned(permits)
+                        .await
+                    else {
+                        return Ok(());
+                    };
+                    if process
+                        .stdin
+                        .send(StdinChunk::Data(data, budget))
+                        .await
+                        .is_err()
+                    {
+                        return Ok(());
                     }
+                }
+                if req.eof && process.running() {
+                    let _ = process.stdin.send(StdinChunk::Eof).await;
                 }
                 Ok(())
             }
@@ -252,22 +267,34 @@ impl Connection {
                         format!("process {:?} has ended", req.id),
                     ));
                 }
+                let not_reading = || {
+                    ExecError::new(
+                        ErrorCode::Busy,
+                        format!(
+                            "process {:?} is not reading its stdin ({STDIN_QUEUE} writes or \
+                             {STDIN_BUDGET_KIB} KiB queued); write again later",
+                            req.id
+                        ),
+                    )
+                };
+                let closed = || bad(format!("the stdin of {:?} is closed", req.id));
+                let mut chunks = Vec::new();
+                if !data.is_empty() {
+                    let budget = process
+                        .stdin_budget
+                        .clone()
+                        .try_acquire_many_owned(permits)
+                        .map_err(|_| not_reading())?;
+                    chunks.push(StdinChunk::Data(data, budget));
+                }
+                if req.eof {
+                    chunks.push(StdinChunk::Eof);
+                }
                 for chunk in chunks {
                     match process.stdin.try_send(chunk) {
                         Ok(()) => {}
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            return Err(ExecError::new(
-                                ErrorCode::Busy,
-                                format!(
-                                    "process {:?} is not reading its stdin ({STDIN_QUEUE} writes \
-                                     queued); write again later",
-                                    req.id
-                                ),
-                            ))
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => {
-                            return Err(bad(format!("the stdin of {:?} is closed", req.id)))
-                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => return Err(not_reading()),
+                        Err(mpsc::error::TrySendError::Closed(_)) => return Err(closed()),
                     }
                 }
                 Ok(())

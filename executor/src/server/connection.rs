@@ -144,9 +144,7 @@ pub async fn run(
                     (Some(false), Some(msg)) => unsent = Some(msg),
                     // Cut off mid-write: a final reply may or may not have arrived, which is
                     // what `written` is for (sent again only if the client awaits it).
-                    (None, Some(msg @ (ServerMessage::Result(_) | ServerMessage::Error(_)))) => {
-                        session.written(msg)
-                    }
+                    (None, Some(msg)) if super::session::is_final(&msg) => session.written(msg),
                     (None, Some(msg)) => unsent = Some(msg),
                     (_, None) => {}
                 }

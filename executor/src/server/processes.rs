@@ -16,9 +16,12 @@ use crate::runner::attached::{OutputRing, PtyMaster};
 const KEPT_ENDED: usize = 8;
 /// `read`s and `wait`s of a session waiting at once; past it they are refused with `busy`.
 pub const MAX_WAITING: usize = 64;
-/// Chunks of stdin queued for a process; a process that does not read its stdin fills it and
-/// then a `write` is refused with `busy` (an upload waits instead).
+/// Writes queued for a process's stdin at most.
 pub const STDIN_QUEUE: usize = 64;
+/// Bytes queued for a process's stdin at most, in KiB: a process that does not read its stdin
+/// fills it and then a `write` is refused with `busy` (an upload's waits instead), so a
+/// client cannot park its messages in the daemon's memory.
+pub const STDIN_BUDGET_KIB: usize = 4096;
 
 /// What an entry is for: only processes are listed, read and waited for by clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +33,15 @@ pub enum Kind {
 }
 
 pub enum StdinChunk {
-    Data(Vec<u8>),
+    /// Bytes, and their share of the stdin budget, given back once written.
+    Data(Vec<u8>, tokio::sync::OwnedSemaphorePermit),
     Eof,
+}
+
+/// The permits `len` bytes take from a stdin budget (a KiB each, rounded up; a single write
+/// larger than the whole budget takes all of it).
+pub fn budget_permits(len: usize) -> u32 {
+    u32::try_from(len.div_ceil(1024).min(STDIN_BUDGET_KIB)).unwrap_or(u32::MAX)
 }
 
 pub struct Process {
@@ -41,6 +51,8 @@ pub struct Process {
     pub pty: Option<PtyMaster>,
     pub ring: Arc<OutputRing>,
     pub stdin: mpsc::Sender<StdinChunk>,
+    /// What queued stdin may hold ([`STDIN_BUDGET_KIB`] permits of a KiB).
+    pub stdin_budget: Arc<tokio::sync::Semaphore>,
     pub signals: mpsc::Sender<i32>,
     pub exit: watch::Sender<Option<Exited>>,
     /// Fires when the payload has exec'd (taken by the process's job).
@@ -65,6 +77,7 @@ impl Process {
             pty: None,
             ring,
             stdin,
+            stdin_budget: Arc::new(tokio::sync::Semaphore::new(STDIN_BUDGET_KIB)),
             signals,
             exit: watch::channel(None).0,
             started: Mutex::new(None),
@@ -108,8 +121,12 @@ pub enum StdinEnd {
 pub async fn feed_stdin(mut end: StdinEnd, mut queue: mpsc::Receiver<StdinChunk>) {
     while let Some(chunk) = queue.recv().await {
         let written = match (&mut end, chunk) {
-            (StdinEnd::Socket(sock), StdinChunk::Data(data)) => sock.write_all(&data).await,
-            (StdinEnd::Terminal(pty), StdinChunk::Data(data)) => pty.write_all(&data).await,
+            (StdinEnd::Socket(sock), StdinChunk::Data(data, _budget)) => {
+                sock.write_all(&data).await
+            }
+            (StdinEnd::Terminal(pty), StdinChunk::Data(data, _budget)) => {
+                pty.write_all(&data).await
+            }
             (StdinEnd::Socket(sock), StdinChunk::Eof) => {
                 let _ = sock.shutdown().await;
                 return;
