@@ -29,8 +29,8 @@ const READ_WAIT: f64 = 30.0;
 const WAIT_STEP: f64 = 30.0;
 /// Errors about the process in a row, with no output between them, before we give up.
 const MAX_FAILURES: u32 = 8;
-/// First and longest pause before a `write` the executor refused as `busy` (64 writes queued
-/// for a program that does not read its stdin) is sent again.
+/// First and longest pause before a `write` the executor refused as `busy` (64 writes or 4 MiB
+/// queued for a program that does not read its stdin) is sent again.
 const BUSY_BACKOFF_START: Duration = Duration::from_millis(20);
 const BUSY_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Bytes per read of our stdin (a pipe holds 64 KiB).
@@ -244,9 +244,8 @@ fn forward_stdin(tx: mpsc::Sender<Input>) {
 }
 
 /// What the loop takes from our stdin: reads that queued up while a `write` was being sent are
-/// joined into one, up to a message's worth. The executor queues at most 64 `write`s for a
-/// program that is slow to read (then refuses with `busy`): large writes when the input comes
-/// fast keep far from that, and a trickle of input comes a little at a time anyway.
+/// joined into one, up to a message's worth: fewer messages when the input comes fast, while a
+/// trickle of input (keys) still goes a little at a time.
 struct Stdin {
     rx: mpsc::Receiver<Input>,
     /// A read that did not fit the last write, or what came after the bytes.
