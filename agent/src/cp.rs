@@ -173,9 +173,7 @@ async fn remote_stat(
     match client.stat(path, profile.clone()).await {
         Ok(stat) => Ok(Some(stat)),
         Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
-        Err(e) => Err(anyhow::anyhow!(
-            "cannot look at :{path} on the executor: {e}"
-        )),
+        Err(e) => Err(remote_error(e, "look at", path)),
     }
 }
 
