@@ -201,3 +201,80 @@ async fn cp_reports_a_missing_source_on_either_side_and_writes_nothing() {
         both.stderr
     );
 }
+
+/// A protocol 1.0 executor: a hello without capabilities, then silence until the client goes.
+struct OldExecutor {
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OldExecutor {
+    async fn start() -> Self {
+        use futures_util::{SinkExt, StreamExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "ws://{}{}",
+            listener.local_addr().unwrap(),
+            protocol::WS_PATH
+        );
+        let task = tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                // The agent probes the address with a bare TCP connection first.
+                let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
+                    continue;
+                };
+                let hello = protocol::ServerMessage::Hello(Box::new(protocol::Hello {
+                    protocol: protocol::PROTOCOL_VERSION,
+                    server: "executor 0.0.9".into(),
+                    default_profile: "strict".into(),
+                    ..protocol::Hello::default()
+                }));
+                let text = serde_json::to_string(&hello).unwrap();
+                ws.send(tokio_tungstenite::tungstenite::Message::text(text))
+                    .await
+                    .unwrap();
+                while let Some(Ok(_)) = ws.next().await {}
+            }
+        });
+        Self { url, task }
+    }
+}
+
+impl Drop for OldExecutor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_commands_name_the_missing_capability_of_an_older_executor() {
+    let old = OldExecutor::start().await;
+    let s = Scratch::new();
+    let local = s.write("f", "x\n");
+    for (args, capability) in [
+        (vec!["cp", text(&local), ":f"], "\"files\""),
+        (vec!["exec", "--stdin", "--", "cat"], "\"processes\""),
+        (vec!["shell"], "\"processes\""),
+    ] {
+        let out = tokio::time::timeout(
+            executor_tests::PATIENCE,
+            tokio::process::Command::new(executor_tests::binary("agent"))
+                .arg(args[0])
+                .args(["--executor", &old.url])
+                .args(&args[1..])
+                .env_remove("EXECUTOR_TOKEN")
+                .stdin(std::process::Stdio::null())
+                .output(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(255), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(capability) && stderr.contains("upgrade the executor"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
