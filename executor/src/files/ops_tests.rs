@@ -236,6 +236,29 @@ fn write_over_max_bytes_leaves_no_temporary_file_and_no_destination() {
 }
 
 #[test]
+fn a_write_cut_off_before_its_commit_leaves_the_old_file_and_no_temporary_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("f");
+    fs::write(&path, b"old").expect("write");
+    let op = FileOp::Write {
+        path: path_str(&path),
+        mode: 0o644,
+        parents: false,
+        max_bytes: 1 << 20,
+    };
+    // Content framed as the daemon sends it, but the connection went before the commit.
+    let mut cut = crate::files::frame_header(5).to_vec();
+    cut.extend_from_slice(b"new c");
+    let mut input = cut.as_slice();
+    let mut output = Vec::new();
+    assert_eq!(serve(&op, &mut input, &mut output), 1);
+    let text = String::from_utf8_lossy(&output);
+    assert!(text.contains("cut off"), "{text}");
+    assert_eq!(fs::read(&path).expect("read"), b"old");
+    assert!(leftovers(dir.path()).is_empty());
+}
+
+#[test]
 fn write_onto_a_directory_is_invalid_and_leaves_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sub = dir.path().join("sub");
