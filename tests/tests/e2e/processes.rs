@@ -430,31 +430,37 @@ async fn a_pty_has_the_asked_size_and_resize_changes_it() {
 async fn ctrl_c_reaches_the_foreground_job_and_the_shell_lives_on() {
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
-    let m = marker();
-    let mut r = spawn_req("sh", "exec bash --norc --noprofile -i");
-    r.pty = Some(PtySize { rows: 24, cols: 80 });
-    spawn(&mut client, r).await;
-    let mut offset = 0;
-    write_text(&mut client, "sh", "echo up-$((40+2))\n").await;
-    read_until(&mut client, "sh", &mut offset, "up-42").await;
-    write_text(&mut client, "sh", &format!("{}\n", marked_sleep(&m))).await;
-    assert!(
-        eventually(PATIENCE, || sleepers(&m).len() == 1).await,
-        "the foreground sleep did not start"
-    );
-    signal(&mut client, "sh", "INT", true).await;
-    assert!(
-        eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await,
-        "Ctrl-C did not reach the foreground job"
-    );
-    // The shell is back at its prompt and still running.
-    assert!(wait(&mut client, "sh", 0.0).await.running);
-    write_text(&mut client, "sh", "echo back-$((1+2))\n").await;
-    read_until(&mut client, "sh", &mut offset, "back-3").await;
-    write_text(&mut client, "sh", "exit 3\n").await;
-    let exited = wait(&mut client, "sh", 10.0).await;
-    assert!(!exited.running);
-    assert_eq!(exited.returncode, 3, "{exited:?}");
+    // strict (pid namespace, own init) and landlock (no namespaces) set the terminal up
+    // differently; job control must work under both.
+    for profile in ["strict", "landlock"] {
+        let m = marker();
+        let id = format!("sh-{profile}");
+        let mut r = spawn_req(&id, "exec bash --norc --noprofile -i");
+        r.pty = Some(PtySize { rows: 24, cols: 80 });
+        r.profile = Some(profile.to_string());
+        spawn(&mut client, r).await;
+        let mut offset = 0;
+        write_text(&mut client, &id, "echo up-$((40+2))\n").await;
+        read_until(&mut client, &id, &mut offset, "up-42").await;
+        write_text(&mut client, &id, &format!("{}\n", marked_sleep(&m))).await;
+        assert!(
+            eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+            "[{profile}] the foreground sleep did not start"
+        );
+        signal(&mut client, &id, "INT", true).await;
+        assert!(
+            eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await,
+            "[{profile}] Ctrl-C did not reach the foreground job"
+        );
+        // The shell is back at its prompt and still running.
+        assert!(wait(&mut client, &id, 0.0).await.running, "[{profile}]");
+        write_text(&mut client, &id, "echo back-$((1+2))\n").await;
+        read_until(&mut client, &id, &mut offset, "back-3").await;
+        write_text(&mut client, &id, "exit 3\n").await;
+        let exited = wait(&mut client, &id, 10.0).await;
+        assert!(!exited.running);
+        assert_eq!(exited.returncode, 3, "[{profile}] {exited:?}");
+    }
 }
 
 #[tokio::test]
