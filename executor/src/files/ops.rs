@@ -451,7 +451,9 @@ fn unpack(
 fn unpack_entries(input: &mut dyn Read, dst: &Path, shown: &Path) -> Result<(), OpError> {
     let failed = |error: io::Error| OpError::io("unpack into", shown, &error);
     let mut archive = tar::Archive::new(input);
-    archive.set_preserve_permissions(true);
+    // Permission bits only (mode & 0o777), as a plain upload takes them: no set-uid or
+    // set-gid file comes out of an archive (under task-container it would be root's).
+    archive.set_preserve_permissions(false);
     archive.set_preserve_ownerships(false);
     archive.set_preserve_mtime(true);
     archive.set_overwrite(true);
