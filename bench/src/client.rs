@@ -47,7 +47,7 @@ impl Client {
         }
     }
 
-    async fn send(&mut self, msg: &ClientMessage) -> anyhow::Result<()> {
+    pub async fn send(&mut self, msg: &ClientMessage) -> anyhow::Result<()> {
         let text = serde_json::to_string(msg)?;
         self.ws
             .send(Message::text(text))
@@ -56,7 +56,7 @@ impl Client {
     }
 
     /// The next protocol message; an error on close, timeout or invalid JSON.
-    async fn recv(&mut self) -> anyhow::Result<ServerMessage> {
+    pub async fn recv(&mut self) -> anyhow::Result<ServerMessage> {
         loop {
             let frame = tokio::time::timeout(PATIENCE, self.ws.next())
                 .await

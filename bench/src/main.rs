@@ -38,6 +38,7 @@ use protocol::Hello;
 use crate::client::{request, Client};
 use crate::daemon::{
     find_executor, machine_cpu_ms, raise_nofile, reset_peak_rss, status_kib, CpuTimes, Daemon,
+    RssSampler,
 };
 use crate::report::{
     BareReport, ConnectionsReport, CpuPerCommand, DaemonReport, KillReport, Machine, OutputRun,
@@ -498,7 +499,7 @@ fn machine(hello: &Hello, executor: &std::path::Path) -> Machine {
 }
 
 /// Let the daemon finish what it was doing (audit writes, cgroup removal) before reading RSS.
-async fn settle() {
+pub(crate) async fn settle() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
@@ -727,34 +728,6 @@ async fn output(
         run.mb_per_s, run.peak_growth_kib
     );
     Ok(run)
-}
-
-/// Samples a process's VmRSS every 2 ms on a thread until stopped; returns the maximum in KiB.
-struct RssSampler {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    handle: std::thread::JoinHandle<u64>,
-}
-
-impl RssSampler {
-    fn start(pid: u32) -> Self {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let handle = std::thread::spawn(move || {
-            let mut max = 0;
-            while !flag.load(Ordering::Relaxed) {
-                max = max.max(status_kib(pid, "VmRSS").unwrap_or(0));
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            max
-        });
-        Self { stop, handle }
-    }
-
-    fn stop(self) -> u64 {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.handle.join().unwrap_or(0)
-    }
 }
 
 // ---- timeout kill --------------------------------------------------------------------------
