@@ -308,7 +308,9 @@ pub fn markdown(r: &Report) -> String {
     }
     header.push_str(" overhead p50 ms | ratio p50 |");
     rule.push_str("---:|---:|");
+    let table_start = out.len();
     let _ = writeln!(out, "{header}\n{rule}");
+    let rows_start = out.len();
     for (label, b) in [
         ("bare spawn, no daemon (threads for concurrency)", &r.bare),
         ("bubblewrap, strict's namespaces, no daemon", &r.bubblewrap),
@@ -365,6 +367,10 @@ pub fn markdown(r: &Report) -> String {
                 .map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
         );
         let _ = writeln!(out, "{row}");
+    }
+    // No header without rows (`--skip latency`).
+    if out.len() == rows_start {
+        out.truncate(table_start);
     }
 
     // Where the CPU of one sequential command goes. The machine's busy time is the total;
