@@ -22,6 +22,7 @@ mod baselines;
 mod client;
 mod daemon;
 mod deployments;
+mod files;
 mod lab;
 mod report;
 mod stats;
@@ -101,10 +102,14 @@ struct Opts {
     /// Runs of each `unshare` variant in the steps phase [default: 200; quick: 20].
     #[arg(long, value_name = "N")]
     step_iterations: Option<usize>,
-    /// Skip phases (repeatable): latency, output, kill, connections, startup, steps; and the
-    /// baselines: bubblewrap (the same loop through bwrap), cold (each profile again on a
-    /// daemon with --no-warm-workers), oneshot (`executor run` beside bwrap).
-    #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "startup", "steps", "bubblewrap", "cold", "oneshot"])]
+    /// Size of the file uploaded and downloaded in the files phase, in MB (10^6 bytes)
+    /// [default: 50; quick: 5].
+    #[arg(long, value_name = "MB")]
+    file_mb: Option<f64>,
+    /// Skip phases (repeatable): latency, output, kill, connections, files, startup, steps;
+    /// and the baselines: bubblewrap (the same loop through bwrap), cold (each profile again
+    /// on a daemon with --no-warm-workers), oneshot (`executor run` beside bwrap).
+    #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "files", "startup", "steps", "bubblewrap", "cold", "oneshot"])]
     skip: Vec<String>,
     /// Instead of the local daemon: start-to-ready and `echo hi` round trips of the static
     /// executor in the test lab's VM or container, beside a bare spawn there (repeatable).
@@ -150,6 +155,7 @@ impl Opts {
                 .step_iterations
                 .unwrap_or(if q { 20 } else { 200 })
                 .max(1),
+            file_mb: self.file_mb.unwrap_or(if q { 5.0 } else { 50.0 }).max(0.0),
         }
     }
 
@@ -230,6 +236,10 @@ fn run(opts: Opts) -> anyhow::Result<()> {
     let report = rt.block_on(bench(&opts, settings, &executor, unshare))?;
     println!("{}", report::markdown(&report));
     let failed = report.profiles.iter().any(|p| !p.failures.is_empty())
+        || report
+            .files
+            .as_ref()
+            .is_some_and(|f| !f.failures.is_empty())
         || report
             .steps
             .as_ref()
@@ -375,6 +385,32 @@ async fn bench(
     } else {
         None
     };
+    let files = if opts.runs("files") {
+        let profile = files_profile(&hello, &opts.profiles);
+        match profile {
+            Some(profile) => Some(
+                files::measure(
+                    &daemon,
+                    &hello,
+                    &files::Plan {
+                        profile: &profile,
+                        bytes: (settings.file_mb * 1e6).round() as u64,
+                        repeats: settings.repeats,
+                    },
+                )
+                .await,
+            ),
+            None => {
+                eprintln!(
+                    "bench: files: no available profile to run them under (the hello's default, \
+                     or the first --profile); left out"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
     daemon.stop()?;
 
     let cold = if opts.runs("latency") && opts.runs("cold") {
@@ -442,7 +478,18 @@ async fn bench(
             start_to_hello_ms,
         },
         steps,
+        files,
     })
+}
+
+/// The profile file transfers run under: the first `--profile` the daemon can run, else the
+/// hello's default (the strongest this host runs).
+fn files_profile(hello: &Hello, wanted: &[String]) -> Option<String> {
+    let available = |name: &str| hello.profiles.iter().any(|p| p.name == name && p.available);
+    match wanted.first() {
+        Some(_) => wanted.iter().find(|w| available(w)).cloned(),
+        None => available(&hello.default_profile).then(|| hello.default_profile.clone()),
+    }
 }
 
 /// The latency phase again for each measured profile, on a second daemon started with
