@@ -88,6 +88,19 @@ struct Memory {
     from_vmhwm: bool,
     daemon_cpu_ms: f64,
     client_cpu_ms: f64,
+    /// Minor page faults of the daemon: each a page touched for the first time, as in a
+    /// buffer the allocator had to map afresh.
+    daemon_minor_faults: u64,
+}
+
+/// `minflt` of /proc/PID/stat (proc(5), field 10).
+fn minor_faults(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(7)?
+        .parse()
+        .ok()
 }
 
 /// Run `transfer` with the daemon's memory watched: VmRSS after a settle before it, the peak
@@ -101,6 +114,7 @@ async fn watched<T>(
     let from_vmhwm = reset_peak_rss(pid);
     let me = std::process::id();
     let cpu0 = (CpuTimes::of(pid), CpuTimes::of(me));
+    let faults0 = minor_faults(pid);
     let sampler = RssSampler::start(pid);
     let got = transfer.await;
     let sampled = sampler.stop();
@@ -109,6 +123,10 @@ async fn watched<T>(
         _ => 0.0,
     };
     let (daemon_cpu_ms, client_cpu_ms) = (cpu(cpu0.0, pid), cpu(cpu0.1, me));
+    let daemon_minor_faults = match (faults0, minor_faults(pid)) {
+        (Some(f0), Some(f1)) => f1.saturating_sub(f0),
+        _ => 0,
+    };
     let peak = if from_vmhwm {
         status_kib(pid, "VmHWM").unwrap_or(0).max(sampled)
     } else {
@@ -126,6 +144,7 @@ async fn watched<T>(
             from_vmhwm,
             daemon_cpu_ms,
             client_cpu_ms,
+            daemon_minor_faults,
         },
     ))
 }
@@ -268,12 +287,15 @@ pub async fn measure(daemon: &Daemon, hello: &Hello, plan: &Plan<'_>) -> FilesRe
                 Ok((took, memory)) => {
                     t.uploaded |= kind == Kind::Upload;
                     eprintln!(
-                        "bench: files [{r}] {}: {:.0} MB/s, daemon RSS {} -> peak {} -> {} KiB",
+                        "bench: files [{r}] {}: {:.0} MB/s, daemon RSS {} -> peak {} -> {} KiB, \
+                         CPU {:.0} ms, {} minor faults",
                         kind.key(),
                         mb_per_s(plan.bytes, took),
                         memory.before,
                         memory.peak,
-                        memory.after
+                        memory.after,
+                        memory.daemon_cpu_ms,
+                        memory.daemon_minor_faults
                     );
                     runs[k].push((took, memory));
                 }
@@ -314,6 +336,9 @@ fn row(kind: Kind, bytes: u64, runs: &[(Duration, Memory)]) -> Option<TransferRu
     let (_, last) = runs.last()?;
     let rates: Vec<f64> = runs.iter().map(|(d, _)| mb_per_s(bytes, *d)).collect();
     let seconds: Vec<f64> = runs.iter().map(|(d, _)| d.as_secs_f64()).collect();
+    let med = |of: fn(&Memory) -> f64| {
+        median(&runs.iter().map(|(_, m)| of(m)).collect::<Vec<_>>()).unwrap_or(0.0)
+    };
     Some(TransferRun {
         kind: kind.key().to_string(),
         label: kind.label().to_string(),
@@ -323,20 +348,9 @@ fn row(kind: Kind, bytes: u64, runs: &[(Duration, Memory)]) -> Option<TransferRu
             "sha256".to_string()
         },
         mb_per_s: median(&rates).unwrap_or(0.0),
-        daemon_cpu_ms: median(
-            &runs
-                .iter()
-                .map(|(_, m)| m.daemon_cpu_ms)
-                .collect::<Vec<_>>(),
-        )
-        .unwrap_or(0.0),
-        client_cpu_ms: median(
-            &runs
-                .iter()
-                .map(|(_, m)| m.client_cpu_ms)
-                .collect::<Vec<_>>(),
-        )
-        .unwrap_or(0.0),
+        daemon_cpu_ms: med(|m| m.daemon_cpu_ms),
+        client_cpu_ms: med(|m| m.client_cpu_ms),
+        daemon_minor_faults: med(|m| m.daemon_minor_faults as f64) as u64,
         seconds: median(&seconds).unwrap_or(0.0),
         all_seconds: seconds,
         rss_before_kib: runs.first().map_or(0, |(_, m)| m.before),

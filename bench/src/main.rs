@@ -12,7 +12,8 @@
 //! the daemon's hello lists and this host can run: round trips of `echo hi`, throughput with
 //! concurrent connections, streamed output with the daemon's peak RSS, and the timeout kill of a
 //! tree with setsid'd children; then daemon-wide figures: RSS with many idle authenticated
-//! connections and start-to-hello time; last, without the daemon, the cost of creating each
+//! connections, protocol 1.1 file upload and download beside the processes API with the
+//! daemon's RSS (files.rs), and start-to-hello time; last, without the daemon, the cost of creating each
 //! kind of namespace (`unshare(1)` per namespace against one creating none). Every load goes
 //! to 127.0.0.1 and is bounded in count and time. See bench/README.md for what each figure
 //! means.

@@ -280,6 +280,9 @@ pub struct TransferRun {
     pub daemon_cpu_ms: f64,
     /// Median CPU time of this benchmark process (the client: base64, JSON, sha256) during one.
     pub client_cpu_ms: f64,
+    /// Median minor page faults of the daemon during one: pages touched for the first time,
+    /// e.g. of buffers above glibc's mmap threshold, mapped and unmapped per message.
+    pub daemon_minor_faults: u64,
     pub all_seconds: Vec<f64>,
     /// Daemon VmRSS before the first repeat (after a 300 ms settle).
     pub rss_before_kib: u64,
@@ -693,6 +696,7 @@ mod tests {
             seconds: 0.40501,
             daemon_cpu_ms: 250.0,
             client_cpu_ms: 180.4,
+            daemon_minor_faults: 0,
             all_seconds: vec![0.40501],
             rss_before_kib: 8 * 1024,
             rss_peak_kib: 10 * 1024 + 512,
