@@ -331,9 +331,11 @@ pub async fn measure(daemon: &Daemon, hello: &Hello, plan: &Plan<'_>) -> FilesRe
     report
 }
 
-/// One row from a kind's repeats: median rate and time, the largest peak and growth.
+/// One row from a kind's repeats: median rate and time, the first repeat's RSS before and
+/// after, the largest peak and growth.
 fn row(kind: Kind, bytes: u64, runs: &[(Duration, Memory)]) -> Option<TransferRun> {
-    let (_, last) = runs.last()?;
+    // Before and after of the first repeat, on the freshest daemon: what one transfer left.
+    let (_, first) = runs.first()?;
     let rates: Vec<f64> = runs.iter().map(|(d, _)| mb_per_s(bytes, *d)).collect();
     let seconds: Vec<f64> = runs.iter().map(|(d, _)| d.as_secs_f64()).collect();
     let med = |of: fn(&Memory) -> f64| {
@@ -353,9 +355,9 @@ fn row(kind: Kind, bytes: u64, runs: &[(Duration, Memory)]) -> Option<TransferRu
         daemon_minor_faults: med(|m| m.daemon_minor_faults as f64) as u64,
         seconds: median(&seconds).unwrap_or(0.0),
         all_seconds: seconds,
-        rss_before_kib: runs.first().map_or(0, |(_, m)| m.before),
+        rss_before_kib: first.before,
         rss_peak_kib: runs.iter().map(|(_, m)| m.peak).max().unwrap_or(0),
-        rss_after_kib: last.after,
+        rss_after_kib: first.after,
         peak_growth_kib: runs
             .iter()
             .map(|(_, m)| m.peak.saturating_sub(m.before))

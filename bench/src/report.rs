@@ -288,7 +288,8 @@ pub struct TransferRun {
     pub rss_before_kib: u64,
     /// Highest daemon peak RSS during a repeat.
     pub rss_peak_kib: u64,
-    /// Daemon VmRSS 300 ms after the last repeat.
+    /// Daemon VmRSS 300 ms after the first repeat (with `rss_before_kib`: what one transfer
+    /// left behind).
     pub rss_after_kib: u64,
     /// Largest peak minus the RSS just before it, over the repeats.
     pub peak_growth_kib: u64,
