@@ -22,6 +22,11 @@ enum Command {
     Run(Box<RunArgs>),
     /// Run one command through an executor; its output on stdout, its return code as ours.
     Exec(Box<ExecArgs>),
+    /// Copy files or directories between here and an executor (`:PATH` is the executor's
+    /// side, `-` stdin or stdout), like `docker cp`.
+    Cp(Box<crate::cp::CpArgs>),
+    /// An interactive shell on a terminal in the sandbox, like `docker exec -it`.
+    Shell(Box<crate::attach::ShellArgs>),
     /// Run a benchmark: many instances, each with its own executor, several at once
     /// (mirrors `mini-extra swebench`).
     Batch(Box<crate::batch::BatchArgs>),
@@ -34,6 +39,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Run(args) => crate::run::run(*args).await,
         Command::Exec(args) => crate::exec::exec(*args).await,
+        Command::Cp(args) => crate::cp::cp(*args).await,
+        Command::Shell(args) => crate::attach::shell(*args).await,
         Command::Batch(args) => crate::batch::command(*args).await,
         Command::Deploy(command) => crate::deploy::cli::dispatch(command).await,
     }

@@ -10,11 +10,9 @@ use protocol::{ClientMessage, Ending, ExecRequest, ServerMessage};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::agent_loop::{Interrupts, INTERRUPTED};
-use crate::config;
 use crate::deploy::flags::ExecutorArgs;
-use crate::deploy::{Deployed, TaskSpec};
-use crate::executor_client::{self, Environment};
-use crate::tls::Tls;
+use crate::executor_client;
+use crate::target::{Reached, Unreached};
 
 #[derive(Args)]
 pub struct ExecArgs {
@@ -29,75 +27,34 @@ pub struct ExecArgs {
     /// Extra environment variable NAME=VALUE; repeatable.
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
+    /// Feed our stdin to the command's stdin (protocol 1.1 `spawn`; without it the command's
+    /// stdin is empty).
+    #[arg(long)]
+    pub stdin: bool,
     /// The command; several words are joined with spaces, as ssh does.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }
 
 /// Exit code of `agent exec` for its own failures (as ssh uses 255).
-const EXEC_FAILED: u8 = 255;
+pub const EXEC_FAILED: u8 = 255;
 
 pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
-    let mut environment = config::EnvironmentConfig::default();
-    if let Err(e) = args.executor.apply(&mut environment) {
-        eprintln!("agent exec: {e:#}");
-        return Ok(EXEC_FAILED);
-    }
-    let here = std::env::current_dir().context("cannot read the current directory")?;
-    let deployment =
-        match crate::deploy::from_config(&environment, &format!("exec{}", std::process::id())) {
-            Ok(d) => d,
-            Err(e) => {
-                eprintln!("agent exec: {e:#}");
-                return Ok(EXEC_FAILED);
-            }
-        };
-    let task = TaskSpec {
-        name: "exec".into(),
-        image: environment.image.clone(),
-        workspace: if deployment.kind() == "local" {
-            Some(here.display().to_string())
-        } else {
-            None
-        },
-    };
-    let resolve = crate::deploy::start_within(
-        deployment.as_ref(),
-        &task,
-        crate::deploy::start_timeout(&environment),
-    );
-    let target = tokio::select! {
-        target = resolve => match target {
-            Ok(target) => target,
-            Err(e) => {
-                eprintln!("agent exec: {e:#}");
-                return Ok(EXEC_FAILED);
-            }
-        },
-        _ = interrupts.recv() => return Ok(INTERRUPTED),
-    };
-    let tls = match Tls::new(
-        target
-            .endpoint
-            .tls_fingerprint
-            .as_deref()
-            .or(environment.tls_fingerprint.as_deref()),
-        target
-            .endpoint
-            .tls_ca
-            .as_deref()
-            .or(environment.tls_ca.as_deref()),
-    ) {
-        Ok(tls) => tls,
-        Err(e) => {
-            eprintln!("agent exec: {e}");
-            target.stop().await;
+    let reached = match crate::target::reach(&args.executor, "exec", &mut interrupts).await {
+        Ok(reached) => reached,
+        Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
+        Err(Unreached::Failed(e)) => {
+            eprintln!("agent exec: {e:#}");
             return Ok(EXEC_FAILED);
         }
     };
-    let result = exec_with(&args, &target, &tls, &mut interrupts).await;
-    target.stop().await;
+    let result = if args.stdin {
+        crate::attach::exec_with_stdin(&args, &reached, &mut interrupts).await
+    } else {
+        exec_with(&args, &reached, &mut interrupts).await
+    };
+    reached.stop().await;
     match result {
         Ok(code) => Ok(code),
         Err(e) => {
@@ -107,43 +64,50 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     }
 }
 
-async fn exec_with(
-    args: &ExecArgs,
-    target: &Deployed,
-    tls: &Tls,
-    interrupts: &mut Interrupts,
-) -> anyhow::Result<u8> {
+/// `--env NAME=VALUE` flags as a map.
+pub fn env_pairs(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     let mut env = BTreeMap::new();
-    for pair in &args.env {
+    for pair in pairs {
         let Some((name, value)) = pair.split_once('=') else {
             bail!("--env expects NAME=VALUE, got {pair:?}");
         };
         env.insert(name.to_string(), value.to_string());
     }
+    Ok(env)
+}
+
+/// Our exit code for how a command ended: its own code, 124 on timeout, 128+N when signal N
+/// ended it, 130 when it was cancelled.
+pub fn exit_code(returncode: i32, ended: Ending) -> u8 {
+    match ended {
+        Ending::TimedOut => 124,
+        Ending::Cancelled | Ending::Disconnected | Ending::Shutdown => 130,
+        Ending::Signaled => 128 + returncode.unsigned_abs().min(127) as u8,
+        Ending::Exited => (returncode & 0xff) as u8,
+    }
+}
+
+async fn exec_with(
+    args: &ExecArgs,
+    reached: &Reached,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<u8> {
+    let env = env_pairs(&args.env)?;
     // A local executor: the strongest profile whose commands can write here, as `run` does.
-    let profile = match &args.executor.profile {
-        Some(p) => Some(p.clone()),
-        None if target.owned => {
-            let mut probe = Environment::open_endpoint(
-                &target.endpoint,
-                config::EnvironmentConfig::default(),
-                true,
-            )
-            .await?;
-            probe.close().await;
-            probe.profile.clone()
-        }
-        None => None,
-    };
-    let (mut ws, _hello) =
-        executor_client::connect(&target.endpoint.url, target.endpoint.token.as_deref(), tls)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot connect to the executor at {}: {e}",
-                    target.endpoint.url
-                )
-            })?;
+    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    let target = &reached.target;
+    let (mut ws, _hello) = executor_client::connect(
+        &target.endpoint.url,
+        target.endpoint.token.as_deref(),
+        &reached.tls,
+    )
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "cannot connect to the executor at {}: {e}",
+            target.endpoint.url
+        )
+    })?;
     let request = ExecRequest {
         id: "exec".into(),
         command: args.command.join(" "),
@@ -207,12 +171,7 @@ async fn run_command(
                 if !result.exception_info.is_empty() {
                     eprintln!("agent exec: {}", result.exception_info);
                 }
-                return Ok(match result.extra.ended {
-                    Ending::TimedOut => 124,
-                    Ending::Cancelled | Ending::Disconnected | Ending::Shutdown => 130,
-                    Ending::Signaled => 128 + result.returncode.unsigned_abs().min(127) as u8,
-                    Ending::Exited => (result.returncode & 0xff) as u8,
-                });
+                return Ok(exit_code(result.returncode, result.extra.ended));
             }
             ServerMessage::Error(err) => bail!(
                 "the executor refused the command ({}): {}",

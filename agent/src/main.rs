@@ -3,10 +3,13 @@
 #![forbid(unsafe_code)]
 
 mod agent_loop;
+mod archive;
+mod attach;
 mod batch;
 mod cli;
 mod config;
 mod console;
+mod cp;
 mod demo;
 mod deploy;
 mod exec;
@@ -15,7 +18,9 @@ mod model;
 mod notes;
 mod run;
 mod shell;
+mod target;
 mod templates;
+mod terminal;
 mod tls;
 mod trajectory;
 

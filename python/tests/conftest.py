@@ -186,8 +186,9 @@ class Proxy:
     """Forwards loopback connections to `target`, and simulates outages on them: `cut()`
     resets both sockets of every current link (no WebSocket close frame); `refusing` drops new
     connections at once; `drop_requests` discards what clients send (a request lost in the
-    break); `stall()` stops forwarding on the current links without closing anything (an
-    outage that delivers nothing). The Rust harness has the same (`tests/src/proxy.rs`)."""
+    break), `drop_replies` what the daemon sends (an answer lost in the break); `stall()`
+    stops forwarding on the current links without closing anything (an outage that delivers
+    nothing). The Rust harness has the same (`tests/src/proxy.rs`)."""
 
     def __init__(self, target_port: int) -> None:
         self.target = ("127.0.0.1", target_port)
@@ -197,6 +198,7 @@ class Proxy:
         self.accepted = 0
         self.refusing = False
         self.drop_requests = False
+        self.drop_replies = False
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -242,6 +244,8 @@ class Proxy:
             while stalled.is_set() and not self._closed:
                 time.sleep(0.05)
             if upstream and self.drop_requests:
+                continue
+            if not upstream and self.drop_replies:
                 continue
             try:
                 sink.sendall(data)

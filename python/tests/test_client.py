@@ -164,6 +164,7 @@ def test_each_error_code_raises_its_own_exception(daemon):
         "environment_error",
         "shutting_down",
         "internal",
+        "denied",  # protocol 1.1: the sandbox refused a file operation
     }
     assert set(ERRORS) == documented
     for code, cls in ERRORS.items():

@@ -203,3 +203,96 @@ def test_the_mini_environment_across_a_dropped_connection(daemon_factory, proxy_
         assert env.execute({"command": "echo next"})["output"] == "next\n"
     finally:
         env.close()
+
+
+def test_a_process_and_the_read_waiting_on_it_survive_a_cut(daemon_factory, proxy_factory):
+    # Protocol 1.1: a `read` answered while no connection is attached is dropped by the
+    # executor; the client asks again once the session is back, from the same offset.
+    daemon = daemon_factory(resume_grace=10)
+    proxy = proxy_factory(daemon.port)
+    with through(proxy, daemon) as client:
+        session = client.session
+        process = client.spawn("echo before; sleep 1.5; echo after")
+        assert process.read(wait=5).data == b"before\n"
+        cut = threading.Timer(0.5, proxy.cut)
+        cut.start()
+        chunk = process.read(wait=10)
+        cut.join()
+        assert chunk.data == b"after\n"
+        assert proxy.accepted == 2
+        assert client.session == session
+        # A wait cut off is asked again too; and the process is still the session's.
+        cut = threading.Timer(0.3, proxy.cut)
+        cut.start()
+        assert process.wait(10).returncode == 0
+        cut.join()
+        assert process.read(0).data == b"before\nafter\n"
+        assert process.id in {p.id for p in client.list_processes()}
+
+
+def test_without_a_grace_period_a_process_read_fails_and_the_client_goes_on(
+    daemon_factory, proxy_factory
+):
+    daemon = daemon_factory(resume_grace=0)
+    proxy = proxy_factory(daemon.port)
+    with through(proxy, daemon) as client:
+        process = client.spawn("sleep 30")
+        cut = threading.Timer(0.5, proxy.cut)
+        cut.start()
+        with pytest.raises(ConnectionLostError, match="processes were killed") as lost:
+            process.read(wait=10)
+        cut.join()
+        assert lost.value.reconnected
+        # A new session serves on; file requests that only ask are sent again.
+        assert client.stat(".").kind == "dir"
+        assert client.list_processes() == []
+
+
+def test_a_spawn_lost_in_the_break_is_sent_again_and_starts_once(
+    daemon_factory, proxy_factory, caplog
+):
+    caplog.set_level(logging.INFO, logger="executor_client")
+    daemon = daemon_factory(resume_grace=10)
+    proxy = proxy_factory(daemon.port)
+    ran = Path(daemon.workspace) / "spawned.txt"
+    with through(proxy, daemon) as client:
+        proxy.drop_requests = True  # the spawn is swallowed on its way
+        thread, box = run_in_thread(lambda: client.spawn("echo x >> spawned.txt; cat spawned.txt"))
+        time.sleep(0.5)
+        assert not ran.exists()
+        proxy.drop_requests = False
+        proxy.cut()
+        thread.join(20)
+        assert "error" not in box, box.get("error")
+        process = box["value"]
+        assert b"".join(process) == b"x\n"
+        assert process.wait(10).returncode == 0
+    # It started exactly once, though the client could not know it had not arrived.
+    assert ran.read_text() == "x\n"
+    assert "never reached the executor; sending it again" in caplog.text
+
+
+def test_a_spawn_whose_answer_was_lost_is_replayed_not_started_again(
+    daemon_factory, proxy_factory, caplog
+):
+    caplog.set_level(logging.INFO, logger="executor_client")
+    daemon = daemon_factory(resume_grace=10)
+    proxy = proxy_factory(daemon.port)
+    ran = Path(daemon.workspace) / "spawned-once.txt"
+    with through(proxy, daemon) as client:
+        proxy.drop_replies = True  # the spawn arrives; its `spawned` is lost on the way back
+        thread, box = run_in_thread(
+            lambda: client.spawn("echo x >> spawned-once.txt; sleep 2", pty=(10, 20))
+        )
+        wait_until(ran.exists, what="the process to start")
+        proxy.drop_replies = False
+        proxy.cut()
+        thread.join(20)
+        assert "error" not in box, box.get("error")
+        process = box["value"]
+        assert process.pty
+        assert process.wait(10).returncode == 0
+    # Control for the test above: resumed, its answer replayed, not sent again.
+    assert ran.read_text() == "x\n"
+    assert "resumed session" in caplog.text
+    assert "sending it again" not in caplog.text

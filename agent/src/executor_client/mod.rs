@@ -2,6 +2,10 @@
 //! dictionary (`output`, `returncode`, `exception_info`, `extra`); a broken environment is an
 //! [`EnvError`], which ends the run and is never shown to the model.
 
+mod chunks;
+mod client;
+#[cfg(test)]
+mod client_tests;
 mod connection;
 mod profile;
 mod session;
@@ -17,6 +21,10 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 use tokio_tungstenite::tungstenite::Message;
 
+pub use client::{
+    decode_output, list_processes_message, resize_message, signal_message, wait_message, Client,
+    ClientError,
+};
 pub use connection::{connect, Ws};
 pub use profile::PROFILE_PREFERENCE;
 use session::Attempt;

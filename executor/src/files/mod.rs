@@ -8,8 +8,15 @@
 //! The payload's stdin is the content to write (an upload), its stdout the one stream back:
 //! a [`Header`] line (JSON), then for a download the bytes. A write reads all of stdin before
 //! it answers; a read answers first, then streams.
+//!
+//! An upload's content arrives framed ([`Framed`]): chunks with their length, then an empty
+//! chunk that commits it. End-of-file before that means the upload was cut off (its
+//! connection closed, the daemon stopping): the temporary file is removed and nothing is
+//! renamed into place, so a partial upload can never pass for a whole one.
 
 mod ops;
+
+use std::io::{self, Read};
 
 use protocol::FileStat;
 use serde::{Deserialize, Serialize};
@@ -91,4 +98,96 @@ pub enum ErrorKind {
     TooLarge,
     /// Anything else: a directory where a file was asked for, a bad tar stream, ...
     Invalid,
+}
+
+/// The length prefix of one chunk of an upload's content (the commit is an empty chunk).
+pub fn frame_header(len: usize) -> [u8; 4] {
+    u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes()
+}
+
+/// Reads an upload's framed content as a plain stream that ends at the commit; end-of-file
+/// before it is an error (`UnexpectedEof`).
+pub struct Framed<'a> {
+    inner: &'a mut dyn Read,
+    /// Bytes left in the current chunk.
+    left: usize,
+    committed: bool,
+}
+
+impl<'a> Framed<'a> {
+    pub fn new(inner: &'a mut dyn Read) -> Self {
+        Self {
+            inner,
+            left: 0,
+            committed: false,
+        }
+    }
+}
+
+impl Read for Framed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let cut = || io::Error::new(io::ErrorKind::UnexpectedEof, "the upload was cut off");
+        while self.left == 0 {
+            if self.committed || buf.is_empty() {
+                return Ok(0);
+            }
+            let mut len = [0u8; 4];
+            self.inner
+                .read_exact(&mut len)
+                .map_err(|err| match err.kind() {
+                    io::ErrorKind::UnexpectedEof => cut(),
+                    _ => err,
+                })?;
+            self.left = u32::from_le_bytes(len) as usize;
+            if self.left == 0 {
+                self.committed = true;
+            }
+        }
+        let want = buf.len().min(self.left);
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(cut());
+        }
+        self.left -= n;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(chunks: &[&[u8]], commit: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for chunk in chunks {
+            out.extend_from_slice(&frame_header(chunk.len()));
+            out.extend_from_slice(chunk);
+        }
+        if commit {
+            out.extend_from_slice(&frame_header(0));
+        }
+        out
+    }
+
+    #[test]
+    fn framed_content_reads_whole_up_to_its_commit() {
+        let bytes = framed(&[b"ab", b"c"], true);
+        let mut input = bytes.as_slice();
+        let mut got = Vec::new();
+        Framed::new(&mut input).read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"abc");
+    }
+
+    #[test]
+    fn content_cut_off_before_its_commit_is_an_error() {
+        for bytes in [
+            framed(&[b"abc"], false),
+            framed(&[b"abc"], true)[..5].to_vec(),
+        ] {
+            let mut input = bytes.as_slice();
+            let mut got = Vec::new();
+            let err = Framed::new(&mut input).read_to_end(&mut got).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        }
+    }
 }

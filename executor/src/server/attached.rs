@@ -22,7 +22,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::connection::{Connection, Job};
-use super::processes::{feed_stdin, Kind, Process, StdinChunk, StdinEnd, STDIN_QUEUE};
+use super::processes::{
+    feed_stdin, Kind, Process, StdinChunk, StdinEnd, STDIN_BUDGET_KIB, STDIN_QUEUE,
+};
 use super::session::Session;
 use crate::engine::ExecError;
 use crate::files::{FileOp, Header, MAX_HEADER_BYTES};
@@ -123,10 +125,10 @@ impl Connection {
         let handled = match msg {
             ClientMessage::Spawn(req) => self.spawn(req, draining).await,
             ClientMessage::Write(req) => self.write(req).await,
-            ClientMessage::Read(req) => self.read(req),
+            ClientMessage::Read(req) => self.read(req).await,
             ClientMessage::Signal(req) => self.signal(req).await,
             ClientMessage::Resize(req) => self.resize(req).await,
-            ClientMessage::Wait(req) => self.wait(req),
+            ClientMessage::Wait(req) => self.wait(req).await,
             ClientMessage::ListProcesses(req) => {
                 let processes = self.session.processes.list();
                 self.reply(ServerMessage::Processes(ProcessList {
@@ -229,19 +231,32 @@ impl Connection {
                 format!("no process or upload with id {:?}", req.id),
             ));
         };
-        let chunks = (!data.is_empty())
-            .then_some(StdinChunk::Data(data))
-            .into_iter()
-            .chain(req.eof.then_some(StdinChunk::Eof));
+        let permits = super::processes::budget_permits(data.len());
         match process.kind {
             Kind::Query => Err(bad(format!("{:?} takes no input", req.id))),
             // An upload waits for its writer (the connection's backpressure); one already
             // answered (it failed early) drops what still comes.
             Kind::Upload => {
-                for chunk in chunks {
-                    if process.running() && process.stdin.send(chunk).await.is_err() {
-                        break;
+                if !data.is_empty() && process.running() {
+                    let Ok(budget) = process
+                        .stdin_budget
+                        .clone()
+                        .acquire_many_owned(permits)
+                        .await
+                    else {
+                        return Ok(());
+                    };
+                    if process
+                        .stdin
+                        .send(StdinChunk::Data(data, budget))
+                        .await
+                        .is_err()
+                    {
+                        return Ok(());
                     }
+                }
+                if req.eof && process.running() {
+                    let _ = process.stdin.send(StdinChunk::Eof).await;
                 }
                 Ok(())
             }
@@ -252,22 +267,34 @@ impl Connection {
                         format!("process {:?} has ended", req.id),
                     ));
                 }
+                let not_reading = || {
+                    ExecError::new(
+                        ErrorCode::Busy,
+                        format!(
+                            "process {:?} is not reading its stdin ({STDIN_QUEUE} writes or \
+                             {STDIN_BUDGET_KIB} KiB queued); write again later",
+                            req.id
+                        ),
+                    )
+                };
+                let closed = || bad(format!("the stdin of {:?} is closed", req.id));
+                let mut chunks = Vec::new();
+                if !data.is_empty() {
+                    let budget = process
+                        .stdin_budget
+                        .clone()
+                        .try_acquire_many_owned(permits)
+                        .map_err(|_| not_reading())?;
+                    chunks.push(StdinChunk::Data(data, budget));
+                }
+                if req.eof {
+                    chunks.push(StdinChunk::Eof);
+                }
                 for chunk in chunks {
                     match process.stdin.try_send(chunk) {
                         Ok(()) => {}
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            return Err(ExecError::new(
-                                ErrorCode::Busy,
-                                format!(
-                                    "process {:?} is not reading its stdin ({STDIN_QUEUE} writes \
-                                     queued); write again later",
-                                    req.id
-                                ),
-                            ))
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => {
-                            return Err(bad(format!("the stdin of {:?} is closed", req.id)))
-                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => return Err(not_reading()),
+                        Err(mpsc::error::TrySendError::Closed(_)) => return Err(closed()),
                     }
                 }
                 Ok(())
@@ -285,31 +312,67 @@ impl Connection {
             })
     }
 
-    fn read(&self, req: ReadRequest) -> Result<(), ExecError> {
+    /// A place among the session's waiting `read`s and `wait`s.
+    fn waiting_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ExecError> {
+        self.session
+            .processes
+            .waiting
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                ExecError::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "{} reads and waits of this session are waiting already",
+                        super::processes::MAX_WAITING
+                    ),
+                )
+            })
+    }
+
+    /// Answered at once when there is output after `offset` (or it ended, or no `wait`), on
+    /// the connection's own pace; otherwise a task waits, holding one of the session's
+    /// waiting places until its answer is sent.
+    async fn read(&self, req: ReadRequest) -> Result<(), ExecError> {
         let wait = seconds(req.wait, "wait")?;
         let max = req
             .max_bytes
             .unwrap_or(MAX_READ_BYTES)
             .clamp(1, MAX_READ_BYTES) as usize;
         let process = self.process(&req.id)?;
-        let session = self.session.clone();
-        let task = self.session.tasks.track_future(async move {
-            if !wait.is_zero() {
-                tokio::select! {
-                    () = process.ring.wait_for(req.offset, wait) => {}
-                    () = session.ended.cancelled() => return,
-                }
-            }
+        let answer = move |process: &Process, id: String| {
             let slice = process.ring.read(req.offset, max);
+            let ready = !slice.data.is_empty() || slice.eof;
             let reply = ServerMessage::ProcessOutput(ProcessOutput {
-                id: req.id,
+                id,
                 offset: slice.offset,
                 data: b64().encode(&slice.data),
                 next_offset: slice.next_offset,
                 dropped: slice.dropped,
                 eof: slice.eof,
             });
-            session.send(reply).await;
+            (ready, reply)
+        };
+        let (ready, reply) = answer(&process, req.id.clone());
+        if ready || wait.is_zero() {
+            self.reply(reply).await;
+            return Ok(());
+        }
+        let session = self.session.clone();
+        let permit = self.waiting_permit()?;
+        let shutdown = self.daemon.shutdown.clone();
+        let task = self.session.tasks.track_future(async move {
+            tokio::select! {
+                () = process.ring.wait_for(req.offset, wait) => {}
+                () = session.ended.cancelled() => return,
+                () = shutdown.cancelled() => {}
+            }
+            // Nobody to answer: a read is idempotent, the client reads again after a resume
+            // (kept, the reply would only fill the session's outbox).
+            if session.is_attached() {
+                session.send(answer(&process, req.id).1).await;
+            }
+            drop(permit);
         });
         self.daemon.tasks.spawn(task);
         Ok(())
@@ -370,25 +433,36 @@ impl Connection {
         Ok(())
     }
 
-    fn wait(&self, req: WaitRequest) -> Result<(), ExecError> {
+    /// As `read`: at once when the process ended or no `timeout` was given.
+    async fn wait(&self, req: WaitRequest) -> Result<(), ExecError> {
         let timeout = seconds(req.timeout, "timeout")?;
         let process = self.process(&req.id)?;
+        let answer = |process: &Process, id: String| {
+            let ended = process.exit.borrow().clone();
+            ServerMessage::Exited(ended.unwrap_or(Exited {
+                id,
+                running: true,
+                returncode: protocol::RETURNCODE_NOT_FINISHED,
+                exception_info: String::new(),
+                extra: None,
+            }))
+        };
+        if !process.running() || timeout.is_zero() {
+            self.reply(answer(&process, req.id)).await;
+            return Ok(());
+        }
         let session = self.session.clone();
+        let permit = self.waiting_permit()?;
+        let shutdown = self.daemon.shutdown.clone();
         let task = self.session.tasks.track_future(async move {
             let mut exit = process.exit.subscribe();
             tokio::select! {
                 _ = tokio::time::timeout(timeout, exit.wait_for(Option::is_some)) => {}
                 () = session.ended.cancelled() => return,
+                () = shutdown.cancelled() => {}
             }
-            let ended = process.exit.borrow().clone();
-            let reply = ended.unwrap_or(Exited {
-                id: req.id,
-                running: true,
-                returncode: protocol::RETURNCODE_NOT_FINISHED,
-                exception_info: String::new(),
-                extra: None,
-            });
-            session.send(ServerMessage::Exited(reply)).await;
+            session.send(answer(&process, req.id)).await;
+            drop(permit);
         });
         self.daemon.tasks.spawn(task);
         Ok(())
@@ -417,6 +491,9 @@ impl Connection {
 
     async fn upload(&mut self, req: UploadRequest, draining: bool) -> Result<(), ExecError> {
         check_path(&req.path)?;
+        if req.mode.is_some_and(|mode| mode > 0o777) {
+            return Err(bad("mode holds permission bits only: at most 0o777 (511)"));
+        }
         let limits = &self.daemon.engine.limits;
         let (max_bytes, timeout) = (limits.max_upload_bytes, limits.max_timeout);
         let op = if req.tar {
@@ -428,7 +505,7 @@ impl Connection {
         } else {
             FileOp::Write {
                 path: req.path.clone(),
-                mode: req.mode.unwrap_or(0o644) & 0o777,
+                mode: req.mode.unwrap_or(0o644),
                 parents: req.parents,
                 max_bytes,
             }
@@ -588,10 +665,16 @@ fn register(
     );
     process.pty = stdio.pty;
     process.started = std::sync::Mutex::new(Some(started_rx));
+    let abort = process.abort.clone();
     let process = session.processes.insert(process);
-    // Not a session task: it ends when the entry is forgotten (its queue closes) or its
-    // process is gone (a write fails), and must not hold the session's end up.
-    tokio::spawn(feed_stdin(stdio.stdin, stdin_rx));
+    // Not a session task: it ends when the entry is forgotten (its queue closes), its
+    // process is gone (a write fails) or it is aborted, and must not hold the session's end up.
+    tokio::spawn(feed_stdin(
+        stdio.stdin,
+        stdin_rx,
+        kind == Kind::Upload,
+        abort,
+    ));
     let attached = Attached {
         theirs: stdio.theirs,
         output: stdio.output,
@@ -712,8 +795,11 @@ impl Job {
         let id = req.id.clone();
         let ring = attached.ring.clone();
         let failed = CancellationToken::new();
+        let abort = matches!(answer, Answer::Upload).then(|| process.abort.clone());
         let exec = async {
-            let result = self.execute(&req, Io::Attached(attached)).await;
+            let result = self
+                .execute_aborting(&req, Io::Attached(attached), abort)
+                .await;
             if result.is_err() {
                 failed.cancel();
             }
@@ -736,7 +822,11 @@ impl Job {
             exception_info: String::new(),
             extra: None,
         }));
-        self.session.processes.remove(&id, &process);
+        // An answered upload stays listed (ended) so that `write`s still on their way are
+        // dropped quietly; the rest are forgotten at once.
+        if !matches!(answer, Answer::Upload) {
+            self.session.processes.remove(&id, &process);
+        }
         let reply = match (&result, header) {
             (Err(err), _) => Err(err.clone()),
             (Ok(_), Err(err)) => Err(err),

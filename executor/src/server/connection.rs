@@ -144,9 +144,7 @@ pub async fn run(
                     (Some(false), Some(msg)) => unsent = Some(msg),
                     // Cut off mid-write: a final reply may or may not have arrived, which is
                     // what `written` is for (sent again only if the client awaits it).
-                    (None, Some(msg @ (ServerMessage::Result(_) | ServerMessage::Error(_)))) => {
-                        session.written(msg)
-                    }
+                    (None, Some(msg)) if super::session::is_final(&msg) => session.written(msg),
                     (None, Some(msg)) => unsent = Some(msg),
                     (_, None) => {}
                 }
@@ -658,6 +656,9 @@ impl Connection {
     }
 }
 
+/// How long a stopped upload gets to remove its temporary file before it is killed.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
 /// One admitted command (or process, or file operation).
 pub(super) struct Job {
     pub(super) daemon: Arc<Daemon>,
@@ -696,12 +697,29 @@ impl Job {
         req: &ValidRequest,
         io: Io,
     ) -> Result<protocol::ExecResult, ExecError> {
+        self.execute_aborting(req, io, None).await
+    }
+
+    /// As `execute`; when it is stopped, `abort` (an upload's) is cancelled first and the
+    /// command gets [`ABORT_GRACE`] to end by itself (an upload removes its temporary file)
+    /// before its tree is killed.
+    pub(super) async fn execute_aborting(
+        &self,
+        req: &ValidRequest,
+        io: Io,
+        abort: Option<CancellationToken>,
+    ) -> Result<protocol::ExecResult, ExecError> {
         let stop = async {
-            tokio::select! {
+            let reason = tokio::select! {
                 () = self.cancel.cancelled() => StopReason::Cancelled,
                 () = self.session.ended.cancelled() => StopReason::Disconnected,
                 () = self.daemon.shutdown.cancelled() => StopReason::Shutdown,
+            };
+            if let Some(abort) = abort {
+                abort.cancel();
+                tokio::time::sleep(ABORT_GRACE).await;
             }
+            reason
         };
         self.daemon.engine.execute(req, io, stop).await
     }

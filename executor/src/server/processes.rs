@@ -8,14 +8,21 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use protocol::{Exited, ProcessInfo};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::runner::attached::{OutputRing, PtyMaster};
 
-/// Ended processes a session keeps for `read` and `wait`; past it the oldest is forgotten.
-const KEPT_ENDED: usize = 32;
-/// Chunks of stdin queued for a process; a process that does not read its stdin fills it and
-/// then a `write` is refused with `busy` (an upload waits instead).
+/// Ended processes a session keeps for `read` and `wait`; past it the oldest is forgotten
+/// (each holds up to a buffer of output).
+const KEPT_ENDED: usize = 8;
+/// `read`s and `wait`s of a session waiting at once; past it they are refused with `busy`.
+pub const MAX_WAITING: usize = 64;
+/// Writes queued for a process's stdin at most.
 pub const STDIN_QUEUE: usize = 64;
+/// Bytes queued for a process's stdin at most, in KiB: a process that does not read its stdin
+/// fills it and then a `write` is refused with `busy` (an upload's waits instead), so a
+/// client cannot park its messages in the daemon's memory.
+pub const STDIN_BUDGET_KIB: usize = 4096;
 
 /// What an entry is for: only processes are listed, read and waited for by clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,8 +34,15 @@ pub enum Kind {
 }
 
 pub enum StdinChunk {
-    Data(Vec<u8>),
+    /// Bytes, and their share of the stdin budget, given back once written.
+    Data(Vec<u8>, tokio::sync::OwnedSemaphorePermit),
     Eof,
+}
+
+/// The permits `len` bytes take from a stdin budget (a KiB each, rounded up; a single write
+/// larger than the whole budget takes all of it).
+pub fn budget_permits(len: usize) -> u32 {
+    u32::try_from(len.div_ceil(1024).min(STDIN_BUDGET_KIB)).unwrap_or(u32::MAX)
 }
 
 pub struct Process {
@@ -38,8 +52,12 @@ pub struct Process {
     pub pty: Option<PtyMaster>,
     pub ring: Arc<OutputRing>,
     pub stdin: mpsc::Sender<StdinChunk>,
+    /// What queued stdin may hold ([`STDIN_BUDGET_KIB`] permits of a KiB).
+    pub stdin_budget: Arc<tokio::sync::Semaphore>,
     pub signals: mpsc::Sender<i32>,
     pub exit: watch::Sender<Option<Exited>>,
+    /// Stops the stdin feeder at once (an upload whose session ended: cut off, not committed).
+    pub abort: CancellationToken,
     /// Fires when the payload has exec'd (taken by the process's job).
     pub started: Mutex<Option<oneshot::Receiver<()>>>,
     /// Order of creation, to forget the oldest ended first.
@@ -62,8 +80,10 @@ impl Process {
             pty: None,
             ring,
             stdin,
+            stdin_budget: Arc::new(tokio::sync::Semaphore::new(STDIN_BUDGET_KIB)),
             signals,
             exit: watch::channel(None).0,
+            abort: CancellationToken::new(),
             started: Mutex::new(None),
             serial: 0,
         }
@@ -99,15 +119,40 @@ pub enum StdinEnd {
     Terminal(PtyMaster),
 }
 
-/// Write queued stdin chunks until the queue closes or a write fails (the process is gone or
-/// closed its stdin). End-of-file shuts the socket's sending side, or types the terminal's
-/// end-of-file character (^D, as a user would).
-pub async fn feed_stdin(mut end: StdinEnd, mut queue: mpsc::Receiver<StdinChunk>) {
-    while let Some(chunk) = queue.recv().await {
+/// Write queued stdin chunks until the queue closes, `abort` is cancelled, or a write fails
+/// (the process is gone or closed its stdin). End-of-file shuts the socket's sending side, or
+/// types the terminal's end-of-file character (^D, as a user would). An upload's content is
+/// framed (`files::Framed`): its end-of-file is the commit, and a feeder that stops without
+/// it (aborted, the queue closed) leaves the upload cut off, never complete.
+pub async fn feed_stdin(
+    mut end: StdinEnd,
+    mut queue: mpsc::Receiver<StdinChunk>,
+    framed: bool,
+    abort: CancellationToken,
+) {
+    loop {
+        let chunk = tokio::select! {
+            chunk = queue.recv() => chunk,
+            () = abort.cancelled() => None,
+        };
+        let Some(chunk) = chunk else {
+            return;
+        };
         let written = match (&mut end, chunk) {
-            (StdinEnd::Socket(sock), StdinChunk::Data(data)) => sock.write_all(&data).await,
-            (StdinEnd::Terminal(pty), StdinChunk::Data(data)) => pty.write_all(&data).await,
+            (StdinEnd::Socket(sock), StdinChunk::Data(data, _budget)) => {
+                let header = crate::files::frame_header(data.len());
+                if framed && sock.write_all(&header).await.is_err() {
+                    return;
+                }
+                sock.write_all(&data).await
+            }
+            (StdinEnd::Terminal(pty), StdinChunk::Data(data, _budget)) => {
+                pty.write_all(&data).await
+            }
             (StdinEnd::Socket(sock), StdinChunk::Eof) => {
+                if framed {
+                    let _ = sock.write_all(&crate::files::frame_header(0)).await;
+                }
                 let _ = sock.shutdown().await;
                 return;
             }
@@ -119,9 +164,19 @@ pub async fn feed_stdin(mut end: StdinEnd, mut queue: mpsc::Receiver<StdinChunk>
     }
 }
 
-#[derive(Default)]
 pub struct Processes {
     map: Mutex<(HashMap<String, Arc<Process>>, u64)>,
+    /// Permits of the `read`s and `wait`s waiting now.
+    pub waiting: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Processes {
+    fn default() -> Self {
+        Self {
+            map: Mutex::default(),
+            waiting: Arc::new(tokio::sync::Semaphore::new(MAX_WAITING)),
+        }
+    }
 }
 
 impl Processes {

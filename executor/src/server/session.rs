@@ -255,10 +255,8 @@ impl Session {
     /// Remember a final reply (result, or error of a request) the writer put on the wire or
     /// was cut off writing, in case it never arrived. Only sessions that can be resumed.
     pub fn written(&self, msg: ServerMessage) {
-        let size = match &msg {
-            ServerMessage::Result(r) => r.output.len() + 256,
-            ServerMessage::Error(e) if e.id.is_some() => e.message.len() + 64,
-            _ => return,
+        let Some((_, size)) = final_reply(&msg) else {
+            return;
         };
         if !self.resumable() {
             return;
@@ -396,20 +394,35 @@ impl Session {
 const WRITTEN_BYTES: usize = 4 << 20;
 
 fn final_size(msg: &ServerMessage) -> usize {
-    match msg {
-        ServerMessage::Result(r) => r.output.len() + 256,
-        ServerMessage::Error(e) => e.message.len() + 64,
-        _ => 0,
-    }
+    final_reply(msg).map_or(0, |(_, size)| size)
 }
 
 /// The request id of a final reply (a result, or an error naming a request).
 fn final_id(msg: &ServerMessage) -> Option<String> {
-    match msg {
-        ServerMessage::Result(r) => Some(r.id.clone()),
-        ServerMessage::Error(e) => e.id.clone(),
-        _ => None,
-    }
+    final_reply(msg).map(|(id, _)| id)
+}
+
+/// Whether `msg` is the one final answer to a request (so worth sending again after a resume
+/// if the client awaits it), as opposed to streamed output and answers a client can ask for
+/// again (`process_output`, `done`, `processes`).
+pub fn is_final(msg: &ServerMessage) -> bool {
+    final_reply(msg).is_some()
+}
+
+/// A final reply's request id and about how many bytes keeping it costs.
+fn final_reply(msg: &ServerMessage) -> Option<(String, usize)> {
+    let found = match msg {
+        ServerMessage::Result(r) => (r.id.clone(), r.output.len() + 256),
+        ServerMessage::Error(e) => (e.id.clone()?, e.message.len() + 64),
+        ServerMessage::Spawned(r) => (r.id.clone(), 64),
+        ServerMessage::Exited(r) => (r.id.clone(), r.exception_info.len() + 256),
+        ServerMessage::Uploaded(r) => (r.id.clone(), r.path.len() + 64),
+        ServerMessage::Downloaded(r) => (r.id.clone(), r.path.len() + 64),
+        ServerMessage::FileInfo(r) => (r.id.clone(), r.stat.name.len() + 128),
+        ServerMessage::DirListing(r) => (r.id.clone(), r.entries.len() * 128 + r.path.len()),
+        _ => return None,
+    };
+    Some(found)
 }
 
 impl crate::runner::Replies for Session {

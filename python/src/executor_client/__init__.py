@@ -1,4 +1,4 @@
-"""Python client for the executor sandbox daemon (protocol 1), and a mini-swe-agent
+"""Python client for the executor sandbox daemon (protocol 1 and 1.1), and a mini-swe-agent
 environment class (`executor_client.mini.ExecutorEnvironment`, needs the `mini` extra).
 
     from executor_client import Client
@@ -8,7 +8,9 @@ environment class (`executor_client.mini.ExecutorEnvironment`, needs the `mini` 
         result = c.exec("echo hi; ls /nope", on_output=print)
         print(result.returncode, result.extra["isolation"]["profile"])
 
-`AsyncClient` is the same over asyncio.
+`AsyncClient` is the same over asyncio. An executor offering protocol 1.1
+(`hello.capabilities`) also keeps processes (`spawn`) and moves files (`upload`, `download`,
+`upload_dir`, `download_dir`, `stat`, `list_dir`).
 """
 
 from ._version import __version__
@@ -18,6 +20,7 @@ from .errors import (
     BusyError,
     ConnectError,
     ConnectionLostError,
+    DeniedError,
     DeploymentError,
     DuplicateIdError,
     ExecutorClientError,
@@ -30,25 +33,43 @@ from .errors import (
     QuotaExceededError,
     ServerError,
     ShuttingDownError,
+    UnsupportedError,
 )
 from .launch import Deployment, LocalExecutor
-from .protocol import ExecResult, Hello, HostFacts, Limits, Profile
-from .sync import Client
+from .process import AsyncProcess
+from .protocol import (
+    DirListing,
+    ExecResult,
+    FileStat,
+    Hello,
+    HostFacts,
+    Limits,
+    ProcessExit,
+    ProcessInfo,
+    ProcessOutput,
+    Profile,
+    Transferred,
+)
+from .sync import Client, Process
 from .tls import fingerprint_of, parse_fingerprint
 
 __all__ = [
     "AsyncClient",
+    "AsyncProcess",
     "BadRequestError",
     "BusyError",
     "Client",
     "ConnectError",
     "ConnectionLostError",
+    "DeniedError",
     "Deployment",
     "DeploymentError",
+    "DirListing",
     "DuplicateIdError",
     "ExecResult",
     "ExecutorClientError",
     "ExecutorEnvironmentError",
+    "FileStat",
     "Hello",
     "HostFacts",
     "InternalError",
@@ -56,12 +77,18 @@ __all__ = [
     "LocalExecutor",
     "NotFoundError",
     "PinMismatchError",
+    "Process",
+    "ProcessExit",
+    "ProcessInfo",
+    "ProcessOutput",
     "Profile",
     "ProfileDeniedError",
     "ProtocolError",
     "QuotaExceededError",
     "ServerError",
     "ShuttingDownError",
+    "Transferred",
+    "UnsupportedError",
     "__version__",
     "fingerprint_of",
     "parse_fingerprint",

@@ -57,6 +57,19 @@ class DeploymentError(ExecutorClientError):
     """A local executor or an `agent deploy up` deployment did not start."""
 
 
+class UnsupportedError(ExecutorClientError):
+    """The executor does not offer what the call needs (a protocol 1.1 capability: a 1.0
+    executor, or one built without it). Nothing was sent."""
+
+    def __init__(self, capability: str, server: str, offered: list[str]) -> None:
+        super().__init__(
+            f"{server or 'the executor'} does not offer {capability!r} (protocol 1.1; it "
+            f"offers {', '.join(offered) if offered else 'nothing beyond protocol 1'}): "
+            "upgrade the executor"
+        )
+        self.capability = capability
+
+
 class ServerError(ExecutorClientError):
     """An `error` reply of the executor; the request did not run."""
 
@@ -126,6 +139,13 @@ class InternalError(ServerError):
     code = "internal"
 
 
+class DeniedError(ServerError):
+    """The sandbox refused a file operation (permission, read-only, out of the profile's
+    reach), as it would have refused a command."""
+
+    code = "denied"
+
+
 ERRORS: dict[str, type[ServerError]] = {
     cls.code: cls
     for cls in (
@@ -138,6 +158,7 @@ ERRORS: dict[str, type[ServerError]] = {
         ExecutorEnvironmentError,
         ShuttingDownError,
         InternalError,
+        DeniedError,
     )
 }
 

@@ -2,11 +2,14 @@
 
 Replies may gain fields within protocol 1: readers here ignore what they do not know and keep
 the whole message in `raw`. Requests are built as plain dicts, with only the documented
-fields (the executor rejects unknown ones).
+fields (the executor rejects unknown ones). Protocol 1.1 (processes, files) is what a daemon
+lists in `hello.capabilities`; its types are at the end.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +17,8 @@ from .errors import ProtocolError
 
 PROTOCOL_VERSION = 1
 WS_PATH = "/v1/ws"
+#: Protocol 1.1's additions, as `hello.capabilities` names them.
+CAPABILITIES = ("processes", "pty", "files", "tar")
 
 JsonDict = dict[str, Any]
 
@@ -118,6 +123,10 @@ class Limits:
     max_output_bytes: int
     max_commands_per_connection: int
     max_commands_total: int
+    #: Protocol 1.1: output kept per process for `read` (older bytes fall out); 0 from 1.0.
+    max_process_buffer_bytes: int = 0
+    #: Protocol 1.1: largest file (or tar stream) `upload` takes; 0 from 1.0.
+    max_upload_bytes: int = 0
 
     @classmethod
     def from_json(cls, data: JsonDict) -> Limits:
@@ -132,6 +141,8 @@ class Limits:
             max_output_bytes=_int(data.get("max_output_bytes")),
             max_commands_per_connection=_int(data.get("max_commands_per_connection")),
             max_commands_total=_int(data.get("max_commands_total")),
+            max_process_buffer_bytes=_int(data.get("max_process_buffer_bytes")),
+            max_upload_bytes=_int(data.get("max_upload_bytes")),
         )
 
 
@@ -157,6 +168,8 @@ class Hello:
     #: `[{name, reason}]`: profiles the daemon has but does not offer.
     not_offered: list[JsonDict]
     raw: JsonDict = field(repr=False, compare=False)
+    #: What the executor offers beyond protocol 1 (`CAPABILITIES`); empty from a 1.0 one.
+    capabilities: list[str] = field(default_factory=list)
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -179,6 +192,7 @@ class Hello:
             resume_grace=_float(data.get("resume_grace")),
             not_offered=[_dict(n) for n in data.get("not_offered") or []],
             raw=data,
+            capabilities=_strs(data.get("capabilities")),
         )
 
 
@@ -254,3 +268,155 @@ def exec_request(
     if stream:
         message["stream"] = True
     return message
+
+
+# --- protocol 1.1: processes and files ---------------------------------------------------
+
+
+def encode_bytes(data: bytes) -> str:
+    """Bytes as the protocol's `data` fields carry them (standard base64, padded)."""
+    return base64.b64encode(data).decode("ascii")
+
+
+def decode_bytes(value: object) -> bytes:
+    if not isinstance(value, str):
+        raise ProtocolError(f"expected base64 data, got {type(value).__name__}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ProtocolError(f"invalid base64 data: {e}") from e
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """A piece of a process's output (the answer to `read`)."""
+
+    #: Where `data` starts in the process's whole output.
+    offset: int
+    data: bytes
+    #: Read from here next time.
+    next_offset: int
+    #: Bytes before `offset` that fell out of the executor's buffer unread (0: none lost).
+    dropped: int
+    #: The output has ended and `next_offset` is its end.
+    eof: bool
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> ProcessOutput:
+        return cls(
+            offset=_int(data.get("offset")),
+            data=decode_bytes(data.get("data", "")),
+            next_offset=_int(data.get("next_offset")),
+            dropped=_int(data.get("dropped")),
+            eof=bool(data.get("eof")),
+        )
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """The answer to `wait`: how a process ended, or `running` if it has not yet."""
+
+    id: str
+    running: bool
+    #: As in `ExecResult` (placeholders while running).
+    returncode: int
+    exception_info: str
+    #: `ended`, `timed_out`, `duration_ms`, ... (empty while running).
+    extra: JsonDict
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> ProcessExit:
+        return cls(
+            id=_str(data.get("id")),
+            running=bool(data.get("running")),
+            returncode=_int(data.get("returncode"), -1),
+            exception_info=_str(data.get("exception_info")),
+            extra=_dict(data.get("extra")),
+        )
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One of the session's processes, as `list_processes` reports it."""
+
+    id: str
+    command: str
+    pty: bool
+    running: bool
+    returncode: int | None
+    output_bytes: int
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> ProcessInfo:
+        returncode = data.get("returncode")
+        return cls(
+            id=_str(data.get("id")),
+            command=_str(data.get("command")),
+            pty=bool(data.get("pty")),
+            running=bool(data.get("running")),
+            returncode=returncode if isinstance(returncode, int) else None,
+            output_bytes=_int(data.get("output_bytes")),
+        )
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """One path's facts (symbolic links not followed)."""
+
+    #: The absolute path (`stat`) or the entry's name (`list_dir`).
+    name: str
+    #: `file`, `dir`, `symlink`, `fifo`, `socket`, `char`, `block`.
+    kind: str
+    size: int
+    #: Permission bits (`0o7777`).
+    mode: int
+    uid: int
+    gid: int
+    #: Seconds since the epoch.
+    mtime: int
+    #: Where a symbolic link points.
+    target: str | None = None
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> FileStat:
+        target = data.get("target")
+        return cls(
+            name=_str(data.get("name")),
+            kind=_str(data.get("kind")),
+            size=_int(data.get("size")),
+            mode=_int(data.get("mode")),
+            uid=_int(data.get("uid")),
+            gid=_int(data.get("gid")),
+            mtime=_int(data.get("mtime")),
+            target=target if isinstance(target, str) else None,
+        )
+
+
+@dataclass(frozen=True)
+class DirListing:
+    path: str
+    #: Sorted by name.
+    entries: list[FileStat]
+    #: More entries than the executor lists (10,000).
+    truncated: bool
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> DirListing:
+        return cls(
+            path=_str(data.get("path")),
+            entries=[FileStat.from_json(_dict(e)) for e in data.get("entries") or []],
+            truncated=bool(data.get("truncated")),
+        )
+
+
+@dataclass(frozen=True)
+class Transferred:
+    """An upload or download completed: the absolute path as a command sees it, and the
+    bytes that went over the wire (for a tar transfer, the archive's)."""
+
+    path: str
+    bytes: int
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> Transferred:
+        return cls(path=_str(data.get("path")), bytes=_int(data.get("bytes")))

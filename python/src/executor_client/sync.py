@@ -14,11 +14,22 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from .aio import CONNECT_TIMEOUT, RESULT_SLACK, AsyncClient, OutputCallback
-from .protocol import ExecResult, Hello
+from .process import MAX_WAIT, AsyncProcess
+from .protocol import (
+    DirListing,
+    ExecResult,
+    FileStat,
+    Hello,
+    ProcessExit,
+    ProcessInfo,
+    ProcessOutput,
+    Transferred,
+)
+from .transfer import Destination, Source
 
 T = TypeVar("T")
 
@@ -126,6 +137,94 @@ class Client:
         with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
             asyncio.run_coroutine_threadsafe(self._inner.cancel(request_id), self._loop)
 
+    def require(self, capability: str) -> None:
+        """Raise `UnsupportedError` unless the executor offers `capability`."""
+        self._inner.require(capability)
+
+    def spawn(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        profile: str | None = None,
+        pty: bool | tuple[int, int] = False,
+        request_id: str | None = None,
+    ) -> Process:
+        """Start `command` and keep it; see `AsyncClient.spawn`."""
+        inner = self._run(
+            self._inner.spawn(
+                command,
+                cwd=cwd,
+                env=env,
+                timeout=timeout,
+                profile=profile,
+                pty=pty,
+                request_id=request_id,
+            )
+        )
+        return Process(self, inner)
+
+    def list_processes(self) -> list[ProcessInfo]:
+        """The session's processes, running and ended."""
+        return self._run(self._inner.list_processes())
+
+    def upload(
+        self,
+        source: Source,
+        remote_path: str,
+        *,
+        mode: int | None = None,
+        parents: bool = False,
+        profile: str | None = None,
+    ) -> Transferred:
+        """Write a file from bytes, a local path or a file object; see `AsyncClient.upload`."""
+        return self._run(
+            self._inner.upload(source, remote_path, mode=mode, parents=parents, profile=profile)
+        )
+
+    def download(
+        self,
+        remote_path: str,
+        destination: Destination,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        profile: str | None = None,
+    ) -> Transferred:
+        """Copy a file to a local path or file object; see `AsyncClient.download`."""
+        return self._run(
+            self._inner.download(
+                remote_path, destination, offset=offset, length=length, profile=profile
+            )
+        )
+
+    def upload_dir(
+        self,
+        local_dir: str | os.PathLike[str],
+        remote_dir: str,
+        *,
+        parents: bool = False,
+        profile: str | None = None,
+    ) -> Transferred:
+        """Copy a local directory's contents there as a tar stream."""
+        return self._run(
+            self._inner.upload_dir(local_dir, remote_dir, parents=parents, profile=profile)
+        )
+
+    def download_dir(
+        self, remote_dir: str, local_dir: str | os.PathLike[str], *, profile: str | None = None
+    ) -> Transferred:
+        """Copy a directory's contents into `local_dir`, unpacked as they arrive."""
+        return self._run(self._inner.download_dir(remote_dir, local_dir, profile=profile))
+
+    def stat(self, remote_path: str, *, profile: str | None = None) -> FileStat:
+        return self._run(self._inner.stat(remote_path, profile=profile))
+
+    def list_dir(self, remote_path: str, *, profile: str | None = None) -> DirListing:
+        return self._run(self._inner.list_dir(remote_path, profile=profile))
+
     def close(self) -> None:
         """End the session (its commands are killed) and free the loop. Idempotent."""
         with self._lock:
@@ -157,3 +256,80 @@ class Client:
                 with contextlib.suppress(BaseException):
                     self._loop.run_until_complete(task)
             raise
+
+
+class Process:
+    """A process spawned with `Client.spawn`; see `AsyncProcess`. Its calls run on the
+    client's loop, one at a time like the client's own."""
+
+    def __init__(self, client: Client, inner: AsyncProcess) -> None:
+        self._client = client
+        self._inner = inner
+
+    def __repr__(self) -> str:
+        return f"<Process {self.id} {self.command!r}>"
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def command(self) -> str:
+        return self._inner.command
+
+    @property
+    def pty(self) -> bool:
+        return self._inner.pty
+
+    @property
+    def offset(self) -> int:
+        """Where the next `read` without an offset starts."""
+        return self._inner.offset
+
+    @property
+    def dropped(self) -> int:
+        """Bytes of output lost to the executor's bounded buffer before they were read."""
+        return self._inner.dropped
+
+    @property
+    def exit(self) -> ProcessExit | None:
+        return self._inner.exit
+
+    @property
+    def returncode(self) -> int | None:
+        return self._inner.returncode
+
+    def write(self, data: bytes | str) -> None:
+        """Send bytes (str: UTF-8) to its stdin."""
+        self._client._run(self._inner.write(data))
+
+    def close_stdin(self) -> None:
+        self._client._run(self._inner.close_stdin())
+
+    def read(
+        self, offset: int | None = None, *, wait: float = 0.0, max_bytes: int | None = None
+    ) -> ProcessOutput:
+        """Output from `offset` (default: where the last read ended), waiting up to `wait`."""
+        return self._client._run(self._inner.read(offset, wait=wait, max_bytes=max_bytes))
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.output()
+
+    def output(self, *, wait: float = MAX_WAIT) -> Iterator[bytes]:
+        """The output from `offset` on, piece by piece as it comes, until it ends."""
+        while True:
+            chunk = self.read(wait=wait)
+            if chunk.data:
+                yield chunk.data
+            if chunk.eof:
+                return
+
+    def signal(self, name: str = "INT", *, foreground: bool = False) -> None:
+        self._client._run(self._inner.signal(name, foreground=foreground))
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._client._run(self._inner.resize(rows, cols))
+
+    def wait(self, timeout: float | None = None) -> ProcessExit:
+        """Wait for it to end; `running` in the answer if `timeout` passed first."""
+        return self._client._run(self._inner.wait(timeout))

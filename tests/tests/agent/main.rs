@@ -2,6 +2,8 @@
 //! in-process), outcomes read from the exit code, stdout and the trajectory on disk.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod attached;
+mod copies;
 mod executor_side;
 mod exits;
 mod interactive;
@@ -143,6 +145,54 @@ impl Scratch {
         );
         run
     }
+}
+
+/// A finished one-shot command (`agent exec`, `cp`, `shell`): exit code, stdout as bytes, stderr.
+pub struct Finished {
+    pub code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+/// Run `agent <subcommand> <target's flags> <args>` with `stdin` as its stdin, bounded.
+pub async fn agent_against(
+    target: &impl Target,
+    subcommand: &str,
+    args: &[&str],
+    stdin: &[u8],
+) -> Finished {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(binary("agent"))
+        .arg(subcommand)
+        .args(target.agent_args())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_vec();
+    // A writer of its own: a command that does not read all of it must not stall the test.
+    let writer = tokio::spawn(async move {
+        let _ = input.write_all(&stdin).await;
+    });
+    let out = tokio::time::timeout(RUN_PATIENCE, child.wait_with_output())
+        .await
+        .expect("agent did not finish in time")
+        .unwrap();
+    writer.abort();
+    let finished = Finished {
+        code: out.status.code().unwrap_or(-1),
+        stdout: out.stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    eprintln!(
+        "--- agent {subcommand} {args:?}: exit {} ---\nstderr:\n{}",
+        finished.code, finished.stderr
+    );
+    finished
 }
 
 /// Every trajectory, whatever the exit, has mini's shape and ends with an exit message.

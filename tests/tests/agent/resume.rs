@@ -288,8 +288,9 @@ async fn a_deliberate_end_kills_the_running_command_at_once_despite_a_grace_peri
     let records = audit_records(&daemon, &marker, 1).await;
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0]["ended"], "disconnected", "{records:?}");
+    // The daemon's log is written by a thread of its own: wait for the line, not the race.
     assert!(
-        plain_log(&daemon).contains("ending=Closed"),
+        eventually(PATIENCE, || plain_log(&daemon).contains("ending=Closed")).await,
         "{}",
         plain_log(&daemon)
     );

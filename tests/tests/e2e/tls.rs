@@ -8,8 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use executor_tests::{
-    binary, fingerprint_of_der, fingerprint_of_pem_file, parse_ready_line, Client, Daemon,
-    DaemonOptions,
+    binary, eventually, fingerprint_of_der, fingerprint_of_pem_file, parse_ready_line, Client,
+    Daemon, DaemonOptions,
 };
 
 /// A certificate and key made here, as an operator would bring them.
@@ -86,7 +86,11 @@ async fn a_self_signed_certificate_is_generated_once_and_its_printed_fingerprint
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
-    assert!(daemon.log().contains(&pin), "the log names the fingerprint");
+    // The daemon's log is written by a thread of its own: wait for the line, not the race.
+    assert!(
+        eventually(Duration::from_secs(5), || daemon.log().contains(&pin)).await,
+        "the log names the fingerprint"
+    );
     // `executor tls-fingerprint` prints the same for the operator to hand out.
     let out = Command::new(binary("executor"))
         .arg("tls-fingerprint")

@@ -1,0 +1,116 @@
+//! Reaching an executor for the one-shot commands (`exec`, `cp`, `shell`): the deployment their
+//! shared flags select (without a URL, a local executor started for us with the current
+//! directory as its workspace), its TLS settings, and the profile requests name.
+
+use anyhow::Context;
+
+use crate::agent_loop::Interrupts;
+use crate::config;
+use crate::deploy::flags::ExecutorArgs;
+use crate::deploy::{Deployed, TaskSpec};
+use crate::executor_client::{Client, ClientError, Environment};
+use crate::tls::Tls;
+
+/// An executor ready for connections. [`Reached::stop`] tears down what was started for it.
+pub struct Reached {
+    pub target: Deployed,
+    pub tls: Tls,
+}
+
+/// Why no executor was reached.
+pub enum Unreached {
+    /// Ctrl-C or SIGTERM while it was being started.
+    Interrupted,
+    Failed(anyhow::Error),
+}
+
+/// Start or find the executor `executor`'s flags name; `label` names the run (`exec`, `cp`).
+pub async fn reach(
+    executor: &ExecutorArgs,
+    label: &str,
+    interrupts: &mut Interrupts,
+) -> Result<Reached, Unreached> {
+    let mut environment = config::EnvironmentConfig::default();
+    executor
+        .apply(&mut environment)
+        .map_err(Unreached::Failed)?;
+    let here = std::env::current_dir()
+        .context("cannot read the current directory")
+        .map_err(Unreached::Failed)?;
+    let deployment =
+        crate::deploy::from_config(&environment, &format!("{label}{}", std::process::id()))
+            .map_err(Unreached::Failed)?;
+    let task = TaskSpec {
+        name: label.into(),
+        image: environment.image.clone(),
+        workspace: if deployment.kind() == "local" {
+            Some(here.display().to_string())
+        } else {
+            None
+        },
+    };
+    let resolve = crate::deploy::start_within(
+        deployment.as_ref(),
+        &task,
+        crate::deploy::start_timeout(&environment),
+    );
+    let target = tokio::select! {
+        target = resolve => target.map_err(Unreached::Failed)?,
+        _ = interrupts.recv() => return Err(Unreached::Interrupted),
+    };
+    let tls = Tls::new(
+        target
+            .endpoint
+            .tls_fingerprint
+            .as_deref()
+            .or(environment.tls_fingerprint.as_deref()),
+        target
+            .endpoint
+            .tls_ca
+            .as_deref()
+            .or(environment.tls_ca.as_deref()),
+    );
+    match tls {
+        Ok(tls) => Ok(Reached { target, tls }),
+        Err(e) => {
+            target.stop().await;
+            Err(Unreached::Failed(e.into()))
+        }
+    }
+}
+
+impl Reached {
+    /// The profile requests name: `--profile`, else for an executor we started the strongest
+    /// whose commands can write here (as `run` picks), else none (the executor's default).
+    pub async fn profile(&self, flag: Option<&str>) -> anyhow::Result<Option<String>> {
+        match flag {
+            Some(p) => Ok(Some(p.to_string())),
+            None if self.target.owned => {
+                let mut probe = Environment::open_endpoint(
+                    &self.target.endpoint,
+                    config::EnvironmentConfig::default(),
+                    true,
+                )
+                .await?;
+                probe.close().await;
+                Ok(probe.profile.clone())
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// A protocol 1.1 client on a new connection.
+    pub async fn client(&self) -> Result<Client, ClientError> {
+        Client::connect(
+            &self.target.endpoint.url,
+            self.target.endpoint.token.as_deref(),
+            &self.tls,
+        )
+        .await
+    }
+
+    /// Tear down what was started (nothing for a remote executor). Always completes.
+    pub async fn stop(self) {
+        self.target.stop().await;
+    }
+}
