@@ -36,7 +36,10 @@ impl Client {
             "Authorization",
             HeaderValue::from_str(&format!("Bearer {token}")).context("token is not a header")?,
         );
-        let (ws, _) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(req))
+        // TCP_NODELAY, as the daemon sets on its side and asyncio clients by default: a small
+        // request right behind a large message (a `write` chunk) must not wait for the ACK.
+        let connect = tokio_tungstenite::connect_async_with_config(req, None, true);
+        let (ws, _) = tokio::time::timeout(PATIENCE, connect)
             .await
             .map_err(|_| anyhow!("no WebSocket handshake within {PATIENCE:?}"))?
             .with_context(|| format!("cannot connect to {url}"))?;
@@ -47,7 +50,7 @@ impl Client {
         }
     }
 
-    async fn send(&mut self, msg: &ClientMessage) -> anyhow::Result<()> {
+    pub async fn send(&mut self, msg: &ClientMessage) -> anyhow::Result<()> {
         let text = serde_json::to_string(msg)?;
         self.ws
             .send(Message::text(text))
@@ -56,7 +59,7 @@ impl Client {
     }
 
     /// The next protocol message; an error on close, timeout or invalid JSON.
-    async fn recv(&mut self) -> anyhow::Result<ServerMessage> {
+    pub async fn recv(&mut self) -> anyhow::Result<ServerMessage> {
         loop {
             let frame = tokio::time::timeout(PATIENCE, self.ws.next())
                 .await

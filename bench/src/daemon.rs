@@ -140,6 +140,34 @@ pub fn reset_peak_rss(pid: u32) -> bool {
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
 }
 
+/// Samples a process's VmRSS every 2 ms on a thread until stopped; returns the maximum in KiB.
+pub struct RssSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<u64>,
+}
+
+impl RssSampler {
+    pub fn start(pid: u32) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut max = 0;
+            while !flag.load(Ordering::Relaxed) {
+                max = max.max(status_kib(pid, "VmRSS").unwrap_or(0));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            max
+        });
+        Self { stop, handle }
+    }
+
+    pub fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap_or(0)
+    }
+}
+
 /// Raise our RLIMIT_NOFILE soft limit to at least `want` (up to the hard limit); the daemon
 /// inherits it. Returns the soft limit in force.
 pub fn raise_nofile(want: u64) -> anyhow::Result<u64> {

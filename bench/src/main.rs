@@ -12,7 +12,8 @@
 //! the daemon's hello lists and this host can run: round trips of `echo hi`, throughput with
 //! concurrent connections, streamed output with the daemon's peak RSS, and the timeout kill of a
 //! tree with setsid'd children; then daemon-wide figures: RSS with many idle authenticated
-//! connections and start-to-hello time; last, without the daemon, the cost of creating each
+//! connections, protocol 1.1 file upload and download beside the processes API with the
+//! daemon's RSS (files.rs), and start-to-hello time; last, without the daemon, the cost of creating each
 //! kind of namespace (`unshare(1)` per namespace against one creating none). Every load goes
 //! to 127.0.0.1 and is bounded in count and time. See bench/README.md for what each figure
 //! means.
@@ -22,6 +23,7 @@ mod baselines;
 mod client;
 mod daemon;
 mod deployments;
+mod files;
 mod lab;
 mod report;
 mod stats;
@@ -38,6 +40,7 @@ use protocol::Hello;
 use crate::client::{request, Client};
 use crate::daemon::{
     find_executor, machine_cpu_ms, raise_nofile, reset_peak_rss, status_kib, CpuTimes, Daemon,
+    RssSampler,
 };
 use crate::report::{
     BareReport, ConnectionsReport, CpuPerCommand, DaemonReport, KillReport, Machine, OutputRun,
@@ -100,10 +103,14 @@ struct Opts {
     /// Runs of each `unshare` variant in the steps phase [default: 200; quick: 20].
     #[arg(long, value_name = "N")]
     step_iterations: Option<usize>,
-    /// Skip phases (repeatable): latency, output, kill, connections, startup, steps; and the
-    /// baselines: bubblewrap (the same loop through bwrap), cold (each profile again on a
-    /// daemon with --no-warm-workers), oneshot (`executor run` beside bwrap).
-    #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "startup", "steps", "bubblewrap", "cold", "oneshot"])]
+    /// Size of the file uploaded and downloaded in the files phase, in MB (10^6 bytes)
+    /// [default: 50; quick: 5].
+    #[arg(long, value_name = "MB")]
+    file_mb: Option<f64>,
+    /// Skip phases (repeatable): latency, output, kill, connections, files, startup, steps;
+    /// and the baselines: bubblewrap (the same loop through bwrap), cold (each profile again
+    /// on a daemon with --no-warm-workers), oneshot (`executor run` beside bwrap).
+    #[arg(long, value_name = "PHASE", value_parser = ["latency", "output", "kill", "connections", "files", "startup", "steps", "bubblewrap", "cold", "oneshot"])]
     skip: Vec<String>,
     /// Instead of the local daemon: start-to-ready and `echo hi` round trips of the static
     /// executor in the test lab's VM or container, beside a bare spawn there (repeatable).
@@ -149,6 +156,7 @@ impl Opts {
                 .step_iterations
                 .unwrap_or(if q { 20 } else { 200 })
                 .max(1),
+            file_mb: self.file_mb.unwrap_or(if q { 5.0 } else { 50.0 }).max(0.0),
         }
     }
 
@@ -229,6 +237,10 @@ fn run(opts: Opts) -> anyhow::Result<()> {
     let report = rt.block_on(bench(&opts, settings, &executor, unshare))?;
     println!("{}", report::markdown(&report));
     let failed = report.profiles.iter().any(|p| !p.failures.is_empty())
+        || report
+            .files
+            .as_ref()
+            .is_some_and(|f| !f.failures.is_empty())
         || report
             .steps
             .as_ref()
@@ -374,6 +386,32 @@ async fn bench(
     } else {
         None
     };
+    let files = if opts.runs("files") {
+        let profile = files_profile(&hello, &opts.profiles);
+        match profile {
+            Some(profile) => Some(
+                files::measure(
+                    &daemon,
+                    &hello,
+                    &files::Plan {
+                        profile: &profile,
+                        bytes: (settings.file_mb * 1e6).round() as u64,
+                        repeats: settings.repeats,
+                    },
+                )
+                .await,
+            ),
+            None => {
+                eprintln!(
+                    "bench: files: no available profile to run them under (the hello's default, \
+                     or the first --profile); left out"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
     daemon.stop()?;
 
     let cold = if opts.runs("latency") && opts.runs("cold") {
@@ -441,7 +479,18 @@ async fn bench(
             start_to_hello_ms,
         },
         steps,
+        files,
     })
+}
+
+/// The profile file transfers run under: the first `--profile` the daemon can run, else the
+/// hello's default (the strongest this host runs).
+fn files_profile(hello: &Hello, wanted: &[String]) -> Option<String> {
+    let available = |name: &str| hello.profiles.iter().any(|p| p.name == name && p.available);
+    match wanted.first() {
+        Some(_) => wanted.iter().find(|w| available(w)).cloned(),
+        None => available(&hello.default_profile).then(|| hello.default_profile.clone()),
+    }
 }
 
 /// The latency phase again for each measured profile, on a second daemon started with
@@ -498,7 +547,7 @@ fn machine(hello: &Hello, executor: &std::path::Path) -> Machine {
 }
 
 /// Let the daemon finish what it was doing (audit writes, cgroup removal) before reading RSS.
-async fn settle() {
+pub(crate) async fn settle() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
@@ -727,34 +776,6 @@ async fn output(
         run.mb_per_s, run.peak_growth_kib
     );
     Ok(run)
-}
-
-/// Samples a process's VmRSS every 2 ms on a thread until stopped; returns the maximum in KiB.
-struct RssSampler {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    handle: std::thread::JoinHandle<u64>,
-}
-
-impl RssSampler {
-    fn start(pid: u32) -> Self {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let handle = std::thread::spawn(move || {
-            let mut max = 0;
-            while !flag.load(Ordering::Relaxed) {
-                max = max.max(status_kib(pid, "VmRSS").unwrap_or(0));
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            max
-        });
-        Self { stop, handle }
-    }
-
-    fn stop(self) -> u64 {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.handle.join().unwrap_or(0)
-    }
 }
 
 // ---- timeout kill --------------------------------------------------------------------------

@@ -25,6 +25,8 @@ pub struct Report {
     pub daemon: DaemonReport,
     /// The cost of each isolation step on its own; absent when `steps` is skipped.
     pub steps: Option<StepsReport>,
+    /// Protocol 1.1 file transfer beside the processes API; absent when `files` is skipped.
+    pub files: Option<FilesReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -58,6 +60,8 @@ pub struct Settings {
     pub kill_timeout_s: f64,
     /// Runs of each `unshare` variant in the steps phase.
     pub step_iterations: usize,
+    /// Size of the file of the files phase, in MB of 10^6 bytes.
+    pub file_mb: f64,
 }
 
 /// Start-to-exit of one `true`, no daemon kept running.
@@ -242,6 +246,67 @@ pub struct StepRun {
     pub cost_p50_ms: Option<f64>,
 }
 
+/// One file moved over the WebSocket every way the protocol offers, on one daemon.
+#[derive(Debug, Serialize)]
+pub struct FilesReport {
+    pub profile: String,
+    pub bytes: u64,
+    /// Raw bytes per `write` message (base64 in it).
+    pub chunk_bytes: usize,
+    /// Bytes the paced `spawn` reader asks for at a time: the output ring's size.
+    pub window_bytes: usize,
+    pub repeats: usize,
+    /// In table order; a kind whose every repeat failed has no row.
+    pub rows: Vec<TransferRun>,
+    /// `spawn` `cat FILE` read by offset without pacing (absent when the upload failed).
+    pub unpaced_read: Option<UnpacedRead>,
+    pub failures: Vec<String>,
+}
+
+/// One way of moving the file, over the repeats.
+#[derive(Debug, Serialize)]
+pub struct TransferRun {
+    /// `upload`, `download`, `spawn_write`, `spawn_read`, `exec_cat`.
+    pub kind: String,
+    pub label: String,
+    /// How the bytes were checked: `sha256`, or `byte count only` for `exec`.
+    pub verified: String,
+    /// Median over the repeats: bytes / 10^6 / seconds from the first request sent to the
+    /// last answer received.
+    pub mb_per_s: f64,
+    /// Median seconds.
+    pub seconds: f64,
+    /// Median CPU time of the daemon's own threads (not the sandboxed payload's) during one.
+    pub daemon_cpu_ms: f64,
+    /// Median CPU time of this benchmark process (the client: base64, JSON, sha256) during one.
+    pub client_cpu_ms: f64,
+    /// Median minor page faults of the daemon during one: pages touched for the first time,
+    /// e.g. of buffers above glibc's mmap threshold, mapped and unmapped per message.
+    pub daemon_minor_faults: u64,
+    pub all_seconds: Vec<f64>,
+    /// Daemon VmRSS before the first repeat (after a 300 ms settle).
+    pub rss_before_kib: u64,
+    /// Highest daemon peak RSS during a repeat.
+    pub rss_peak_kib: u64,
+    /// Daemon VmRSS 300 ms after the first repeat (with `rss_before_kib`: what one transfer
+    /// left behind).
+    pub rss_after_kib: u64,
+    /// Largest peak minus the RSS just before it, over the repeats.
+    pub peak_growth_kib: u64,
+    /// Peaks read from VmHWM after resetting it (clear_refs 5), beside 2 ms VmRSS samples.
+    pub peak_from_vmhwm: bool,
+}
+
+/// What a reader that does not pace the writer gets from a process's output ring.
+#[derive(Debug, Serialize)]
+pub struct UnpacedRead {
+    /// The process's whole output (the file's size when `cat` succeeded).
+    pub output_bytes: u64,
+    pub received_bytes: u64,
+    /// Bytes that fell out of the ring before they were read.
+    pub dropped_bytes: u64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct ConnectionsReport {
     pub count: usize,
@@ -308,7 +373,9 @@ pub fn markdown(r: &Report) -> String {
     }
     header.push_str(" overhead p50 ms | ratio p50 |");
     rule.push_str("---:|---:|");
+    let table_start = out.len();
     let _ = writeln!(out, "{header}\n{rule}");
+    let rows_start = out.len();
     for (label, b) in [
         ("bare spawn, no daemon (threads for concurrency)", &r.bare),
         ("bubblewrap, strict's namespaces, no daemon", &r.bubblewrap),
@@ -365,6 +432,10 @@ pub fn markdown(r: &Report) -> String {
                 .map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
         );
         let _ = writeln!(out, "{row}");
+    }
+    // No header without rows (`--skip latency`).
+    if out.len() == rows_start {
+        out.truncate(table_start);
     }
 
     // Where the CPU of one sequential command goes. The machine's busy time is the total;
@@ -507,10 +578,68 @@ pub fn markdown(r: &Report) -> String {
         );
     }
 
+    if let Some(files) = &r.files {
+        files_markdown(&mut out, files);
+    }
+
     if let Some(st) = &r.steps {
         steps_markdown(&mut out, st);
     }
     out
+}
+
+/// MiB with one decimal, from KiB.
+fn mib1(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+/// One row of the file-transfer table.
+fn transfer_row(t: &TransferRun) -> String {
+    format!(
+        "| {} | {:.0} | {:.2} | {:.0} | {:.0} | {} | {} | {} | +{} | {} |",
+        t.label,
+        t.mb_per_s,
+        t.seconds,
+        t.daemon_cpu_ms,
+        t.client_cpu_ms,
+        mib1(t.rss_before_kib),
+        mib1(t.rss_peak_kib),
+        mib1(t.rss_after_kib),
+        mib1(t.peak_growth_kib),
+        t.verified
+    )
+}
+
+/// The file-transfer table: one row per way of moving the file.
+fn files_markdown(out: &mut String, f: &FilesReport) {
+    let _ = writeln!(
+        out,
+        "\n| {} MB file over one WebSocket, profile {}, {} KiB per `write`, median of {} | MB/s | \
+         seconds | daemon CPU ms | bench CPU ms | daemon RSS before MiB | peak MiB | after MiB | \
+         peak growth MiB | checked |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f.bytes as f64 / 1e6,
+        f.profile,
+        f.chunk_bytes / 1024,
+        f.repeats
+    );
+    for t in &f.rows {
+        let _ = writeln!(out, "{}", transfer_row(t));
+    }
+    if let Some(u) = &f.unpaced_read {
+        let _ = writeln!(
+            out,
+            "\n`spawn` `cat FILE` read by offset without pacing: {:.1} of {:.1} MB arrived, {:.1} MB \
+             fell out of the {} KiB output ring before they were read (a process's output is not \
+             flow-controlled; the paced row above asks for one ring's worth at a time).",
+            u.received_bytes as f64 / 1e6,
+            u.output_bytes as f64 / 1e6,
+            u.dropped_bytes as f64 / 1e6,
+            f.window_bytes / 1024
+        );
+    }
+    for failure in &f.failures {
+        let _ = writeln!(out, "\n**files FAILED** {failure}");
+    }
 }
 
 /// The cost of each isolation step: one row per `unshare` variant.
@@ -551,5 +680,40 @@ fn steps_markdown(out: &mut String, st: &StepsReport) {
     );
     for failure in &st.failures {
         let _ = writeln!(out, "\n**steps FAILED** {failure}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transfer_row_shows_rate_seconds_and_rss_in_mib() {
+        let row = TransferRun {
+            kind: "upload".into(),
+            label: "`upload`".into(),
+            verified: "sha256".into(),
+            mb_per_s: 123.456,
+            seconds: 0.40501,
+            daemon_cpu_ms: 250.0,
+            client_cpu_ms: 180.4,
+            daemon_minor_faults: 0,
+            all_seconds: vec![0.40501],
+            rss_before_kib: 8 * 1024,
+            rss_peak_kib: 10 * 1024 + 512,
+            rss_after_kib: 9 * 1024,
+            peak_growth_kib: 2 * 1024 + 512,
+            peak_from_vmhwm: true,
+        };
+        assert_eq!(
+            transfer_row(&row),
+            "| `upload` | 123 | 0.41 | 250 | 180 | 8.0 | 10.5 | 9.0 | +2.5 | sha256 |"
+        );
+    }
+
+    #[test]
+    fn mib_has_one_decimal() {
+        assert_eq!(mib1(0), "0.0");
+        assert_eq!(mib1(1536), "1.5");
     }
 }
