@@ -100,8 +100,10 @@ pub async fn connect(
                 .map_err(|_| "the token contains characters not allowed in a header".to_string())?;
             request.headers_mut().insert("Authorization", value);
         }
+        // Nagle off (`disable_nagle`): a small request right behind a large one (a write and
+        // the list_processes that confirms it) must not wait for the delayed ACK.
         let connected =
-            tokio_tungstenite::connect_async_tls_with_config(request, None, false, connector).await;
+            tokio_tungstenite::connect_async_tls_with_config(request, None, true, connector).await;
         let (mut ws, _) = connected.map_err(|e| match tls::certificate_refused(&e) {
             Some(reason) => ConnectError {
                 reason,

@@ -112,9 +112,14 @@ impl OutputRing {
         }
     }
 
-    /// The output has ended.
+    /// The output has ended. What is kept shrinks to its size (a ring that grew by doubling
+    /// would otherwise hold twice its bytes for as long as the ended process is listed).
     pub fn close(&self) {
-        self.lock().eof = true;
+        {
+            let mut state = self.lock();
+            state.eof = true;
+            state.buf.shrink_to_fit();
+        }
         self.bump();
     }
 
