@@ -45,12 +45,8 @@ const WAIT_SLACK: Duration = Duration::from_secs(30);
 pub struct ShellArgs {
     #[command(flatten)]
     pub executor: ExecutorArgs,
-    /// Working directory (default: the executor's workspace; for a local executor, here).
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<String>,
-    /// Extra environment variable NAME=VALUE; repeatable.
-    #[arg(long = "env", value_name = "NAME=VALUE")]
-    pub env: Vec<String>,
+    #[command(flatten)]
+    pub place: crate::exec::CommandPlace,
     /// Seconds before the shell's whole process tree is killed (default: the executor's
     /// longest).
     #[arg(long)]
@@ -92,7 +88,7 @@ pub async fn exec_with_stdin(
     reached: &Reached,
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<u8> {
-    let env = env_pairs(&args.env)?;
+    let env = env_pairs(&args.place.env)?;
     let profile = reached.profile(args.executor.profile.as_deref()).await?;
     let mut client = reached.client().await?;
     let outcome = async {
@@ -102,7 +98,7 @@ pub async fn exec_with_stdin(
             .spawn(SpawnRequest {
                 id: id.clone(),
                 command: args.command.join(" "),
-                cwd: args.cwd.clone(),
+                cwd: args.place.cwd.clone(),
                 env,
                 timeout: Some(args.timeout),
                 profile,
@@ -146,7 +142,7 @@ async fn shell_with(
     reached: &Reached,
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<u8> {
-    let mut env = env_pairs(&args.env)?;
+    let mut env = env_pairs(&args.place.env)?;
     // Programs on the remote terminal draw for ours: tell them what it is.
     if !env.contains_key("TERM") {
         let term = std::env::var("TERM").ok().filter(|t| !t.is_empty());
@@ -167,7 +163,7 @@ async fn shell_with(
             .spawn(SpawnRequest {
                 id: id.clone(),
                 command,
-                cwd: args.cwd.clone(),
+                cwd: args.place.cwd.clone(),
                 env,
                 timeout: args.timeout,
                 profile,

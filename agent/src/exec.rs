@@ -21,12 +21,8 @@ pub struct ExecArgs {
     /// Seconds before the command's whole process tree is killed.
     #[arg(long, default_value_t = 30.0)]
     pub timeout: f64,
-    /// Working directory (default: the executor's workspace; for a local executor, here).
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<String>,
-    /// Extra environment variable NAME=VALUE; repeatable.
-    #[arg(long = "env", value_name = "NAME=VALUE")]
-    pub env: Vec<String>,
+    #[command(flatten)]
+    pub place: CommandPlace,
     /// Feed our stdin to the command's stdin (protocol 1.1 `spawn`; without it the command's
     /// stdin is empty).
     #[arg(long)]
@@ -64,6 +60,17 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     }
 }
 
+/// Where a command runs and what it adds to its environment (`exec`, `shell`).
+#[derive(Args)]
+pub struct CommandPlace {
+    /// Working directory (default: the executor's workspace; for a local executor, here).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Extra environment variable NAME=VALUE; repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+}
+
 /// `--env NAME=VALUE` flags as a map.
 pub fn env_pairs(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     let mut env = BTreeMap::new();
@@ -92,7 +99,7 @@ async fn exec_with(
     reached: &Reached,
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<u8> {
-    let env = env_pairs(&args.env)?;
+    let env = env_pairs(&args.place.env)?;
     // A local executor: the strongest profile whose commands can write here, as `run` does.
     let profile = reached.profile(args.executor.profile.as_deref()).await?;
     let target = &reached.target;
@@ -111,7 +118,7 @@ async fn exec_with(
     let request = ExecRequest {
         id: "exec".into(),
         command: args.command.join(" "),
-        cwd: args.cwd.clone(),
+        cwd: args.place.cwd.clone(),
         env,
         timeout: Some(args.timeout),
         profile,
