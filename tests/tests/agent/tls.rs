@@ -116,6 +116,14 @@ async fn an_agent_pinning_the_executors_fingerprint_runs_its_commands_over_tls()
     ])
     .await;
     assert_eq!((code, out.as_str()), (0, "trusted\n"), "{err}");
+    // The audit log is written by a thread of its own, just after each result.
+    assert!(
+        eventually(PATIENCE, || daemon
+            .audit()
+            .iter()
+            .any(|r| r["command"] == "echo trusted"))
+        .await
+    );
     let commands: Vec<String> = daemon
         .audit()
         .iter()
