@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use ops::serve;
 
-/// Longest header line the daemon reads (a listing of 10,000 entries fits).
+/// Longest header line the daemon reads (a listing is cut to fit: `List` stops at half of it).
 pub const MAX_HEADER_BYTES: usize = 4 << 20;
 /// Entries `list_dir` returns at most.
 pub const MAX_LIST_ENTRIES: usize = 10_000;

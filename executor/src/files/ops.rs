@@ -678,18 +678,27 @@ fn list(path: &Path) -> Result<Header, OpError> {
         .collect::<io::Result<Vec<_>>>()
         .map_err(failed)?;
     names.sort();
-    let truncated = names.len() > MAX_LIST_ENTRIES;
+    let mut truncated = names.len() > MAX_LIST_ENTRIES;
     names.truncate(MAX_LIST_ENTRIES);
 
     let mut listed = Vec::with_capacity(names.len());
+    // The answer must fit the header line the daemon reads: names and link targets of up to
+    // 4 KiB each would not, 10,000 of them (JSON escaping can make a byte six).
+    let mut room = super::MAX_HEADER_BYTES / 2;
     for name in names {
         let child = path.join(&name);
         match fs::symlink_metadata(&child) {
-            Ok(metadata) => listed.push(file_stat(
-                name.to_string_lossy().into_owned(),
-                &child,
-                &metadata,
-            )),
+            Ok(metadata) => {
+                let stat = file_stat(name.to_string_lossy().into_owned(), &child, &metadata);
+                let size =
+                    6 * (stat.name.len() + stat.target.as_ref().map_or(0, String::len)) + 160;
+                if size > room {
+                    truncated = true;
+                    break;
+                }
+                room -= size;
+                listed.push(stat);
+            }
             // Removed since the directory was read.
             Err(error) if error.kind() == io::ErrorKind::NotFound => {}
             Err(error) => return Err(failed(error)),

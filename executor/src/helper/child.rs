@@ -253,6 +253,8 @@ pub fn payload_main(template: &Template, setup_w: OwnedFd, channel: OwnedFd) -> 
         // A file operation, where the command would have exec'd: the end of the setup pipe
         // (exec would have closed it) tells the helper it has started.
         drop(setup_w);
+        // Nothing but its stdio: exec would have closed what the helper's side left open.
+        sys::close_fds_above_stderr_except(2);
         use std::os::fd::AsFd;
         let code = match (
             std::io::stdin().as_fd().try_clone_to_owned(),

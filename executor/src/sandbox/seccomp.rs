@@ -131,6 +131,24 @@ const NAMESPACE_FLAGS: &[u64] = &[
     libc::CLONE_NEWCGROUP as u64,
 ];
 
+/// Terminal ioctls refused on every descriptor: a process on a PTY (protocol 1.1 `pty`) holds a
+/// real terminal of the host's devpts, and no program run on one needs these.
+const TERMINAL_IOCTLS: &[(libc::c_ulong, &str)] = &[
+    (
+        libc::TIOCSTI as libc::c_ulong,
+        "types into a terminal's input",
+    ),
+    (
+        libc::TIOCSETD as libc::c_ulong,
+        "line disciplines: loads kernel modules (n_hdlc, n_gsm) with a history of local-root bugs",
+    ),
+    (
+        libc::TIOCCONS as libc::c_ulong,
+        "redirects the host console's output",
+    ),
+    (libc::TIOCLINUX as libc::c_ulong, "virtual console control"),
+];
+
 /// Syscall numbers at or above this belong to the x32 ABI.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
@@ -235,6 +253,20 @@ fn deny_list(extra: Extra) -> Result<BpfProgram, SeccompError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_clone, clone_rules);
+    // ioctl's request is an unsigned int to the kernel: compare the low 32 bits only, or high
+    // bits set by the caller would slip past.
+    let ioctl_rules = TERMINAL_IOCTLS
+        .iter()
+        .map(|(request, _)| {
+            SeccompRule::new(vec![SeccompCondition::new(
+                1,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                *request,
+            )?])
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_ioctl, ioctl_rules);
     if extra.own_process_only {
         let arg_is_not = |arg: u8, value: u64| {
             SeccompRule::new(vec![SeccompCondition::new(

@@ -461,7 +461,10 @@ impl Connection {
                 () = session.ended.cancelled() => return,
                 () = shutdown.cancelled() => {}
             }
-            session.send(answer(&process, req.id)).await;
+            // As for a read: nobody to answer, the client asks again after a resume.
+            if session.is_attached() {
+                session.send(answer(&process, req.id)).await;
+            }
             drop(permit);
         });
         self.daemon.tasks.spawn(task);

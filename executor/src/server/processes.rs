@@ -194,10 +194,13 @@ impl Processes {
         if let Some(old) = guard.0.insert(process.id.clone(), process.clone()) {
             old.ring.discarded.cancel();
         }
+        // Per kind: answered uploads (kept so late writes are dropped quietly) never push a
+        // process's output out.
+        let kind = process.kind;
         let mut ended: Vec<(u64, String)> = guard
             .0
             .values()
-            .filter(|p| !p.running())
+            .filter(|p| !p.running() && p.kind == kind)
             .map(|p| (p.serial, p.id.clone()))
             .collect();
         if ended.len() > KEPT_ENDED {

@@ -409,6 +409,11 @@ pub fn is_final(msg: &ServerMessage) -> bool {
     final_reply(msg).is_some()
 }
 
+/// About what one file's facts cost kept (names and link targets are up to 4 KiB each).
+fn stat_size(stat: &protocol::FileStat) -> usize {
+    stat.name.len() + stat.target.as_ref().map_or(0, String::len) + 128
+}
+
 /// A final reply's request id and about how many bytes keeping it costs.
 fn final_reply(msg: &ServerMessage) -> Option<(String, usize)> {
     let found = match msg {
@@ -418,8 +423,11 @@ fn final_reply(msg: &ServerMessage) -> Option<(String, usize)> {
         ServerMessage::Exited(r) => (r.id.clone(), r.exception_info.len() + 256),
         ServerMessage::Uploaded(r) => (r.id.clone(), r.path.len() + 64),
         ServerMessage::Downloaded(r) => (r.id.clone(), r.path.len() + 64),
-        ServerMessage::FileInfo(r) => (r.id.clone(), r.stat.name.len() + 128),
-        ServerMessage::DirListing(r) => (r.id.clone(), r.entries.len() * 128 + r.path.len()),
+        ServerMessage::FileInfo(r) => (r.id.clone(), stat_size(&r.stat)),
+        ServerMessage::DirListing(r) => (
+            r.id.clone(),
+            r.entries.iter().map(stat_size).sum::<usize>() + r.path.len(),
+        ),
         _ => return None,
     };
     Some(found)

@@ -1030,3 +1030,44 @@ async fn ended_processes_are_kept_for_reading_until_eight_newer_ones_push_them_o
     }
     assert_eq!(read_to_eof(&mut client, "p2", 0).await, b"out-2\n");
 }
+
+/// A PTY process holds a real terminal of the host's devpts: the ioctls that reach beyond its
+/// own terminal (typing into its input, changing its line discipline, which loads kernel
+/// modules, taking the console) are refused by seccomp; asking and setting its size works.
+#[tokio::test]
+async fn a_pty_process_cannot_use_the_terminal_ioctls_that_reach_beyond_it() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let probe = r#"python3 -c '
+import fcntl, struct, termios
+def attempt(name, request, arg):
+    try:
+        fcntl.ioctl(0, request, arg)
+        print(name, "allowed")
+    except OSError as e:
+        print(name, "refused", e.errno)
+attempt("TIOCGWINSZ", termios.TIOCGWINSZ, bytes(8))
+attempt("TIOCSWINSZ", termios.TIOCSWINSZ, struct.pack("HHHH", 30, 90, 0, 0))
+attempt("TIOCSTI", termios.TIOCSTI, b"x")
+attempt("TIOCSETD", 0x5423, struct.pack("i", 0))
+attempt("TIOCCONS", termios.TIOCCONS, b"")
+'"#;
+    for profile in ["strict", "landlock"] {
+        let id = format!("ioctl-{profile}");
+        let mut r = spawn_req(&id, probe);
+        r.profile = Some(profile.to_string());
+        r.pty = Some(PtySize { rows: 24, cols: 80 });
+        spawn(&mut client, r).await;
+        let out = String::from_utf8_lossy(&read_to_eof(&mut client, &id, 0).await).into_owned();
+        // Control: the terminal's own size is the command's to read and set.
+        assert!(out.contains("TIOCGWINSZ allowed"), "{profile}: {out}");
+        assert!(out.contains("TIOCSWINSZ allowed"), "{profile}: {out}");
+        // EPERM (1) is seccomp's answer, not the terminal's.
+        for name in ["TIOCSTI", "TIOCSETD", "TIOCCONS"] {
+            assert!(
+                out.contains(&format!("{name} refused 1")),
+                "{profile}: {out}"
+            );
+        }
+    }
+}
