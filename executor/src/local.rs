@@ -38,13 +38,21 @@ impl TempHome {
                 }
             }
             let home = Self(dir);
+            // `{home}/tmp`: TMPDIR in profiles that use it.
+            let tmp = home.0.join("tmp");
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&tmp)
+                .with_context(|| format!("cannot create {}", tmp.display()))?;
             if let Some((uid, gid)) = owner {
-                nix::unistd::chown(
-                    &home.0,
-                    Some(nix::unistd::Uid::from_raw(uid)),
-                    Some(nix::unistd::Gid::from_raw(gid)),
-                )
-                .with_context(|| format!("cannot hand {} to uid {uid}", home.0.display()))?;
+                for dir in [&home.0, &tmp] {
+                    nix::unistd::chown(
+                        dir,
+                        Some(nix::unistd::Uid::from_raw(uid)),
+                        Some(nix::unistd::Gid::from_raw(gid)),
+                    )
+                    .with_context(|| format!("cannot hand {} to uid {uid}", dir.display()))?;
+                }
             }
             return Ok(home);
         }

@@ -337,11 +337,14 @@ pub fn plan_command(
         check_private_workspaces(profile, root, &sandbox)?;
     }
     let layers = layers(&cgroups, &sandbox);
-    let missing = rights
+    let mut missing: Vec<String> = rights
         .missing
         .iter()
         .map(|f| f.layer().to_string())
         .collect();
+    if process_limit_unenforced(profile, &cgroups, &sandbox, settings) {
+        missing.push("process_limit".to_string());
+    }
     Ok(Plan {
         template: Template {
             cgroups,
@@ -362,6 +365,23 @@ pub fn plan_command(
 /// The landlock rule that opens `path`, for a sandbox that relies on landlock alone (no mount
 /// namespace covers anything). Landlock rules are an allow-list: a path beneath an allowed
 /// one cannot be carved out.
+/// Whether the profile's process limit binds nothing here: without a pids controller it falls
+/// back to RLIMIT_NPROC, which the kernel does not apply to root (task-container's commands on
+/// a host without the controller, say). Named in the isolation report rather than refused:
+/// such a profile is offered only when the operator names it.
+fn process_limit_unenforced(
+    profile: &Profile,
+    cgroups: &[CgroupDir],
+    sandbox: &SandboxPlan,
+    settings: &PlanSettings,
+) -> bool {
+    let by_cgroup = cgroups
+        .iter()
+        .any(|c| c.settings.iter().any(|(f, _)| f == "pids.max"));
+    let uid = sandbox.user.map_or(settings.daemon_uid, |(uid, _)| uid);
+    profile.limits.processes.is_some() && !by_cgroup && uid == 0
+}
+
 fn landlock_rule_opening<'a>(sandbox: &'a SandboxPlan, path: &Path) -> Option<&'a PathBuf> {
     let (Some(rules), None) = (&sandbox.landlock, &sandbox.mounts) else {
         return None;
@@ -1099,6 +1119,37 @@ mod tests {
         assert!(plan.template.missing.is_empty());
         let rules = plan.template.sandbox.landlock.unwrap();
         assert_eq!((rules.abi, rules.scope, rules.deny_tcp), (6, true, true));
+    }
+
+    #[test]
+    fn a_process_limit_nothing_enforces_is_named_in_the_report() {
+        let mut s = settings();
+        s.daemon_uid = 0;
+        // With the pids controller every profile's limit binds.
+        for name in ["strict", "landlock", "task-container"] {
+            let plan = plan_command(&spec("ls"), &builtin(name), &s).unwrap();
+            assert!(
+                !plan.template.missing.contains(&"process_limit".into()),
+                "{name}"
+            );
+        }
+        // Without it, RLIMIT_NPROC binds unprivileged uids but not task-container's root.
+        s.cgroups.pids = None;
+        let plan = plan_command(&spec("ls"), &builtin("task-container"), &s).unwrap();
+        assert!(plan.template.missing.contains(&"process_limit".into()));
+        for name in ["strict", "landlock"] {
+            let plan = plan_command(&spec("ls"), &builtin(name), &s).unwrap();
+            assert!(
+                !plan.template.missing.contains(&"process_limit".into()),
+                "{name}"
+            );
+            assert!(plan
+                .template
+                .sandbox
+                .rlimits
+                .iter()
+                .any(|r| r.kind == RlimitKind::Nproc));
+        }
     }
 
     #[test]

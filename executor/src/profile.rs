@@ -274,6 +274,12 @@ pub enum ProfileError {
     },
 }
 
+/// `path` as this host resolves it (symlinks followed), or as written where it cannot be
+/// (missing, or a `{template}`).
+fn resolved(path: &str) -> std::path::PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| std::path::PathBuf::from(path))
+}
+
 impl Profile {
     /// Whether commands see only the paths the profile lists (by a mount namespace over a
     /// chosen filesystem, or by landlock), so a directory it does not list stays private.
@@ -300,19 +306,16 @@ impl Profile {
         if fs.root == RootMode::Host && self.namespaces.contains(&Namespace::Mount) {
             return true;
         }
-        let resolve = |path: &str| {
-            std::fs::canonicalize(path).unwrap_or_else(|_| std::path::PathBuf::from(path))
-        };
         let read: Vec<std::path::PathBuf> = profiles
             .into_iter()
             .filter_map(|p| p.filesystem.as_ref())
-            .flat_map(|f| f.read_only.iter().map(|g| resolve(&g.path)))
+            .flat_map(|f| f.read_only.iter().map(|g| resolved(&g.path)))
             .collect();
         fs.writable
             .iter()
             .filter(|w| !w.path.starts_with('{'))
             .any(|w| {
-                let w = resolve(&w.path);
+                let w = resolved(&w.path);
                 read.iter().any(|r| r.starts_with(&w) || w.starts_with(r))
             })
     }
@@ -409,13 +412,16 @@ impl Profile {
             }
             if !mount_ns {
                 // Without a mount namespace, "hidden" can only mean "opened by no rule", and
-                // landlock cannot carve a path out of a granted tree.
+                // landlock cannot carve a path out of a granted tree. Compared as written and
+                // as this host resolves them: landlock's rules follow symlinks, so a hidden
+                // `/lib/x` lies beneath a granted `/usr` where `/lib` links to `usr/lib`.
                 let granted = fs.read_only.iter().chain(&fs.writable);
                 for hidden in &fs.hidden {
-                    if let Some(grant) = granted
-                        .clone()
-                        .find(|g| Path::new(&hidden.path).starts_with(&g.path))
-                    {
+                    let beneath = |grant: &PathGrant| {
+                        Path::new(&hidden.path).starts_with(&grant.path)
+                            || resolved(&hidden.path).starts_with(resolved(&grant.path))
+                    };
+                    if let Some(grant) = granted.clone().find(|g| beneath(g)) {
                         return Err(invalid(&format!(
                             "hidden path {} lies beneath the granted {}, and without the mount \
                              namespace landlock cannot take it out of that grant",
@@ -424,6 +430,13 @@ impl Profile {
                     }
                 }
             }
+        }
+        if (self.seccomp || self.landlock.enabled()) && self.limits.processes.is_none() {
+            // A filtered profile promises a bounded command: without a process limit one fork
+            // loop fills the host's process table.
+            return Err(invalid(
+                "a profile that filters commands (seccomp or landlock) needs limits.processes",
+            ));
         }
         if self.namespaces.contains(&Namespace::Mount) != self.namespaces.contains(&Namespace::Pid)
         {
@@ -518,6 +531,47 @@ pub(crate) mod tests {
         value["filesystem"]["hidden"] =
             serde_json::json!([{"path": "/srv/secrets", "reason": "not ours"}]);
         Profile::parse("landlock", &value.to_string()).unwrap();
+    }
+
+    #[test]
+    fn a_hidden_path_reached_through_a_symlink_into_a_grant_is_refused() {
+        // landlock's rules follow symlinks: hiding `link/secret` where `link` points into a
+        // granted directory hides nothing. (Not under /tmp, which landlock grants.)
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir_all(real.join("secret")).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+        let landlock = include_str!("../../sandbox-profiles/landlock.json");
+        let mut value: serde_json::Value = serde_json::from_str(landlock).unwrap();
+        value["filesystem"]["read_only"] = serde_json::json!([{"path": real, "reason": "r"}]);
+        value["filesystem"]["hidden"] =
+            serde_json::json!([{"path": dir.path().join("link/secret"), "reason": "h"}]);
+        let err = Profile::parse("landlock", &value.to_string()).unwrap_err();
+        assert!(err.to_string().contains("beneath"), "{err}");
+        // Control: a link to a directory outside every grant hides what it names.
+        std::fs::create_dir_all(dir.path().join("other/secret")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("other"), dir.path().join("link2")).unwrap();
+        value["filesystem"]["hidden"] =
+            serde_json::json!([{"path": dir.path().join("link2/secret"), "reason": "h"}]);
+        Profile::parse("landlock", &value.to_string()).unwrap();
+    }
+
+    #[test]
+    fn a_filtered_profile_must_bound_its_processes() {
+        for name in ["landlock", "strict", "task-container"] {
+            let text = BUILTIN.iter().find(|(n, _)| *n == name).unwrap().1;
+            let mut value: serde_json::Value = serde_json::from_str(text).unwrap();
+            value["limits"]["processes"] = serde_json::Value::Null;
+            let err = Profile::parse(name, &value.to_string()).unwrap_err();
+            assert!(
+                err.to_string().contains("limits.processes"),
+                "{name}: {err}"
+            );
+        }
+        // Control: trusted filters nothing and promises no bound.
+        let trusted = Profile::all_builtin().unwrap();
+        let trusted = trusted.iter().find(|p| p.name == "trusted").unwrap();
+        assert_eq!(trusted.limits.processes, None);
     }
 
     #[test]

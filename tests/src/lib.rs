@@ -262,12 +262,23 @@ impl Drop for Daemon {
 
 /// A raw HTTP/1.1 GET; returns the whole response text.
 pub async fn http_get(addr: SocketAddr, path: &str, auth: Option<&str>) -> std::io::Result<String> {
+    let auth: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
+    http_get_with(addr, path, &auth).await
+}
+
+/// [`http_get`] with headers of the caller's (besides `Host` and `Connection`).
+pub async fn http_get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = TcpStream::connect(addr).await?;
-    let auth = auth
-        .map(|a| format!("Authorization: {a}\r\n"))
-        .unwrap_or_default();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
+    let headers: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).await?;
     let mut out = Vec::new();
     tokio::time::timeout(PATIENCE, stream.read_to_end(&mut out))

@@ -631,7 +631,9 @@ impl Connection {
             WorkspacePolicy::PerConnection => self.session.scratch.clone(),
         };
         let home = workspaces.home_of(&started.name);
-        for dir in valid.spec.workspace.iter().chain([&home]) {
+        // `{home}/tmp`: the client's own TMPDIR (landlock shares the host's /tmp).
+        let tmp = home.join("tmp");
+        for dir in valid.spec.workspace.iter().chain([&home, &tmp]) {
             workspaces
                 .ensure(dir, owner)
                 .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, format!("{err:#}")))?;

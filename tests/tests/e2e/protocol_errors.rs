@@ -287,6 +287,18 @@ async fn browser_origins_and_foreign_host_names_are_refused() {
         .await
         .unwrap();
     assert!(metrics.starts_with("HTTP/1.1 401"), "{metrics}");
+    // The metrics, with the token: refused to a foreign Origin, served to the allowed one.
+    let bearer = format!("Bearer {}", daemon.token);
+    for (origin, status) in [
+        ("https://evil.example", "HTTP/1.1 403"),
+        ("https://ui.example", "HTTP/1.1 200"),
+    ] {
+        let headers = [("Authorization", bearer.as_str()), ("Origin", origin)];
+        let metrics = executor_tests::http_get_with(daemon.addr, "/metrics", &headers)
+            .await
+            .unwrap();
+        assert!(metrics.starts_with(status), "{origin}: {metrics}");
+    }
     // Allowed twins: no Origin (not a browser), the allowed one, loopback names.
     for headers in [
         vec![],

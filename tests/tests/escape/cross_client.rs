@@ -485,6 +485,71 @@ async fn landlock_clients_each_have_a_home_no_other_client_can_plant_configurati
 }
 
 #[tokio::test]
+async fn landlock_clients_each_have_a_tmpdir_no_other_client_can_read() {
+    // /tmp is the host's under landlock (no mount namespace): a program's temporary files
+    // (mktemp, Python's tempfile, compilers) go to TMPDIR, which is in the client's own home.
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return;
+    }
+    let daemon = clients_daemon(
+        &serde_json::json!({"clients": [
+            {"name": "alice", "token": ALICE, "profiles": ["landlock"]},
+            {"name": "bob", "token": BOB, "profiles": ["landlock"]},
+        ]}),
+        &[],
+    )
+    .unwrap();
+    let mut alice = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
+    let mut bob = Client::connect(&daemon.url, Some(BOB)).await.unwrap();
+    let made = run_in(
+        &mut alice,
+        LANDLOCK,
+        "mktemp",
+        &format!("f=$(mktemp); echo secret > $f; echo file=$f; echo py=$({PY} -c 'import tempfile; print(tempfile.gettempdir())')"),
+    )
+    .await
+    .output;
+    let file = field(&made, "file")
+        .expect("mktemp printed its file")
+        .to_string();
+    let alice_tmp = daemon.state.path().join("workspaces/home/alice/tmp");
+    assert!(
+        std::path::Path::new(&file).starts_with(&alice_tmp),
+        "{made}"
+    );
+    assert_eq!(
+        field(&made, "py"),
+        Some(alice_tmp.to_str().unwrap()),
+        "{made}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "secret\n");
+    let tried = run_in(
+        &mut bob,
+        LANDLOCK,
+        "peek",
+        &format!(
+            "echo tmp=$TMPDIR; cat {file}; echo cat=$?; ls {}; echo ls=$?",
+            alice_tmp.display()
+        ),
+    )
+    .await
+    .output;
+    assert!(!tried.contains("secret"), "{tried}");
+    assert_ne!(field(&tried, "cat"), Some("0"), "{tried}");
+    assert_ne!(field(&tried, "ls"), Some("0"), "{tried}");
+    assert_eq!(
+        field(&tried, "tmp"),
+        daemon.state.path().join("workspaces/home/bob/tmp").to_str(),
+        "{tried}"
+    );
+    // Control: alice reads her own temporary file.
+    let own = run_in(&mut alice, LANDLOCK, "own", &format!("cat {file}"))
+        .await
+        .output;
+    assert_eq!(own, "secret\n");
+}
+
+#[tokio::test]
 async fn private_clients_run_as_uids_of_their_own() {
     // Clients with private workspaces are kept apart by the kernel's uid checks too, not only
     // by landlock and seccomp: each runs as a uid of its own, which owns its workspace.
@@ -544,6 +609,64 @@ async fn private_clients_run_as_uids_of_their_own() {
     assert!(!(0..1000).contains(&alice) && alice != 65534, "{alice}");
     // Control: a client sharing the daemon's workspace runs as the profile's identity.
     assert_eq!(carol, 65534);
+}
+
+#[tokio::test]
+async fn private_landlock_clients_cannot_list_stat_or_read_each_others_files() {
+    // landlock does not restrict stat, readlink or inotify, and /tmp is shared: what keeps two
+    // private-workspace clients apart there is their own uids and the files' modes.
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return;
+    }
+    let daemon = clients_daemon(
+        &serde_json::json!({"clients": [
+            {"name": "alice", "token": ALICE, "profiles": ["landlock"], "workspace": "per_client"},
+            {"name": "bob", "token": BOB, "profiles": ["landlock"], "workspace": "per_client"},
+        ]}),
+        &[],
+    )
+    .unwrap();
+    let mut alice = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
+    let mut bob = Client::connect(&daemon.url, Some(BOB)).await.unwrap();
+    let m = marker();
+    let shared = format!("/tmp/alice-{m}");
+    let workspace = alice.hello.workspace.clone();
+    let made = run_in(
+        &mut alice,
+        LANDLOCK,
+        "plant",
+        &format!("umask 077; echo secret > {shared}; echo secret > notes-{m}; echo rc=$?"),
+    )
+    .await
+    .output;
+    assert_eq!(field(&made, "rc"), Some("0"), "{made}");
+    let probe = |who: &str| {
+        format!(
+            "cat {shared}; echo cat=$?; echo x >> {shared}; echo append=$?; \
+             stat -c %s {workspace}/notes-{m}; echo stat=$?; ls {workspace}; echo ls=$?; \
+             echo {who}"
+        )
+    };
+    let tried = run_in(&mut bob, LANDLOCK, "peek", &probe("bob"))
+        .await
+        .output;
+    assert!(!tried.contains("secret"), "{tried}");
+    for step in ["cat", "append", "stat", "ls"] {
+        assert_ne!(field(&tried, step), Some("0"), "bob's {step}: {tried}");
+    }
+    // On the host: alice's file is still hers and unchanged.
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(&shared).unwrap();
+    assert_eq!(std::fs::read_to_string(&shared).unwrap(), "secret\n");
+    assert_ne!(meta.uid(), 65534, "alice runs as a uid of her own");
+    // Control: alice reaches both herself.
+    let own = run_in(&mut alice, LANDLOCK, "own", &probe("alice"))
+        .await
+        .output;
+    for step in ["cat", "append", "stat", "ls"] {
+        assert_eq!(field(&own, step), Some("0"), "alice's {step}: {own}");
+    }
+    let _ = std::fs::remove_file(&shared);
 }
 
 #[tokio::test]

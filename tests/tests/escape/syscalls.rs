@@ -119,6 +119,24 @@ r, e = sc(440, me, ctypes.byref(iov), 1, 20, 0)   # MADV_COLD on our own page
 print(f"process_madvise={r} process_madvise_errno={e}")
 "#,
         ),
+        (
+            "process_mrelease",
+            r#"
+import time
+child = os.fork()
+if child == 0:
+    time.sleep(5)
+    os._exit(0)
+pidfd, _ = sc(434, child, 0)   # pidfd_open
+os.kill(child, 9)
+r, e = sc(448, pidfd, 0)        # process_mrelease of the dying child
+os.waitpid(child, 0)
+# Allowed, it reaps (0) or finds the child gone already (ESRCH); only seccomp says EPERM.
+if e == 3:
+    r, e = 0, 0
+print(f"process_mrelease={r} process_mrelease_errno={e}")
+"#,
+        ),
     ]
 }
 
