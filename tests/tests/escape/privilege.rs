@@ -545,9 +545,16 @@ async fn task_container_cannot_rename_a_directory_above_the_daemons_files() {
     let exe_bytes = std::fs::read(&exe).unwrap();
     let free = root.path().join("free");
     std::fs::create_dir(&free).unwrap();
+    // The audit log in a tree of its own: every covered file, not only the state directory.
+    let logs = root.path().join("logs");
+    std::fs::create_dir_all(logs.join("a")).unwrap();
     let Some(daemon) = daemon_with(executor_tests::DaemonOptions {
         binary: Some(exe.clone()),
         state_parent: Some(deep.clone()),
+        extra: vec![
+            "--audit-log".into(),
+            logs.join("a/audit.jsonl").display().to_string(),
+        ],
         ..Default::default()
     }) else {
         return;
@@ -559,7 +566,8 @@ async fn task_container_cannot_rename_a_directory_above_the_daemons_files() {
     let attack = format!(
         "mv {d} {d}.old; echo mv_state=$?; mkdir -p {s}; cat {d}.old/{n}/token; echo token_rc=$?; \
          mv {b} {b}.old; echo mv_bin=$?; mkdir -p {b}; echo trojan > {b}/executor; echo plant=$?; \
-         mv {f} {f}.moved; echo mv_free=$?",
+         mv {l} {l}.old; echo mv_log=$?; mv {f} {f}.moved; echo mv_free=$?",
+        l = logs.display(),
         d = deep.display(),
         s = state.display(),
         n = state_name,
@@ -569,6 +577,10 @@ async fn task_container_cannot_rename_a_directory_above_the_daemons_files() {
     let out = run_in(&mut client, TASK, "rename-up", &attack).await.output;
     let moved_state = deep.with_extension("old").exists();
     let moved_bin = bin.with_extension("old").exists();
+    let moved_log = logs.with_extension("old").exists();
+    if moved_log {
+        let _ = std::fs::rename(logs.with_extension("old"), &logs);
+    }
     // Put everything back whatever happened, so the daemon and the shared host stay sane.
     if moved_state {
         let _ = std::fs::remove_dir_all(&deep);
@@ -589,6 +601,10 @@ async fn task_container_cannot_rename_a_directory_above_the_daemons_files() {
     assert!(
         !moved_bin && field(&out, "mv_bin") != Some("0"),
         "[task-container] renamed the directory holding the binary: {out}"
+    );
+    assert!(
+        !moved_log && field(&out, "mv_log") != Some("0"),
+        "[task-container] renamed a directory above the audit log: {out}"
     );
     // On the host: the binary and the token are what they were.
     assert_eq!(
