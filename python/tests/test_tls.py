@@ -158,3 +158,27 @@ def test_the_pinned_context_works_for_blocking_sockets_too(tls_daemons):
     )
     with pytest.raises(PinRefused):
         refused.request("GET", "/healthz")
+
+
+def test_the_mini_environment_runs_over_a_pinned_wss_executor(tls_daemons):
+    """mini's environment class with `url` + `tls_fingerprint`, as a remote config names them."""
+    from minisweagent.exceptions import Submitted
+
+    from executor_client.mini import ExecutorEnvironment
+
+    daemon, other = tls_daemons
+    env = ExecutorEnvironment(
+        url=daemon.url, token_file=daemon.token_file, tls_fingerprint=daemon.fingerprint
+    )
+    try:
+        result = env.execute({"command": "echo pinned"})
+        assert (result["output"], result["returncode"]) == ("pinned\n", 0)
+        with pytest.raises(Submitted):
+            env.execute({"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo patch"})
+    finally:
+        env.close()
+    # Denial: the same pin against another executor's certificate never connects.
+    with pytest.raises(PinMismatchError):
+        ExecutorEnvironment(
+            url=other.url, token_file=other.token_file, tls_fingerprint=daemon.fingerprint
+        ).execute({"command": "true"})
