@@ -350,3 +350,30 @@ def audit_ending(daemon, command: str) -> str:
         if record.get("command") == command:
             return str(record.get("ended"))
     raise AssertionError(f"no audit record of {command!r}")
+
+
+def test_a_used_up_output_quota_raises_its_own_exception(daemon_factory, tmp_path):
+    """`quota_exceeded` from a real daemon: a client whose lifetime output quota is spent."""
+    from executor_client.errors import QuotaExceededError
+
+    token = "q" * 40
+    clients = tmp_path / "clients.json"
+    clients.write_text(
+        json.dumps(
+            {
+                "clients": [
+                    {"name": "small", "token": token, "profiles": ["landlock"]},
+                    {"name": "tiny", "token": "t" * 40, "output_quota_bytes": 100},
+                ]
+            }
+        )
+    )
+    clients.chmod(0o600)
+    daemon = daemon_factory("--clients", str(clients))
+    with Client.connect(daemon.url, token="t" * 40) as client:
+        assert client.exec("head -c 500 /dev/zero | tr '\\0' x").returncode == 0
+        with pytest.raises(QuotaExceededError):
+            client.exec("echo more")
+    # Control: another client's quota is its own.
+    with Client.connect(daemon.url, token=token) as client:
+        assert client.exec("echo fine").output == "fine\n"
