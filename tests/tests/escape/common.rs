@@ -37,6 +37,15 @@ def sc(nr, *args):
     ctypes.set_errno(0)
     r = libc.syscall(ctypes.c_long(nr), *conv)
     return r, (ctypes.get_errno() if r == -1 else 0)
+def sleeping_child():
+    """A child that sleeps 5 s, and a pidfd for it."""
+    import time
+    child = os.fork()
+    if child == 0:
+        time.sleep(5)
+        os._exit(0)
+    pidfd, _ = sc(434, child, 0)   # pidfd_open
+    return child, pidfd
 "#;
 
 /// `python3 - <<'PY' ... PY` around `body` (with the prelude), as one shell command.

@@ -405,23 +405,36 @@ fn clients_daemon(clients: &serde_json::Value, extra: &[&str]) -> Result<Daemon,
     started
 }
 
+/// A daemon with two landlock clients, alice and bob (each with a workspace of its own when
+/// `workspace` names a policy), and a connection of each; `None` where root is missing.
+async fn alice_and_bob(workspace: Option<&str>) -> Option<(Daemon, Client, Client)> {
+    if !executor_tests::require("root", executor_tests::is_root()) {
+        return None;
+    }
+    let client = |name: &str, token: &str| {
+        let mut entry = serde_json::json!({"name": name, "token": token, "profiles": ["landlock"]});
+        if let Some(policy) = workspace {
+            entry["workspace"] = policy.into();
+        }
+        entry
+    };
+    let daemon = clients_daemon(
+        &serde_json::json!({"clients": [client("alice", ALICE), client("bob", BOB)]}),
+        &[],
+    )
+    .unwrap();
+    let alice = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
+    let bob = Client::connect(&daemon.url, Some(BOB)).await.unwrap();
+    Some((daemon, alice, bob))
+}
+
 #[tokio::test]
 async fn landlock_clients_each_have_a_home_no_other_client_can_plant_configuration_in() {
     // HOME was /tmp for every landlock command: alice wrote /tmp/.gitconfig (core.fsmonitor)
     // and a .pth file in /tmp/.local, and bob's next `git status` and `python3` ran them.
-    if !executor_tests::require("root", executor_tests::is_root()) {
+    let Some((daemon, mut alice, mut bob)) = alice_and_bob(None).await else {
         return;
-    }
-    let daemon = clients_daemon(
-        &serde_json::json!({"clients": [
-            {"name": "alice", "token": ALICE, "profiles": ["landlock"]},
-            {"name": "bob", "token": BOB, "profiles": ["landlock"]},
-        ]}),
-        &[],
-    )
-    .unwrap();
-    let mut alice = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
-    let mut bob = Client::connect(&daemon.url, Some(BOB)).await.unwrap();
+    };
     let m = marker();
     let hook = format!("/tmp/hook-{m}");
     let pth = format!("/tmp/pth-{m}");
@@ -488,19 +501,9 @@ async fn landlock_clients_each_have_a_home_no_other_client_can_plant_configurati
 async fn landlock_clients_each_have_a_tmpdir_no_other_client_can_read() {
     // /tmp is the host's under landlock (no mount namespace): a program's temporary files
     // (mktemp, Python's tempfile, compilers) go to TMPDIR, which is in the client's own home.
-    if !executor_tests::require("root", executor_tests::is_root()) {
+    let Some((daemon, mut alice, mut bob)) = alice_and_bob(None).await else {
         return;
-    }
-    let daemon = clients_daemon(
-        &serde_json::json!({"clients": [
-            {"name": "alice", "token": ALICE, "profiles": ["landlock"]},
-            {"name": "bob", "token": BOB, "profiles": ["landlock"]},
-        ]}),
-        &[],
-    )
-    .unwrap();
-    let mut alice = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
-    let mut bob = Client::connect(&daemon.url, Some(BOB)).await.unwrap();
+    };
     let made = run_in(
         &mut alice,
         LANDLOCK,
@@ -615,19 +618,9 @@ async fn private_clients_run_as_uids_of_their_own() {
 async fn private_landlock_clients_cannot_list_stat_or_read_each_others_files() {
     // landlock does not restrict stat, readlink or inotify, and /tmp is shared: what keeps two
     // private-workspace clients apart there is their own uids and the files' modes.
-    if !executor_tests::require("root", executor_tests::is_root()) {
+    let Some((_daemon, mut alice, mut bob)) = alice_and_bob(Some("per_client")).await else {
         return;
-    }
-    let daemon = clients_daemon(
-        &serde_json::json!({"clients": [
-            {"name": "alice", "token": ALICE, "profiles": ["landlock"], "workspace": "per_client"},
-            {"name": "bob", "token": BOB, "profiles": ["landlock"], "workspace": "per_client"},
-        ]}),
-        &[],
-    )
-    .unwrap();
-    let mut alice = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
-    let mut bob = Client::connect(&daemon.url, Some(BOB)).await.unwrap();
+    };
     let m = marker();
     let shared = format!("/tmp/alice-{m}");
     let workspace = alice.hello.workspace.clone();

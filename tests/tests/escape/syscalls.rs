@@ -86,12 +86,7 @@ print(f"fsopen={r} fsopen_errno={e}")
         (
             "pidfd_getfd",
             r#"
-import time
-child = os.fork()
-if child == 0:
-    time.sleep(5)
-    os._exit(0)
-pidfd, _ = sc(434, child, 0)   # pidfd_open
+child, pidfd = sleeping_child()
 r, e = sc(438, pidfd, 1, 0)     # pidfd_getfd: the child's stdout
 os.kill(child, 9)
 os.waitpid(child, 0)
@@ -122,12 +117,7 @@ print(f"process_madvise={r} process_madvise_errno={e}")
         (
             "process_mrelease",
             r#"
-import time
-child = os.fork()
-if child == 0:
-    time.sleep(5)
-    os._exit(0)
-pidfd, _ = sc(434, child, 0)   # pidfd_open
+child, pidfd = sleeping_child()
 os.kill(child, 9)
 r, e = sc(448, pidfd, 0)        # process_mrelease of the dying child
 os.waitpid(child, 0)
