@@ -27,7 +27,9 @@ pub fn static_executor() -> PathBuf {
         .get_or_init(|| {
             let script =
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/build-static");
-            let out = Command::new(&script)
+            let mut build = Command::new(&script);
+            crate::without_package_env(&mut build);
+            let out = build
                 .stderr(std::process::Stdio::inherit())
                 .output()
                 .unwrap_or_else(|e| panic!("{} does not run: {e}", script.display()));
