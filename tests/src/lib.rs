@@ -80,7 +80,7 @@ pub fn binary(name: &str) -> PathBuf {
         let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut build = Command::new(cargo);
-        without_package_env(&mut build);
+        static_build::without_package_env(&mut build);
         build.args([
             "build", "--quiet", "--bins", "-p", "executor", "-p", "agent",
         ]);
@@ -92,30 +92,6 @@ pub fn binary(name: &str) -> PathBuf {
         dir
     });
     dir.join(name)
-}
-
-/// Remove from `command`'s environment the variables cargo gives a test process about its own
-/// package. A build started from a test would inherit them, and ring's build script reruns when
-/// CARGO_MANIFEST_DIR changes: ring and everything above it would be rebuilt there, and again
-/// by the next build from a shell (`cargo test` itself, `.ci/build-static`).
-pub(crate) fn without_package_env(command: &mut Command) {
-    const PER_PACKAGE: [&str; 6] = [
-        "CARGO_MANIFEST_DIR",
-        "CARGO_MANIFEST_PATH",
-        "CARGO_CRATE_NAME",
-        "CARGO_PRIMARY_PACKAGE",
-        "CARGO_TARGET_TMPDIR",
-        "CARGO_RUSTC_CURRENT_DIR",
-    ];
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if PER_PACKAGE.contains(&name.as_ref())
-            || name.starts_with("CARGO_PKG_")
-            || name.starts_with("CARGO_BIN_EXE_")
-        {
-            command.env_remove(name.as_ref());
-        }
-    }
 }
 
 /// Skip (locally) or fail (CI) when a precondition such as root is missing.
