@@ -129,6 +129,31 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
+    /// The daemon may not write the cgroup tree it would make its commands' cgroups in.
+    #[error(
+        "cannot create the commands' parent cgroup {path}: {source}. Give the daemon a cgroup \
+         tree it may write ({fix})"
+    )]
+    CreateParent {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+        fix: &'static str,
+    },
+}
+
+/// How to give the daemon a writable cgroup2 tree, for start-up messages.
+const UNIFIED_FIX: &str = "systemd: Delegate=yes on its service; a container: writable \
+                           cgroups; or name a writable cgroup2 directory with --cgroup-parent";
+/// The same for a v1 controller's hierarchy (`--cgroup-parent` names a cgroup2 directory).
+const V1_FIX: &str = "run it as root; in a container, with writable cgroups (--privileged)";
+
+/// Create `dir`, the daemon's parent of its commands' cgroups, or say how to make it possible.
+fn create_parent(dir: &Path, fix: &'static str) -> Result<(), CgroupError> {
+    create_if_missing(dir).map_err(|err| match err {
+        CgroupError::Io { path, source } => CgroupError::CreateParent { path, source, fix },
+        other => other,
+    })
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
@@ -178,7 +203,11 @@ pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
             }
             root.unified = Some(unified.hierarchy);
         }
-        Err(err) => tracing::warn!(%err, "cgroup v2 unavailable"),
+        Err(err) => tracing::warn!(
+            %err,
+            "cgroup v2 unavailable: commands get no cgroup2 directory; whole trees die by the \
+             pid namespace and the helper's sweep"
+        ),
     }
     for (slot, controller) in [(&mut root.pids, "pids"), (&mut root.memory, "memory")] {
         if slot.is_some() {
@@ -191,7 +220,11 @@ pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
                 "the {controller} controller is neither enabled in cgroup v2 nor mounted as \
                  cgroup v1: its per-command limit falls back to an rlimit"
             ),
-            Err(err) => tracing::warn!(%err, controller, "cgroup v1 controller unavailable"),
+            Err(err) => tracing::warn!(
+                %err,
+                controller,
+                "cgroup v1 controller unavailable: its per-command limit falls back to an rlimit"
+            ),
         }
     }
     root
@@ -257,7 +290,7 @@ fn prepare_unified(
         }
     };
     let parent = home.join(name);
-    create_if_missing(&parent)?;
+    create_parent(&parent, UNIFIED_FIX)?;
     // The parent holds no process: it can pass the controllers on to each command's cgroup.
     let wanted = match enable(&parent, &wanted) {
         Ok(()) => wanted,
@@ -304,7 +337,7 @@ fn prepare_v1(
     let home = own_dir(mountinfo, own, Kind::V1(controller), controller)?;
     remove_stale(&home);
     let parent = home.join(name);
-    create_if_missing(&parent)?;
+    create_parent(&parent, V1_FIX)?;
     Ok(Hierarchy { parent, back: home })
 }
 
@@ -607,6 +640,18 @@ mod tests {
         assert_eq!(daemon_of("executor-42-ns7-daemon", "-ns7"), Some(42));
         assert_eq!(daemon_of("executor-42-ns8", "-ns7"), None);
         assert_eq!(daemon_of("cmd-1", "-ns7"), None);
+    }
+
+    #[test]
+    fn a_parent_that_cannot_be_created_is_reported_with_its_path_and_the_fix() {
+        let dir = Path::new("/nonexistent-cgroup-tree/executor-1-ns2");
+        let err = create_parent(dir, UNIFIED_FIX).unwrap_err().to_string();
+        assert!(err.contains(&dir.display().to_string()), "{err}");
+        for fix in ["--cgroup-parent", "Delegate=yes"] {
+            assert!(err.contains(fix), "{err}");
+        }
+        // Control: an existing directory is taken as it is.
+        create_parent(&std::env::temp_dir(), UNIFIED_FIX).unwrap();
     }
 
     #[test]

@@ -53,15 +53,34 @@ pub const ALLOW_ALL_PROFILES: [&str; 8] = [
 /// How long any single wait in a test may take before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
-/// Path of a workspace binary, built once per test process so it is never stale.
+/// Environment variable naming a directory that holds `executor` and `agent` to test instead
+/// of the workspace's debug build: `.ci/run` points it at the static (musl) release binaries of
+/// `.ci/build-static`, so the e2e, escape and agent suites run against the build that ships.
+pub const BINARIES_ENV: &str = "EXECUTOR_TESTS_BINARIES";
+
+/// Path of a workspace binary, built once per test process so it is never stale; or, with
+/// [`BINARIES_ENV`] set, the one in that directory (built by whoever set it, and not rebuilt
+/// here).
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
+        if let Some(dir) = std::env::var_os(BINARIES_ENV).filter(|d| !d.is_empty()) {
+            let dir = PathBuf::from(dir);
+            for bin in ["executor", "agent"] {
+                assert!(
+                    dir.join(bin).is_file(),
+                    "{BINARIES_ENV}={}: no {bin} there",
+                    dir.display()
+                );
+            }
+            return dir;
+        }
         // target/<profile>/deps/e2e-<hash> -> target/<profile>
         let exe = std::env::current_exe().unwrap();
         let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut build = Command::new(cargo);
+        static_build::without_package_env(&mut build);
         build.args([
             "build", "--quiet", "--bins", "-p", "executor", "-p", "agent",
         ]);

@@ -44,6 +44,16 @@ impl Rootfs {
     /// busybox with a link for each applet in /bin, bash, and the directories a daemon and
     /// its commands expect.
     pub fn base() -> Self {
+        Self::busybox_with(true)
+    }
+
+    /// [`Rootfs::base`] without bash: `sh` is busybox's ash, as in an Alpine-like image, where
+    /// commands must run as `sh -c`.
+    pub fn busybox_only() -> Self {
+        Self::busybox_with(false)
+    }
+
+    fn busybox_with(bash: bool) -> Self {
         let mut fs = Self::default();
         for dir in [
             "bin", "sbin", "etc", "proc", "sys", "dev", "root", "var/lib", "var/log",
@@ -53,7 +63,9 @@ impl Rootfs {
         fs.dir("usr/local/bin", 0o755);
         fs.dir("tmp", 0o1777);
         fs.file("bin/busybox", BUSYBOX, 0o755);
-        fs.file("bin/bash", BASH_STATIC, 0o755);
+        if bash {
+            fs.file("bin/bash", BASH_STATIC, 0o755);
+        }
         for applet in busybox_applets() {
             if applet != "busybox" && applet != "bash" {
                 fs.link(&format!("bin/{applet}"), "busybox");

@@ -27,7 +27,9 @@ pub fn static_executor() -> PathBuf {
         .get_or_init(|| {
             let script =
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/build-static");
-            let out = Command::new(&script)
+            let mut build = Command::new(&script);
+            without_package_env(&mut build);
+            let out = build
                 .stderr(std::process::Stdio::inherit())
                 .output()
                 .unwrap_or_else(|e| panic!("{} does not run: {e}", script.display()));
@@ -46,4 +48,28 @@ pub fn static_executor() -> PathBuf {
             exe
         })
         .clone()
+}
+
+/// Remove from `command`'s environment the variables cargo gives a test process about its own
+/// package. A build started from a test would inherit them, and ring's build script reruns when
+/// CARGO_MANIFEST_DIR changes: ring and everything above it would be rebuilt there, and again
+/// by the next build from a shell (`cargo test` itself, `.ci/build-static`).
+pub(crate) fn without_package_env(command: &mut Command) {
+    const PER_PACKAGE: [&str; 6] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_CRATE_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+    ];
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if PER_PACKAGE.contains(&name.as_ref())
+            || name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+        {
+            command.env_remove(name.as_ref());
+        }
+    }
 }

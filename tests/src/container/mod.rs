@@ -31,6 +31,9 @@ const START_PATIENCE: Duration = Duration::from_secs(60);
 pub struct ContainerOptions {
     /// `--privileged`: all capabilities, no seccomp, writable cgroups; strict can work.
     pub privileged: bool,
+    /// The image without bash ([`image_without_bash`]), the daemon started with
+    /// `--interpreter "sh -c"`.
+    pub without_bash: bool,
 }
 
 pub struct Container {
@@ -54,7 +57,13 @@ pub fn shared() -> Option<&'static Container> {
 /// The `--privileged` container of this test binary.
 pub fn shared_privileged() -> Option<&'static Container> {
     static SHARED: OnceLock<Result<Container, String>> = OnceLock::new();
-    shared_in(&SHARED, ContainerOptions { privileged: true })
+    shared_in(
+        &SHARED,
+        ContainerOptions {
+            privileged: true,
+            ..ContainerOptions::default()
+        },
+    )
 }
 
 fn shared_in(
@@ -119,6 +128,15 @@ pub fn image() -> Result<String, String> {
         .clone()
 }
 
+/// The test image without bash (busybox only, `sh` is its ash), as an Alpine-like task image
+/// is: commands must run as `sh -c`. Imported once per run.
+pub fn image_without_bash() -> Result<String, String> {
+    static IMAGE: OnceLock<Result<String, String>> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| import(&Rootfs::busybox_only(), "executor-tests-nobash"))
+        .clone()
+}
+
 /// A task image, as a benchmark's would be: the test image plus git (the host's, with its
 /// libraries), so tasks can be git repositories and submissions `git diff`s, and a
 /// `/testbed` owned by root (mode 0755) as SWE-bench's images have. Imported once per run,
@@ -178,7 +196,11 @@ impl Container {
     fn try_start(opts: ContainerOptions) -> Result<Self, String> {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
-        let image = image()?;
+        let image = if opts.without_bash {
+            image_without_bash()?
+        } else {
+            image()?
+        };
         let executor = crate::static_build::static_executor();
         let run_dir = tempfile::Builder::new()
             .prefix("executor-container-")
@@ -236,6 +258,9 @@ impl Container {
             "/etc/executor/profiles",
         ]);
         run.args(crate::profiles::allow_every_profile());
+        if opts.without_bash {
+            run.args(["--interpreter", "sh -c"]);
+        }
         let out = run.output().map_err(|e| e.to_string())?;
         if !out.status.success() {
             return Err(format!(

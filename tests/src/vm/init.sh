@@ -58,13 +58,24 @@ else
     echo "vm-init: no side channel port"
 fi
 
+# The daemon's cgroup, as systemd gives a service with Delegate=yes: its own
+# system.slice/executor.service, with the pids and memory controllers enabled down to it. The
+# daemon starts in it (not in the root cgroup, which is exempt from the "no internal processes"
+# rule), so it must move into a leaf of its own before it can enable them for its commands.
+service=/sys/fs/cgroup/system.slice/executor.service
+echo "+pids +memory" >/sys/fs/cgroup/cgroup.subtree_control
+mkdir -p "$service"
+echo "+pids +memory" >/sys/fs/cgroup/system.slice/cgroup.subtree_control
+
 # The daemon, as a remote VM runs it: TLS on every address, a token placed by the host.
 # Its ready line (with the certificate fingerprint) goes to the console, its log to a file.
 # The image lists the profiles to offer (/etc/executor/serve-flags: --allow-profile NAME ...).
-RUST_LOG=info executor serve --listen 0.0.0.0:7681 --tls --token-file /etc/executor-token \
+# The shell joins the service's cgroup, then becomes the daemon (same pid).
+RUST_LOG=info sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$service" \
+    executor serve --listen 0.0.0.0:7681 --tls --token-file /etc/executor-token \
     --profiles-dir /etc/executor/profiles $(cat /etc/executor/serve-flags) \
     >/dev/console 2>/var/log/executor.log &
-echo "vm-init: executor started as pid $!"
+echo "vm-init: executor started as pid $! in $service"
 
 # PID 1 reaps whatever is orphaned to it, forever.
 while :; do

@@ -3,6 +3,7 @@
 
 mod auth;
 mod basics;
+mod cgroup_parent;
 mod clients;
 mod daemon_life;
 mod files;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use executor_tests::{http_get, req, Client, Daemon, PATIENCE};
+use executor_tests::{eventually, http_get, req, Client, Daemon, PATIENCE};
 use protocol::{CancelRequest, ClientMessage, Ending, ErrorCode, ExecResult, ServerMessage};
 
 /// One scrape, parsed: every sample as (name, labels, value).
@@ -152,7 +152,14 @@ async fn metrics_need_the_bearer_token_and_health_checks_still_do_not() {
         let resp = http_get(daemon.addr, path, None).await.unwrap();
         assert!(resp.starts_with("HTTP/1.1 200"), "{path}: {resp}");
     }
-    assert!(daemon.log().contains("rejected metrics scrape"));
+    // The log is written by a thread of its own: wait for the line (a fast build answers
+    // before the line is written).
+    assert!(
+        eventually(PATIENCE, || daemon
+            .log()
+            .contains("rejected metrics scrape"))
+        .await
+    );
     assert!(!daemon.log().contains(token.as_str()));
 }
 

@@ -469,10 +469,11 @@ async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
     let mut client = daemon.connect().await;
     let m = marker();
     // A shell and a background child that both trap TERM and go on, and a plain background
-    // sleep that TERM ends.
+    // sleep that TERM ends. The child says when its trap is set: a TERM that came before would
+    // end it (the static release build's daemon is fast enough to get there first).
     let command = format!(
         "trap 'echo shell-got-TERM' TERM\n\
-         sh -c 'trap \"echo child-got-TERM\" TERM; while :; do sleep 0.05; done # {m}' &\n\
+         sh -c 'trap \"echo child-got-TERM\" TERM; echo child-armed; while :; do sleep 0.05; done # {m}' &\n\
          {} &\n\
          echo ready\n\
          while :; do sleep 0.05; done",
@@ -480,7 +481,10 @@ async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
     );
     spawn(&mut client, spawn_req("tree", &command)).await;
     let mut offset = 0;
-    read_until(&mut client, "tree", &mut offset, "ready").await;
+    let started = read_until(&mut client, "tree", &mut offset, "ready").await;
+    if !started.contains("child-armed") {
+        read_until(&mut client, "tree", &mut offset, "child-armed").await;
+    }
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
     signal(&mut client, "tree", "TERM", false).await;
     let seen = read_until(&mut client, "tree", &mut offset, "TERM").await;

@@ -1,7 +1,7 @@
 //! Hostile and malformed input: every bad message gets a typed error, nothing panics, and the
 //! connection and the daemon live on.
 
-use executor_tests::{req, Daemon};
+use executor_tests::{eventually, req, Daemon, PATIENCE};
 use futures_util::{SinkExt, StreamExt};
 use protocol::{ClientMessage, ErrorCode, ServerMessage};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -310,7 +310,9 @@ async fn browser_origins_and_foreign_host_names_are_refused() {
             .await
             .unwrap_or_else(|e| panic!("{headers:?}: {e}"));
     }
-    assert!(daemon.log().contains("refused a request"));
+    // The log is written by a thread of its own: wait for the line (a fast build answers
+    // before the line is written).
+    assert!(eventually(PATIENCE, || daemon.log().contains("refused a request")).await);
 }
 
 #[tokio::test]

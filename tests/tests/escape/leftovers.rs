@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use executor_tests::{
-    clients_file, eventually, process_state, Client, Daemon, DaemonOptions, Tmpfs,
+    clients_file, eventually, process_state, Client, Daemon, DaemonOptions, Tmpfs, PATIENCE,
 };
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
@@ -181,6 +181,8 @@ async fn leftovers_a_killed_daemon_could_not_remove_never_stop_the_next_start() 
         "{set_aside:?}"
     );
     assert_eq!(depth_of(&set_aside[0].join("deep-session")), 0);
+    // The log is written by a thread of its own: wait for the line.
+    eventually(PATIENCE, || daemon.log().contains("set aside")).await;
     let log = daemon.log();
     assert!(log.contains("set aside"), "{log}");
     assert!(stuck.lock().unwrap().is_some());

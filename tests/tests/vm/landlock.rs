@@ -121,3 +121,113 @@ async fn a_landlock_command_cannot_signal_the_daemon_but_can_signal_its_own_chil
     // From outside: the daemon lives on.
     assert_eq!(vm.daemon_pid(), daemon);
 }
+
+/// Landlock's rights after ABI 2, in ABI order: truncate (3), TCP rules (4), ioctl on devices
+/// (5), signal and abstract-socket scoping (6). 6.1 cannot enforce them.
+const BEYOND_ABI_2: [&str; 4] = [
+    "landlock_truncate",
+    "landlock_tcp",
+    "landlock_ioctl_dev",
+    "landlock_scope",
+];
+
+#[tokio::test]
+async fn landlock_on_abi_2_names_the_rights_it_cannot_enforce_in_hello_check_and_result() {
+    let Some(vm) = vm::shared() else { return };
+    let mut client = vm.endpoint().connect().await;
+    assert_eq!(client.hello.host.landlock_abi, 2, "{:?}", client.hello.host);
+    let summary = client
+        .hello
+        .profiles
+        .iter()
+        .find(|p| p.name == "landlock")
+        .expect("the hello lists landlock")
+        .clone();
+    assert!(summary.available, "{summary:?}");
+    assert!(
+        summary.layers.iter().any(|l| l == "landlock"),
+        "landlock is not among its layers: {summary:?}"
+    );
+    assert_eq!(
+        summary.missing, BEYOND_ABI_2,
+        "the hello's missing rights of landlock"
+    );
+    // Control: what ABI 2 has (filesystem rules, refer) is enforced, so not named.
+    for had in ["landlock_filesystem", "landlock_refer"] {
+        assert!(!summary.missing.iter().any(|m| m == had), "{summary:?}");
+    }
+    // A command's isolation report says the same.
+    let result = run_as(
+        &mut client,
+        Some("landlock"),
+        "report",
+        "echo ran",
+        crate::SLOW_TIMEOUT,
+    )
+    .await;
+    assert_eq!(result.output, "ran\n", "{result:?}");
+    let isolation = &result.extra.isolation;
+    assert_eq!(isolation.profile, "landlock");
+    assert!(
+        isolation.layers.iter().any(|l| l == "landlock"),
+        "{isolation:?}"
+    );
+    assert_eq!(
+        isolation.missing, BEYOND_ABI_2,
+        "the result's missing rights"
+    );
+    // And `executor check` in the VM: "landlock  ok  <layers>", then "missing here: ...".
+    let check = vm.outside_ok("executor check");
+    let mut lines = check.lines();
+    lines
+        .find(|l| l.split_whitespace().take(2).eq(["landlock", "ok"]))
+        .unwrap_or_else(|| panic!("check does not call landlock ok:\n{check}"));
+    let missing = lines
+        .next()
+        .and_then(|l| l.trim().strip_prefix("missing here:"))
+        .unwrap_or_else(|| panic!("check names no missing rights for landlock:\n{check}"));
+    assert!(
+        missing.split_whitespace().eq(BEYOND_ABI_2),
+        "check's missing rights: {missing}"
+    );
+}
+
+#[tokio::test]
+async fn without_abi_6_scoping_a_landlock_command_can_signal_other_processes_of_its_uid() {
+    let Some(vm) = vm::shared() else { return };
+    let m = marker();
+    // A process of uid 65534 (the landlock command's uid) outside every sandbox.
+    vm.outside_ok(&format!(
+        "su -s /bin/sh nobody -c 'exec sleep 3600.{m}' </dev/null >/dev/null 2>&1 &"
+    ));
+    let outsider = executor_tests::target::wait_sleepers(vm, &m, 1).await[0].pid;
+    let mut client = vm.endpoint().connect().await;
+    let probe = format!("kill -TERM {outsider} 2>/dev/null && echo reached || echo refused");
+    // strict's pid namespace hides it: the signal cannot reach it.
+    let strict = run_as(
+        &mut client,
+        Some("strict"),
+        "scope-strict",
+        &probe,
+        crate::SLOW_TIMEOUT,
+    )
+    .await;
+    assert!(strict.output.contains("refused"), "{strict:?}");
+    assert_eq!(
+        vm.sleepers(&m).len(),
+        1,
+        "strict's command reached a process outside its namespace"
+    );
+    // landlock on ABI 2 has no signal scoping (named `landlock_scope` in its `missing`): the
+    // signal reaches a process of the same uid, and the VM sees it gone.
+    let landlock = run_as(
+        &mut client,
+        Some("landlock"),
+        "scope-landlock",
+        &probe,
+        crate::SLOW_TIMEOUT,
+    )
+    .await;
+    assert!(landlock.output.contains("reached"), "{landlock:?}");
+    executor_tests::target::assert_none_left(vm, &m, "the landlock command's signal").await;
+}

@@ -5,6 +5,7 @@
 //! (`executor_tests::vm::shared`).
 
 mod agent_demo;
+mod cgroups;
 mod kill;
 mod landlock;
 mod limits;

@@ -21,14 +21,17 @@ async fn the_61_kernel_offers_every_profile_with_strict_by_default_and_check_agr
         "not the 6.1 kernel: {:?}",
         hello.host
     );
-    let check = vm.outside("executor check");
+    // `executor check` with the daemon's --profiles-dir: the shipped profiles and the -small
+    // ones, every one the hello lists.
+    let check = vm.outside("executor check --profiles-dir /etc/executor/profiles");
     eprintln!("executor check in the VM:\n{}", check.output);
-    // `executor check` knows the shipped profiles only (it takes no --profiles-dir).
-    for profile in hello
-        .profiles
-        .iter()
-        .filter(|p| SHIPPED.contains(&p.name.as_str()))
-    {
+    for name in SHIPPED {
+        assert!(
+            hello.profiles.iter().any(|p| p.name == name),
+            "the hello does not list {name}"
+        );
+    }
+    for profile in &hello.profiles {
         eprintln!(
             "hello: {} available={} layers={:?} reason={:?}",
             profile.name, profile.available, profile.layers, profile.unavailable_reason
