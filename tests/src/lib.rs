@@ -7,6 +7,7 @@
 
 pub mod checks;
 pub mod container;
+mod host;
 pub mod lifeline;
 mod pinned_tls;
 pub mod profiles;
@@ -14,12 +15,15 @@ mod proxy;
 pub mod rootfs;
 pub mod static_build;
 pub mod target;
+mod transfer;
 pub mod vm;
 
+pub use host::*;
 pub use pinned_tls::{fingerprint_of_der, fingerprint_of_pem_file, https_get, pinned_config};
 pub use proxy::Proxy;
 pub use static_build::static_executor;
 pub use target::{Endpoint, Target};
+pub use transfer::*;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -480,68 +484,6 @@ fn placeholder_hello() -> Hello {
     Hello::default()
 }
 
-/// A string unlikely to appear in any other process's command line, to find a test's
-/// processes on the host.
-pub fn marker() -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{}{:05}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A `sleep` whose argument embeds `marker` (GNU sleep takes fractions: `sleep 3600.<marker>`).
-pub fn marked_sleep(marker: &str) -> String {
-    format!("sleep 3600.{marker}")
-}
-
-/// Pids of live (non-zombie) processes whose command line contains `needle`.
-pub fn processes_matching(needle: &str) -> Vec<i32> {
-    processes_where(|cmdline| cmdline.contains(needle))
-}
-
-/// Pids of live `sleep` processes started by [`marked_sleep`] with `marker` (shells whose
-/// command line merely mentions the marker are not counted).
-pub fn sleepers(marker: &str) -> Vec<i32> {
-    let prefix = marked_sleep(marker);
-    processes_where(|cmdline| cmdline.starts_with(&prefix))
-}
-
-fn processes_where(matches: impl Fn(&str) -> bool) -> Vec<i32> {
-    let mut pids = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return pids;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if !matches(&cmdline) || pid == std::process::id() as i32 {
-            continue;
-        }
-        if process_state(pid) != Some('Z') {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-/// State letter of a process (`R`, `S`, `T`, `Z`, ...) from /proc/<pid>/stat.
-pub fn process_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 2..].chars().next()
-}
-
 /// Poll `cond` until it holds or `wait` passes; returns whether it held.
 pub async fn eventually(wait: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + wait;
@@ -554,25 +496,6 @@ pub async fn eventually(wait: Duration, mut cond: impl FnMut() -> bool) -> bool 
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// Resident set size of `pid` in KiB, from /proc/<pid>/status.
-pub fn rss_kib(pid: u32) -> u64 {
-    status_field(pid, "VmRSS:")
-}
-
-/// Peak resident set size of `pid` in KiB.
-pub fn peak_rss_kib(pid: u32) -> u64 {
-    status_field(pid, "VmHWM:")
-}
-
-fn status_field(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -690,58 +613,6 @@ impl Daemon {
     }
 }
 
-/// A field of /proc/<pid>/status as text (`"Uid:"` -> `"65534\t65534\t65534\t65534"`).
-pub fn proc_status(pid: i32, field: &str) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .map(|v| v.trim().to_string())
-}
-
-/// Target of /proc/<pid>/ns/<kind> (e.g. `net:[4026531840]`).
-pub fn namespace_of(pid: i32, kind: &str) -> Option<String> {
-    std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
-        .ok()
-        .map(|p| p.display().to_string())
-}
-
-/// Every live process whose chain of parents leads to `root`.
-pub fn descendants(root: i32) -> Vec<i32> {
-    let all: Vec<i32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    all.into_iter()
-        .filter(|pid| {
-            let mut cur = *pid;
-            for _ in 0..64 {
-                match parent_of(cur) {
-                    Some(p) if p == root => return true,
-                    Some(p) if p > 1 => cur = p,
-                    _ => return false,
-                }
-            }
-            false
-        })
-        .collect()
-}
-
-/// The parent pid of `pid`, from /proc/<pid>/stat.
-pub fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 2..]
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// Number of open file descriptors of `pid`.
-pub fn fd_count(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
 // ---------------------------------------------------------------------------------------------
 // Clients files and scratch filesystems for the suites.
 // ---------------------------------------------------------------------------------------------
@@ -807,170 +678,4 @@ pub fn merge_json(base: &mut serde_json::Value, layer: serde_json::Value) {
         }
         (slot, value) => *slot = value,
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Protocol 1.1: bytes as base64, and file transfers (upload, download) driven to their answer.
-// ---------------------------------------------------------------------------------------------
-
-/// Base64 (standard alphabet, padded), as protocol 1.1 carries bytes.
-pub fn b64(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-/// The bytes of a base64 `data` field; invalid base64 from the daemon fails the test.
-pub fn unb64(text: &str) -> Vec<u8> {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD
-        .decode(text.as_bytes())
-        .unwrap_or_else(|e| panic!("the daemon sent invalid base64 ({e}): {text:.80}"))
-}
-
-/// Raw bytes per `write` of an upload: well under the default 1 MiB message limit once
-/// base64 and JSON are added.
-pub const UPLOAD_CHUNK: usize = 256 * 1024;
-
-/// The id a protocol 1.1 reply (or error) names, if any.
-pub fn reply_id(msg: &ServerMessage) -> Option<&str> {
-    Some(match msg {
-        ServerMessage::Error(e) => e.id.as_deref()?,
-        ServerMessage::Spawned(m) => &m.id,
-        ServerMessage::ProcessOutput(m) => &m.id,
-        ServerMessage::Exited(m) => &m.id,
-        ServerMessage::Processes(m) => m.id.as_deref()?,
-        ServerMessage::Done(m) => &m.id,
-        ServerMessage::Uploaded(m) => &m.id,
-        ServerMessage::DownloadData(m) => &m.id,
-        ServerMessage::Downloaded(m) => &m.id,
-        ServerMessage::FileInfo(m) => &m.id,
-        ServerMessage::DirListing(m) => &m.id,
-        ServerMessage::Output(m) => &m.id,
-        ServerMessage::Result(m) => &m.id,
-        ServerMessage::Hello(_) | ServerMessage::Resumed(_) => return None,
-    })
-}
-
-/// A whole download: its bytes (chunks joined in `seq` order) and its final message.
-#[derive(Debug)]
-pub struct Download {
-    pub data: Vec<u8>,
-    pub done: protocol::Downloaded,
-    pub chunks: u64,
-}
-
-impl Client {
-    /// The next message naming `id` (messages for other ids are skipped: each test drives one
-    /// request at a time per id). Fails the test if the connection closes first.
-    pub async fn reply_for(&mut self, id: &str) -> ServerMessage {
-        loop {
-            match self.recv().await {
-                Some(msg) if reply_id(&msg) == Some(id) => return msg,
-                Some(_) => continue,
-                None => panic!("connection closed before a reply for {id}"),
-            }
-        }
-    }
-
-    /// Upload `content` with `req` (in [`UPLOAD_CHUNK`] writes, the last with `eof`) and return
-    /// the `uploaded` answer or the error.
-    pub async fn upload(
-        &mut self,
-        req: protocol::UploadRequest,
-        content: &[u8],
-    ) -> Result<protocol::Uploaded, protocol::ErrorMessage> {
-        let id = req.id.clone();
-        self.send(&ClientMessage::Upload(req)).await;
-        let mut chunks = content.chunks(UPLOAD_CHUNK).peekable();
-        if chunks.peek().is_none() {
-            self.write_chunk(&id, &[], true).await;
-        }
-        while let Some(chunk) = chunks.next() {
-            self.write_chunk(&id, chunk, chunks.peek().is_none()).await;
-        }
-        match self.reply_for(&id).await {
-            ServerMessage::Uploaded(done) => Ok(done),
-            ServerMessage::Error(e) => Err(e),
-            other => panic!("{id}: expected uploaded, got {other:?}"),
-        }
-    }
-
-    /// One `write` of `bytes` (base64) to `id`.
-    pub async fn write_chunk(&mut self, id: &str, bytes: &[u8], eof: bool) {
-        self.send(&ClientMessage::Write(protocol::WriteRequest {
-            id: id.to_string(),
-            data: (!bytes.is_empty()).then(|| b64(bytes)),
-            text: None,
-            eof,
-        }))
-        .await;
-    }
-
-    /// Run `req` to its end: every `download_data` chunk in order (checked by `seq`), then
-    /// `downloaded`, whose byte count must match; or the error.
-    pub async fn download(
-        &mut self,
-        req: protocol::DownloadRequest,
-    ) -> Result<Download, protocol::ErrorMessage> {
-        let id = req.id.clone();
-        self.send(&ClientMessage::Download(req)).await;
-        let mut data = Vec::new();
-        let mut seq = 0;
-        loop {
-            match self.reply_for(&id).await {
-                ServerMessage::DownloadData(chunk) => {
-                    assert_eq!(chunk.seq, seq, "{id}: chunks out of order");
-                    seq += 1;
-                    data.extend_from_slice(&unb64(&chunk.data));
-                }
-                ServerMessage::Downloaded(done) => {
-                    assert_eq!(done.bytes, data.len() as u64, "{id}: byte count");
-                    return Ok(Download {
-                        data,
-                        done,
-                        chunks: seq,
-                    });
-                }
-                ServerMessage::Error(e) => return Err(e),
-                other => panic!("{id}: expected download_data, got {other:?}"),
-            }
-        }
-    }
-}
-
-/// An upload request of `path` with defaults (mode 0644, no parents, no tar, default profile).
-pub fn upload_req(id: &str, path: &str) -> protocol::UploadRequest {
-    protocol::UploadRequest {
-        id: id.to_string(),
-        path: path.to_string(),
-        mode: None,
-        parents: false,
-        tar: false,
-        profile: None,
-    }
-}
-
-/// A download request of the whole of `path` with defaults.
-pub fn download_req(id: &str, path: &str) -> protocol::DownloadRequest {
-    protocol::DownloadRequest {
-        id: id.to_string(),
-        path: path.to_string(),
-        offset: 0,
-        length: None,
-        tar: false,
-        profile: None,
-    }
-}
-
-/// Names in `dir` (on the host) of temporary upload files (`.<name>.upload-<hex>`) left behind.
-pub fn upload_leftovers(dir: &std::path::Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with('.') && n.contains(".upload-"))
-                .collect()
-        })
-        .unwrap_or_default()
 }
