@@ -1,0 +1,270 @@
+//! How processes end: signals to the whole tree, timeouts, a dropped connection, the grace
+//! period, the daemon's death, and a resumed session reading on.
+
+use super::*;
+
+#[tokio::test]
+async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    // A shell and a background child that both trap TERM and go on, and a plain background
+    // sleep that TERM ends. The child says when its trap is set: a TERM that came before would
+    // end it (the static release build's daemon is fast enough to get there first).
+    let command = format!(
+        "trap 'echo shell-got-TERM' TERM\n\
+         sh -c 'trap \"echo child-got-TERM\" TERM; echo child-armed; while :; do sleep 0.05; done # {m}' &\n\
+         {} &\n\
+         echo ready\n\
+         while :; do sleep 0.05; done",
+        marked_sleep(&m)
+    );
+    spawn(&mut client, spawn_req("tree", &command)).await;
+    let mut offset = 0;
+    let started = read_until(&mut client, "tree", &mut offset, "ready").await;
+    if !started.contains("child-armed") {
+        read_until(&mut client, "tree", &mut offset, "child-armed").await;
+    }
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    signal(&mut client, "tree", "TERM", false).await;
+    let seen = read_until(&mut client, "tree", &mut offset, "TERM").await;
+    let seen = if seen.contains("shell-got-TERM") && seen.contains("child-got-TERM") {
+        seen
+    } else {
+        let more = read_until(
+            &mut client,
+            "tree",
+            &mut offset,
+            if seen.contains("shell") {
+                "child-got-TERM"
+            } else {
+                "shell-got-TERM"
+            },
+        )
+        .await;
+        seen + &more
+    };
+    assert!(seen.contains("shell-got-TERM"), "{seen:?}");
+    assert!(seen.contains("child-got-TERM"), "{seen:?}");
+    assert!(
+        eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await,
+        "TERM did not reach the background sleep"
+    );
+    // The trapping processes live on: TERM did not end the process.
+    assert!(wait(&mut client, "tree", 0.0).await.running);
+    assert!(!processes_matching(&m).is_empty());
+    signal(&mut client, "tree", "KILL", false).await;
+    let exited = wait(&mut client, "tree", 10.0).await;
+    assert!(!exited.running, "{exited:?}");
+    assert_ne!(exited.returncode, 0, "{exited:?}");
+    assert!(
+        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        "survivors of KILL: {:?}",
+        processes_matching(&m)
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_connection_without_grace_kills_the_processes_trees() {
+    let daemon = Daemon::start();
+    let m = marker();
+    let mut client = daemon.connect().await;
+    let s = marked_sleep(&m);
+    spawn(&mut client, spawn_req("a", &format!("setsid {s} & {s}"))).await;
+    let mut pty = spawn_req("b", &format!("( {s} & ) ; {s}"));
+    pty.pty = Some(PtySize { rows: 5, cols: 20 });
+    spawn(&mut client, pty).await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 4).await);
+    drop(client);
+    assert!(
+        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        "survivors: {:?}",
+        processes_matching(&m)
+    );
+    // The daemon serves the next client.
+    let mut next = daemon.connect().await;
+    assert_eq!(next.run("after", "echo alive").await.output, "alive\n");
+}
+
+#[tokio::test]
+async fn processes_die_with_the_daemon() {
+    let mut daemon = Daemon::start();
+    let m = marker();
+    let mut client = daemon.connect().await;
+    spawn(
+        &mut client,
+        spawn_req("a", &format!("setsid {s} & {s}", s = marked_sleep(&m))),
+    )
+    .await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    daemon.signal_and_wait(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        "survivors: {:?}",
+        processes_matching(&m)
+    );
+}
+
+#[tokio::test]
+async fn a_resumed_session_reads_on_from_its_offset_and_sees_every_line_exactly_once() {
+    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
+    let mut client = daemon.connect().await;
+    let session = client.hello.session.clone();
+    spawn(
+        &mut client,
+        spawn_req(
+            "lines",
+            "for i in $(seq 1 60); do echo line-$i; sleep 0.03; done",
+        ),
+    )
+    .await;
+    let mut offset = 0;
+    let mut got = read_until(&mut client, "lines", &mut offset, "line-5\n").await;
+    // The network fails: no close frame.
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut client = daemon.connect().await;
+    client
+        .send(&ClientMessage::Resume(ResumeRequest {
+            session: session.clone(),
+            awaiting: vec![],
+        }))
+        .await;
+    match client.recv().await {
+        Some(ServerMessage::Resumed(r)) => {
+            assert_eq!(r.session, session);
+            assert_eq!(r.running, vec!["lines".to_string()], "{r:?}");
+        }
+        other => panic!("expected resumed, got {other:?}"),
+    }
+    let rest = read_to_eof(&mut client, "lines", offset).await;
+    got.push_str(&String::from_utf8(rest).unwrap());
+    let expected: String = (1..=60).map(|i| format!("line-{i}\n")).collect();
+    assert_eq!(got, expected);
+    assert_eq!(wait(&mut client, "lines", 10.0).await.returncode, 0);
+}
+
+#[tokio::test]
+async fn when_the_shell_exits_its_background_jobs_are_killed_and_the_output_ends() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let s = marked_sleep(&m);
+    spawn(
+        &mut client,
+        spawn_req("bg", &format!("{s} & setsid {s} & echo shell done")),
+    )
+    .await;
+    // The sleeps hold the output open; the output still ends once the shell has.
+    assert_eq!(
+        read_to_eof(&mut client, "bg", 0).await,
+        b"shell done\n".to_vec()
+    );
+    let exited = wait(&mut client, "bg", 10.0).await;
+    assert_eq!(exited.returncode, 0, "{exited:?}");
+    assert_eq!(exited.extra.as_ref().unwrap().killed_processes, 2);
+    assert!(
+        eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await,
+        "survivors: {:?}",
+        sleepers(&m)
+    );
+}
+
+#[tokio::test]
+async fn stop_and_cont_reach_the_tree_and_kill_ends_a_stopped_tree() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    spawn(
+        &mut client,
+        spawn_req("t", &format!("{s} & {s}", s = marked_sleep(&m))),
+    )
+    .await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    let state = |want: char| {
+        let m = m.clone();
+        move || {
+            let pids = sleepers(&m);
+            pids.len() == 2
+                && pids
+                    .iter()
+                    .all(|p| executor_tests::process_state(*p) == Some(want))
+        }
+    };
+    signal(&mut client, "t", "SIGSTOP", false).await;
+    assert!(eventually(Duration::from_secs(5), state('T')).await, "STOP");
+    signal(&mut client, "t", "CONT", false).await;
+    assert!(eventually(Duration::from_secs(5), state('S')).await, "CONT");
+    signal(&mut client, "t", "STOP", false).await;
+    assert!(eventually(Duration::from_secs(5), state('T')).await);
+    signal(&mut client, "t", "KILL", false).await;
+    let exited = wait(&mut client, "t", 10.0).await;
+    assert!(!exited.running);
+    assert!(
+        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        "a stopped tree survived KILL: {:?}",
+        processes_matching(&m)
+    );
+    // An unknown signal name is refused, and the known one names the process.
+    client
+        .send(&ClientMessage::Signal(SignalRequest {
+            id: "t".into(),
+            signal: "SEGV".into(),
+            foreground: false,
+        }))
+        .await;
+    match client.reply_for("t").await {
+        ServerMessage::Error(e) => assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_process_past_its_timeout_is_killed_with_its_tree() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let mut r = spawn_req(
+        "slow",
+        &format!("echo begun; setsid {s} & {s}", s = marked_sleep(&m)),
+    );
+    r.timeout = Some(1.0);
+    spawn(&mut client, r).await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    let exited = wait(&mut client, "slow", 10.0).await;
+    assert!(!exited.running);
+    assert_eq!(exited.returncode, protocol::RETURNCODE_NOT_FINISHED);
+    assert!(exited.extra.as_ref().unwrap().timed_out, "{exited:?}");
+    assert!(
+        eventually(Duration::from_secs(3), || processes_matching(&m).is_empty()).await,
+        "survivors: {:?}",
+        processes_matching(&m)
+    );
+    // Its output stays readable after the end.
+    assert_eq!(read_to_eof(&mut client, "slow", 0).await, b"begun\n");
+}
+
+#[tokio::test]
+async fn a_dropped_sessions_processes_live_through_the_grace_period_and_then_die() {
+    let daemon = Daemon::start_with(&["--resume-grace", "2"]);
+    let mut client = daemon.connect().await;
+    let m = marker();
+    spawn(
+        &mut client,
+        spawn_req("p", &format!("setsid {s} & {s}", s = marked_sleep(&m))),
+    )
+    .await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        sleepers(&m).len(),
+        2,
+        "killed before the grace period ended"
+    );
+    assert!(
+        eventually(Duration::from_secs(8), || processes_matching(&m).is_empty()).await,
+        "the tree outlived the grace period: {:?}",
+        processes_matching(&m)
+    );
+}
