@@ -132,8 +132,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let console = Console::open();
 
     // The executor.
-    let deployment =
-        crate::deploy::from_config(&config.environment, &format!("run{}", std::process::id()))?;
+    let (_, deployment) = crate::deploy::for_new_run(&config.environment, "run")?;
     let local = deployment.kind() == "local";
     let workspace = if local {
         let dir = match (&demo_dir, &config.environment.cwd) {

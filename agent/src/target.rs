@@ -37,9 +37,8 @@ pub async fn reach(
     let here = std::env::current_dir()
         .context("cannot read the current directory")
         .map_err(Unreached::Failed)?;
-    let deployment =
-        crate::deploy::from_config(&environment, &format!("{label}{}", std::process::id()))
-            .map_err(Unreached::Failed)?;
+    let (_, deployment) =
+        crate::deploy::for_new_run(&environment, label).map_err(Unreached::Failed)?;
     let task = TaskSpec {
         name: label.into(),
         image: environment.image.clone(),

@@ -160,6 +160,22 @@ impl Tls {
     }
 }
 
+impl Tls {
+    /// A TLS handshake over `tcp` with `host`, checking the pin or CA exactly as a connection
+    /// would; nothing is sent after it. `Err` says why in a sentence (a refused certificate as
+    /// [`certificate_refused`] says it).
+    pub async fn handshake(&self, tcp: tokio::net::TcpStream, host: &str) -> Result<(), String> {
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|e| format!("{host:?} is not a server name: {e}"))?;
+        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
+        match connector.connect(name, tcp).await {
+            Ok(_) => Ok(()),
+            Err(io) => Err(io_certificate_refused(&io)
+                .unwrap_or_else(|| format!("the TLS handshake failed: {io}"))),
+        }
+    }
+}
+
 fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsError> {
     let pem = std::fs::read(path).map_err(|source| TlsError::ReadCa {
         path: path.to_path_buf(),
@@ -254,6 +270,11 @@ pub fn certificate_refused(err: &tokio_tungstenite::tungstenite::Error) -> Optio
     let tokio_tungstenite::tungstenite::Error::Io(io) = err else {
         return None;
     };
+    io_certificate_refused(io)
+}
+
+/// [`certificate_refused`] for the I/O error of a handshake.
+fn io_certificate_refused(io: &std::io::Error) -> Option<String> {
     let rustls::Error::InvalidCertificate(cert) = io.get_ref()?.downcast_ref::<rustls::Error>()?
     else {
         return None;

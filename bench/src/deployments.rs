@@ -6,8 +6,10 @@
 //! - Throughput: `agent batch` over trivial instances (the scripted model submits at its first
 //!   turn) with 1, 4 and 8 workers: instances per second, each with an executor of its own.
 //!
-//! Docker runs through podman (runc, the lab's ulimits) with the test harness's task image;
-//! the static executor comes from `.ci/build-static`.
+//! Where each deployment's executors come from is `places.rs`: docker through podman (runc,
+//! the lab's ulimits) with the test harness's task image and the static executor from
+//! `.ci/build-static`; remote a pool of executors started here; reverse executors dialling
+//! the agent's relay; ssh an sshd started here on loopback.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::places::{hang_up, Place};
 use crate::stats::median;
 
 pub struct Overhead {
@@ -59,44 +62,26 @@ pub fn build_agent() -> anyhow::Result<std::path::PathBuf> {
     Ok(target.join("release").join("agent"))
 }
 
-fn podman_flags() -> anyhow::Result<Vec<String>> {
-    let image = executor_tests::container::task_image().map_err(anyhow::Error::msg)?;
-    Ok(vec![
-        "--deploy".into(),
-        "docker".into(),
-        "--docker-executable".into(),
-        "podman".into(),
-        "--docker-global-arg=--runtime=runc".into(),
-        "--docker-run-arg=--ulimit=nofile=1024:1024".into(),
-        "--docker-run-arg=--ulimit=nproc=4096:4096".into(),
-        "--executor-static".into(),
-        executor_tests::static_executor().display().to_string(),
-        "--image".into(),
-        image,
-        "--label".into(),
-        "executor-bench=1".into(),
-    ])
-}
-
-fn flags_of(deployment: &str) -> anyhow::Result<Vec<String>> {
-    Ok(match deployment {
-        "local" => vec!["--deploy".into(), "local".into()],
-        "docker" => podman_flags()?,
-        other => bail!("no benchmark for deployment {other}"),
-    })
-}
-
-async fn one_overhead(agent: &std::path::Path, flags: &[String]) -> anyhow::Result<(f64, f64)> {
+async fn one_overhead(agent: &std::path::Path, place: &Place) -> anyhow::Result<(f64, f64)> {
     let began = Instant::now();
     let mut child = tokio::process::Command::new(agent)
         .args(["deploy", "up", "--json"])
-        .args(flags)
+        .args(&place.flags)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(if place.reverse {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .kill_on_drop(true)
         .spawn()
         .context("cannot run agent deploy up")?;
+    // reverse: one executor dials in once the relay says where it listens.
+    let dialled = match child.stderr.take() {
+        Some(stderr) => place.dial_in(stderr, 1).await?,
+        None => Vec::new(),
+    };
     let stdout = child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let line = lines
@@ -123,7 +108,9 @@ async fn one_overhead(agent: &std::path::Path, flags: &[String]) -> anyhow::Resu
     let closing = Instant::now();
     drop(child.stdin.take());
     child.wait().await?;
-    Ok((first, closing.elapsed().as_secs_f64() * 1000.0))
+    let teardown = closing.elapsed().as_secs_f64() * 1000.0;
+    hang_up(dialled).await;
+    Ok((first, teardown))
 }
 
 pub async fn overhead(
@@ -133,13 +120,13 @@ pub async fn overhead(
 ) -> anyhow::Result<Vec<Overhead>> {
     let mut out = Vec::new();
     for deployment in deployments {
-        let flags = flags_of(deployment)?;
+        let place = Place::new(deployment, agent)?;
         // One unmeasured start: images, page cache.
-        one_overhead(agent, &flags).await?;
+        one_overhead(agent, &place).await?;
         let mut firsts = Vec::new();
         let mut teardowns = Vec::new();
         for _ in 0..repeats.max(1) {
-            let (first, teardown) = one_overhead(agent, &flags).await?;
+            let (first, teardown) = one_overhead(agent, &place).await?;
             firsts.push(first);
             teardowns.push(teardown);
         }
@@ -178,7 +165,8 @@ pub async fn throughput(
     )?;
     let mut out = Vec::new();
     for deployment in deployments {
-        let mut flags = flags_of(deployment)?;
+        let place = Place::new(deployment, agent)?;
+        let mut flags = place.flags.clone();
         if deployment == "docker" {
             // The instances name their image.
             let at = flags
@@ -190,26 +178,36 @@ pub async fn throughput(
         for &w in workers {
             let output = dir.path().join(format!("out-{deployment}-{w}"));
             let began = Instant::now();
-            let status = tokio::time::timeout(
-                Duration::from_secs(1800),
-                tokio::process::Command::new(agent)
-                    .arg("batch")
-                    .arg("--subset")
-                    .arg(dir.path().join("instances.jsonl"))
-                    .args(["-m", "scripted", "--script"])
-                    .arg(dir.path().join("script.yaml"))
-                    .arg("-o")
-                    .arg(&output)
-                    .args(["-w", &w.to_string()])
-                    .args(&flags)
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status(),
-            )
-            .await
-            .context("the batch took too long")??;
+            let mut batch = tokio::process::Command::new(agent)
+                .arg("batch")
+                .arg("--subset")
+                .arg(dir.path().join("instances.jsonl"))
+                .args(["-m", "scripted", "--script"])
+                .arg(dir.path().join("script.yaml"))
+                .arg("-o")
+                .arg(&output)
+                .args(["-w", &w.to_string()])
+                .args(&flags)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(if place.reverse {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .kill_on_drop(true)
+                .spawn()
+                .context("cannot run agent batch")?;
+            // reverse: as many executors dial in as there are workers.
+            let dialled = match batch.stderr.take() {
+                Some(stderr) => place.dial_in(stderr, w).await?,
+                None => Vec::new(),
+            };
+            let status = tokio::time::timeout(Duration::from_secs(1800), batch.wait())
+                .await
+                .context("the batch took too long")??;
             let seconds = began.elapsed().as_secs_f64();
+            hang_up(dialled).await;
             let preds = std::fs::read_to_string(output.join("preds.json"))?;
             let submitted = serde_json::from_str::<serde_json::Value>(&preds)?
                 .as_object()

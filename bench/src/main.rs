@@ -25,6 +25,7 @@ mod daemon;
 mod deployments;
 mod files;
 mod lab;
+mod places;
 mod report;
 mod stats;
 mod steps;
@@ -118,8 +119,8 @@ struct Opts {
     lab: Vec<String>,
     /// Instead of the local daemon: per-task overhead of these deployments (start to a first
     /// command result) and `agent batch` throughput with 1, 4 and 8 workers (repeatable:
-    /// local, docker).
-    #[arg(long = "deployments", value_name = "KIND", value_parser = ["local", "docker"])]
+    /// local, docker, remote, reverse, ssh).
+    #[arg(long = "deployments", value_name = "KIND", value_parser = ["local", "docker", "remote", "reverse", "ssh"])]
     deployments: Vec<String>,
     /// Trivial instances per batch for --deployments.
     #[arg(long, default_value_t = 16)]

@@ -115,8 +115,7 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
             eprintln!("batch: {reason}; recorded as {}", instances::INVALID);
         }
     }
-    let run_id = crate::deploy::fresh_run_id("b")?;
-    let deployment = crate::deploy::from_config(&config.environment, &run_id)?;
+    let (run_id, deployment) = crate::deploy::for_new_run(&config.environment, "b")?;
     let kind_name = deployment.kind();
     let workers = args.workers.max(1).min(todo.len().max(1));
     eprintln!(

@@ -37,7 +37,7 @@ impl Outputs {
             dir: dir.to_path_buf(),
             preds_lock: Mutex::new(()),
             statuses: Mutex::new(BTreeMap::new()),
-            statuses_file: dir.join(format!("exit_statuses_{}.yaml", crate::run::unix_seconds())),
+            statuses_file: dir.join(format!("exit_statuses_{}.yaml", python_float(unix_time()))),
             log: Mutex::new(log),
         })
     }
@@ -166,9 +166,92 @@ impl Outputs {
     }
 }
 
+/// Now, in seconds since the epoch with the fraction: Python's `time.time()`.
+fn unix_time() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// `x` as Python's `repr(float)` writes it, which mini's `exit_statuses_{time.time()}.yaml`
+/// uses: the shortest digits that read back as the same float (what Rust's `{}` and `{:e}`
+/// give too), an integral value with `.0`, and exponent form (`1e+16`, `1.5e-05`) below 1e-4
+/// and from 1e16 on (CPython's `float_repr_style` "short", `Python/pystrtod.c`).
+fn python_float(x: f64) -> String {
+    if !x.is_finite() {
+        return if x.is_nan() {
+            "nan".to_string()
+        } else if x > 0.0 {
+            "inf".to_string()
+        } else {
+            "-inf".to_string()
+        };
+    }
+    let magnitude = x.abs();
+    if magnitude != 0.0 && !(1e-4..1e16).contains(&magnitude) {
+        // Rust: `1.5e-5`; Python: `1.5e-05`, a sign and at least two exponent digits.
+        let text = format!("{x:e}");
+        let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+        let (sign, digits) = match exponent.strip_prefix('-') {
+            Some(digits) => ('-', digits),
+            None => ('+', exponent),
+        };
+        return format!("{mantissa}e{sign}{digits:0>2}");
+    }
+    let text = format!("{x}");
+    if text.contains('.') {
+        text
+    } else {
+        format!("{text}.0")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exit_statuses_files_are_named_with_pythons_float_repr_of_the_time() {
+        // What Python 3 prints for each (`repr(x)`).
+        for (x, python) in [
+            (1764570000.1234567, "1764570000.1234567"),
+            (1764570000.5, "1764570000.5"),
+            (1764570000.0, "1764570000.0"),
+            (1764570000.1, "1764570000.1"),
+            (0.0, "0.0"),
+            (-2.0, "-2.0"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (1e16, "1e+16"),
+            (123456789012345680.0, "1.2345678901234568e+17"),
+            (9999999999999998.0, "9999999999999998.0"),
+            (1e100, "1e+100"),
+        ] {
+            assert_eq!(python_float(x), python, "{x:?}");
+        }
+        // The file a batch writes: `exit_statuses_<seconds>.<fraction>.yaml`, read back as a
+        // time within this test's run.
+        let before = unix_time();
+        let dir = tempfile::tempdir().unwrap();
+        let out = Outputs::create(dir.path()).unwrap();
+        out.record_status("a", "Submitted").unwrap();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("exit_statuses_"))
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        let stamp = names[0]
+            .strip_prefix("exit_statuses_")
+            .and_then(|n| n.strip_suffix(".yaml"))
+            .unwrap();
+        assert!(stamp.contains('.'), "{stamp}");
+        let time: f64 = stamp.parse().unwrap();
+        assert!(time >= before && time <= unix_time(), "{stamp}");
+        assert_eq!(python_float(time), stamp);
+    }
 
     #[test]
     fn statuses_are_mini_yaml_and_preds_forget_reruns() {

@@ -6,9 +6,12 @@
 //!   read-only with mode 0400. The certificate's fingerprint is known before the Pod exists,
 //!   so clients pin it: `<name>.json` says how to reach it (the Pod's address is the cluster's
 //!   to give).
-//! - For kubernetes-sigs/agent-sandbox: a SandboxTemplate with the same pod, a SandboxWarmPool
-//!   of it, and one Sandbox; sandboxes of a template share its Secret, so one token and one
-//!   TLS key reach every sandbox of the pool.
+//! - For kubernetes-sigs/agent-sandbox (`extensions.agents.x-k8s.io/v1alpha1`): per distinct
+//!   image a SandboxTemplate with the same pod and a SandboxWarmPool of it, and per task a
+//!   SandboxClaim naming its image's template, so each task is served from its image's warm
+//!   pool (a claim with the default `warmpool` policy adopts a ready sandbox of a pool of its
+//!   template). Sandboxes of a template share its Secret, so one token and one TLS key reach
+//!   every sandbox of that template.
 //! - Every file written is 0600: the manifests carry the Secret's token and key.
 //!
 //! The init container's image must hold the static executor at `/executor` and a `cp`
@@ -25,6 +28,10 @@ use super::docker::{LABEL, TASK_LABEL};
 const PORT: u16 = 7681;
 const EXECUTOR_DIR: &str = "/.executor";
 const SECRET_DIR: &str = "/.executor-secret";
+/// agent-sandbox's extensions API (SandboxTemplate, SandboxWarmPool, SandboxClaim). Its
+/// v0.5 releases serve v1beta1 too (claims there name a pool, not a template) and still
+/// serve v1alpha1, deprecated.
+const SANDBOX_EXTENSIONS_API: &str = "extensions.agents.x-k8s.io/v1alpha1";
 
 #[derive(Args)]
 pub struct K8sArgs {
@@ -47,7 +54,7 @@ pub struct K8sArgs {
     /// Working directory of the commands, in the task's image.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<String>,
-    /// Sandboxes kept warm by the agent-sandbox SandboxWarmPool.
+    /// Sandboxes kept warm by each image's agent-sandbox SandboxWarmPool.
     #[arg(long, default_value_t = 2)]
     pub warm_pool: u32,
     /// Output directory.
@@ -235,10 +242,9 @@ pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
         (None, Some(image)) => vec![(dns_name(&args.name), args.name.clone(), image.clone())],
         (None, None) => bail!("give --image IMAGE (one Pod) or --subset PATH (a Pod per instance)"),
     };
-    // agent-sandbox's template is the first task's image: there must be one.
-    let Some((first, _, first_image)) = tasks.first().cloned() else {
+    if tasks.is_empty() {
         bail!("the subset has no instances: nothing to write");
-    };
+    }
     std::fs::create_dir_all(&args.output)
         .with_context(|| format!("cannot create {}", args.output.display()))?;
     let ns = &args.namespace;
@@ -272,55 +278,141 @@ pub async fn command(args: K8sArgs) -> anyhow::Result<u8> {
         let info = serde_json::to_string_pretty(&connect_info(name, &c, &token_file))?;
         write_private(&args.output.join(format!("{name}.json")), &info)?;
     }
-    // agent-sandbox: one template (the first task's image), a warm pool of it, one sandbox.
-    // Every sandbox of the template, warm or claimed, mounts the same Secret: they share one
-    // token and one TLS key, so whoever holds the token reaches all of them (documented).
-    let image = &first_image;
-    let c = credentials("agent-sandbox")?;
-    let secret_name = "agent-sandbox-executor".to_string();
-    let template = format!("executor-{first}");
-    let pod_template = json!({
-        "metadata": {"labels": {LABEL: "1"}},
-        "spec": pod_spec(
-                image,
-                &args.executor_image,
-                &secret_name,
-                workspace,
-                &profiles,
-            ),
-    });
-    let docs = [
-        secret(&secret_name, ns, &c),
-        json!({
-            "apiVersion": "extensions.agents.x-k8s.io/v1alpha1",
-            "kind": "SandboxTemplate",
-            "metadata": {"name": template, "namespace": ns},
-            "spec": {"podTemplate": pod_template},
-        }),
-        json!({
-            "apiVersion": "extensions.agents.x-k8s.io/v1alpha1",
-            "kind": "SandboxWarmPool",
-            "metadata": {"name": format!("{template}-pool"), "namespace": ns},
-            "spec": {"replicas": args.warm_pool, "sandboxTemplateRef": {"name": template}},
-        }),
-        json!({
-            "apiVersion": "agents.x-k8s.io/v1alpha1",
-            "kind": "Sandbox",
-            "metadata": {"name": format!("{template}-sandbox"), "namespace": ns},
-            "spec": {"podTemplate": pod_template},
-        }),
-    ];
-    write_yaml(&args.output.join("agent-sandbox.yaml"), &docs)?;
-    let token_file = args.output.join("agent-sandbox.token");
-    write_private(&token_file, &c.token)?;
-    let info = serde_json::to_string_pretty(&connect_info("agent-sandbox", &c, &token_file))?;
-    write_private(&args.output.join("agent-sandbox.json"), &info)?;
+    let templates = write_agent_sandbox(&args, &tasks, &profiles)?;
     eprintln!(
-        "deploy k8s: wrote {} Pod manifest(s) and agent-sandbox.yaml to {} (not applied)",
+        "deploy k8s: wrote {} Pod manifest(s), agent-sandbox.yaml ({templates} template(s) with \
+         their warm pools) and agent-sandbox-claims.yaml ({} claim(s)) to {} (not applied)",
+        tasks.len(),
         tasks.len(),
         args.output.display()
     );
     Ok(0)
+}
+
+/// A SandboxTemplate's name for `image`: readable (the image's last path component) and
+/// unique (a digest of the whole name), short enough that `<name>-pool` is a DNS-1123 label.
+fn template_name(image: &str) -> String {
+    let last = image.rsplit('/').next().unwrap_or(image);
+    let mut readable = dns_name(last);
+    readable.truncate(40);
+    let readable = readable.trim_matches('-');
+    let digest = ring::digest::digest(&ring::digest::SHA256, image.as_bytes());
+    let short: String = digest.as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("executor-{readable}-{short}")
+}
+
+/// agent-sandbox's objects: `agent-sandbox.yaml` with a Secret, a SandboxTemplate and a
+/// SandboxWarmPool per distinct image (apply it first: the pools warm up), and
+/// `agent-sandbox-claims.yaml` with a SandboxClaim per task naming its image's template;
+/// `agent-sandbox.json` says which credentials reach which claim. Returns the templates
+/// written.
+fn write_agent_sandbox(
+    args: &K8sArgs,
+    tasks: &[(String, String, String)],
+    profiles: &[&str],
+) -> anyhow::Result<usize> {
+    let ns = &args.namespace;
+    let mut pools = Vec::new();
+    let mut infos = Vec::new();
+    // Image -> (template, fingerprint, token file), in the tasks' order.
+    let mut by_image: Vec<(String, String, String, PathBuf)> = Vec::new();
+    for (_, _, image) in tasks {
+        if by_image.iter().any(|(i, ..)| i == image) {
+            continue;
+        }
+        let template = template_name(image);
+        // Every sandbox of the template, warm or claimed, mounts this Secret: they share one
+        // token and one TLS key, so whoever holds the token reaches all of them (documented).
+        let c = credentials(&template)?;
+        let pod_template = json!({
+            "metadata": {"labels": {LABEL: "1"}},
+            "spec": pod_spec(
+                image,
+                &args.executor_image,
+                &template,
+                args.workspace.as_deref(),
+                profiles,
+            ),
+        });
+        pools.extend([
+            secret(&template, ns, &c),
+            json!({
+                "apiVersion": SANDBOX_EXTENSIONS_API,
+                "kind": "SandboxTemplate",
+                "metadata": {"name": template, "namespace": ns, "labels": {LABEL: "1"}},
+                "spec": {
+                    "podTemplate": pod_template,
+                    // Managed by default, agent-sandbox's own policy admits only its router:
+                    // the agent connects to the executor's port itself. Rules given here
+                    // replace that policy whole, so egress (none listed) is denied.
+                    "networkPolicy": {
+                        "ingress": [{"ports": [{"port": PORT, "protocol": "TCP"}]}],
+                    },
+                },
+            }),
+            json!({
+                "apiVersion": SANDBOX_EXTENSIONS_API,
+                "kind": "SandboxWarmPool",
+                "metadata": {
+                    "name": format!("{template}-pool"),
+                    "namespace": ns,
+                    "labels": {LABEL: "1"},
+                },
+                "spec": {"replicas": args.warm_pool, "sandboxTemplateRef": {"name": template}},
+            }),
+        ]);
+        let token_file = args.output.join(format!("{template}.token"));
+        write_private(&token_file, &c.token)?;
+        infos.push(json!({
+            "template": template,
+            "image": image,
+            "warm_pool": format!("{template}-pool"),
+            "tls_fingerprint": c.fingerprint,
+            "token_file": token_file,
+        }));
+        by_image.push((image.clone(), template, c.fingerprint, token_file));
+    }
+    let mut claims = Vec::new();
+    let mut claim_infos = Vec::new();
+    for (name, task, image) in tasks {
+        let Some((_, template, fingerprint, token_file)) =
+            by_image.iter().find(|(i, ..)| i == image)
+        else {
+            bail!("no template for {image}");
+        };
+        claims.push(json!({
+            "apiVersion": SANDBOX_EXTENSIONS_API,
+            "kind": "SandboxClaim",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {LABEL: "1", TASK_LABEL: label_value(task)},
+            },
+            "spec": {"sandboxTemplateRef": {"name": template}},
+        }));
+        claim_infos.push(json!({
+            "instance_id": task,
+            "claim": name,
+            "template": template,
+            // The claim adopts a warm sandbox, named by its agents.x-k8s.io/sandbox-name
+            // annotation; the address is the cluster's to give.
+            "url": format!("wss://<address of the sandbox claim {name} adopts>:{PORT}/v1/ws"),
+            "tls_fingerprint": fingerprint,
+            "token_file": token_file,
+            "deployment": "k8s",
+        }));
+    }
+    write_yaml(&args.output.join("agent-sandbox.yaml"), &pools)?;
+    write_yaml(&args.output.join("agent-sandbox-claims.yaml"), &claims)?;
+    let info = json!({"templates": infos, "claims": claim_infos});
+    write_private(
+        &args.output.join("agent-sandbox.json"),
+        &serde_json::to_string_pretty(&info)?,
+    )?;
+    Ok(by_image.len())
 }
 
 #[cfg(test)]
@@ -332,5 +424,18 @@ mod tests {
         assert_eq!(dns_name("Django__django-11099"), "django--django-11099");
         assert_eq!(label_value("a/b__c-1"), "a_b__c-1");
         assert_eq!(dns_name("__"), "task");
+    }
+
+    #[test]
+    fn template_names_are_short_labels_distinct_per_image() {
+        let long = "docker.io/swebench/sweb.eval.x86_64.django_1776_django-11099:latest";
+        let a = template_name(long);
+        assert!(a.starts_with("executor-sweb-eval-x86-64-django"), "{a}");
+        assert!(format!("{a}-pool").len() <= 63, "{a}");
+        assert_eq!(a, dns_name(&a));
+        // Same readable part, another image: another name; the same image: the same.
+        let b = template_name("example.org/other/sweb.eval.x86_64.django_1776_django-11099:latest");
+        assert_ne!(a, b);
+        assert_eq!(a, template_name(long));
     }
 }

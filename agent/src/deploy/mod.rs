@@ -227,6 +227,18 @@ pub fn fresh_run_id(prefix: &str) -> anyhow::Result<String> {
     Ok(format!("{prefix}{}", &token[..12]))
 }
 
+/// The deployment `config` names, for a new run of `prefix` (`b` a batch, `up`, `run`,
+/// `exec`, `cp`, `shell`) with a fresh run id (`fresh_run_id`): every command that deploys
+/// comes through here, so every container's run label is random.
+pub fn for_new_run(
+    config: &EnvironmentConfig,
+    prefix: &str,
+) -> anyhow::Result<(String, Box<dyn Deployment>)> {
+    let run_id = fresh_run_id(prefix)?;
+    let deployment = from_config(config, &run_id)?;
+    Ok((run_id, deployment))
+}
+
 /// A private directory (0700) holding `token` in a file (0600); removed when dropped.
 pub fn private_token_dir(token: &str) -> anyhow::Result<(tempfile::TempDir, PathBuf)> {
     use std::io::Write;
@@ -258,5 +270,30 @@ pub fn keep_tail(buffer: &mut String, more: &str, max: usize) {
             cut += 1;
         }
         buffer.drain(..cut);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_new_run_gets_a_fresh_random_id_with_its_prefix_not_the_pid() {
+        let config = EnvironmentConfig {
+            executor_url: Some("ws://127.0.0.1:9/v1/ws".into()),
+            ..Default::default()
+        };
+        let pid = std::process::id().to_string();
+        let mut seen = Vec::new();
+        for prefix in ["b", "up", "run", "exec", "cp", "shell", "exec"] {
+            let (id, deployment) = for_new_run(&config, prefix).unwrap();
+            assert_eq!(deployment.kind(), "remote");
+            let digits = id.strip_prefix(prefix).unwrap();
+            assert_eq!(digits.len(), 12, "{id}");
+            assert!(digits.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+            assert_ne!(digits, pid);
+            assert!(!seen.contains(&id), "{id} twice");
+            seen.push(id);
+        }
     }
 }

@@ -168,6 +168,52 @@ pub async fn reap(config: &DockerConfig, run: Option<&str>) -> anyhow::Result<us
 /// Remove the containers with our label that `scope` selects; returns how many, and how many
 /// were kept because their owner lives (or cannot be judged from here).
 pub async fn reap_scope(config: &DockerConfig, scope: Scope<'_>) -> anyhow::Result<(usize, usize)> {
+    let run = match scope {
+        Scope::Run(run) => Some(run),
+        Scope::Orphans | Scope::All => None,
+    };
+    let all = list_ours(config, run).await?;
+    let ids = match scope {
+        Scope::Run(_) | Scope::All => all.clone(),
+        Scope::Orphans => orphans(config, &all).await?,
+    };
+    let kept = all.len() - ids.len();
+    if ids.is_empty() {
+        return Ok((0, kept));
+    }
+    let mut left = ids.clone();
+    // Twice at most: a container can end by itself while we remove it (`rm -f` unpauses a
+    // paused one, whose executor then sees its lifeline gone, exits, and `--rm` removes it
+    // first), and podman then fails the whole `rm` with "container state improper". What
+    // counts is whether any is still there.
+    for attempt in 0..2 {
+        let rm = docker_command(config)
+            .args(["rm", "-f"])
+            .args(&left)
+            .output()
+            .await?;
+        if rm.status.success() {
+            return Ok((ids.len(), kept));
+        }
+        let listed = list_ours(config, None).await?;
+        left.retain(|id| listed.contains(id));
+        if left.is_empty() {
+            return Ok((ids.len(), kept));
+        }
+        if attempt == 1 {
+            anyhow::bail!(
+                "{} rm failed ({} container(s) left): {}",
+                config.executable,
+                left.len(),
+                String::from_utf8_lossy(&rm.stderr).trim()
+            );
+        }
+    }
+    Ok((ids.len(), kept))
+}
+
+/// Ids of the containers with our label (of `run` only, when given), running or not.
+async fn list_ours(config: &DockerConfig, run: Option<&str>) -> anyhow::Result<Vec<String>> {
     let mut list = docker_command(config);
     list.args([
         "ps",
@@ -177,7 +223,7 @@ pub async fn reap_scope(config: &DockerConfig, scope: Scope<'_>) -> anyhow::Resu
         "--filter",
         &format!("label={LABEL}"),
     ]);
-    if let Scope::Run(run) = scope {
+    if let Some(run) = run {
         list.args(["--filter", &format!("label={RUN_LABEL}={run}")]);
     }
     let out = list.output().await?;
@@ -188,31 +234,10 @@ pub async fn reap_scope(config: &DockerConfig, scope: Scope<'_>) -> anyhow::Resu
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let all: Vec<String> = String::from_utf8_lossy(&out.stdout)
+    Ok(String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .map(str::to_string)
-        .collect();
-    let ids = match scope {
-        Scope::Run(_) | Scope::All => all.clone(),
-        Scope::Orphans => orphans(config, &all).await?,
-    };
-    let kept = all.len() - ids.len();
-    if ids.is_empty() {
-        return Ok((0, kept));
-    }
-    let rm = docker_command(config)
-        .args(["rm", "-f"])
-        .args(&ids)
-        .output()
-        .await?;
-    if !rm.status.success() {
-        anyhow::bail!(
-            "{} rm failed: {}",
-            config.executable,
-            String::from_utf8_lossy(&rm.stderr).trim()
-        );
-    }
-    Ok((ids.len(), kept))
+        .collect())
 }
 
 /// The containers of `ids` whose owner is gone.

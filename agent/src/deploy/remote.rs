@@ -48,7 +48,8 @@ pub fn entries(config: &EnvironmentConfig) -> Vec<RemoteExecutor> {
 /// failure in a row, up to [`MAX_QUARANTINE`].
 const QUARANTINE: Duration = Duration::from_secs(30);
 const MAX_QUARANTINE: Duration = Duration::from_secs(600);
-/// A TCP connect to a free executor that takes longer failed.
+/// A TCP connect (and for `wss://` the TLS handshake) to a free executor that takes longer
+/// failed.
 const PROBE_PATIENCE: Duration = Duration::from_secs(5);
 
 pub struct Pool {
@@ -128,8 +129,7 @@ impl Deployment for Pool {
                     .recv()
                     .await
                     .context("the executor pool is closed")?;
-                let url = &self.executors[index].url;
-                match probe(url).await {
+                match probe(&self.executors[index]).await {
                     Ok(()) => {
                         self.set_penalty(index, Duration::ZERO);
                         break index;
@@ -190,12 +190,12 @@ impl Pool {
         };
         self.set_penalty(index, (wait * 2).min(MAX_QUARANTINE));
         crate::notes::note!(
-            "remote: executor {} is unreachable ({reason}): quarantined for {}s",
+            "remote: executor {} cannot be used ({reason}): quarantined for {}s",
             self.executors[index].url,
             wait.as_secs()
         );
         if let Ok(mut last) = self.last_failure.lock() {
-            *last = format!("{} is unreachable ({reason})", self.executors[index].url);
+            *last = format!("{} cannot be used ({reason})", self.executors[index].url);
         }
         use std::sync::atomic::Ordering;
         self.quarantined.fetch_add(1, Ordering::SeqCst);
@@ -209,30 +209,58 @@ impl Pool {
     }
 }
 
-/// A TCP connect to the host and port of `url` (`ws://HOST:PORT/...`, `wss://...`).
-async fn probe(url: &str) -> Result<(), String> {
+/// A TCP connect to the host and port of the executor's URL (`ws://HOST:PORT/...`,
+/// `wss://...`); for `wss://` also the TLS handshake with its pin or CA, so an executor that
+/// presents another certificate is put aside like an unreachable one, before a task takes it.
+async fn probe(endpoint: &Endpoint) -> Result<(), String> {
+    let url = &endpoint.url;
     let rest = url
         .split_once("://")
         .map(|(_, rest)| rest)
         .ok_or_else(|| "not a URL".to_string())?;
     let authority = rest.split('/').next().unwrap_or_default();
-    let default_port = if url.starts_with("wss://") { 443 } else { 80 };
-    let address = if authority.starts_with('[') {
+    let tls = url
+        .get(..6)
+        .is_some_and(|s| s.eq_ignore_ascii_case("wss://"));
+    let default_port = if tls { 443 } else { 80 };
+    let (host, address) = if authority.starts_with('[') {
         // [v6]:port or [v6]
         match authority.rsplit_once("]:") {
-            Some((host, port)) => format!("{host}]:{port}"),
-            None => format!("{authority}:{default_port}"),
+            Some((host, port)) => (host.trim_start_matches('['), format!("{host}]:{port}")),
+            None => (
+                authority.trim_start_matches('[').trim_end_matches(']'),
+                format!("{authority}:{default_port}"),
+            ),
         }
-    } else if authority.contains(':') {
-        authority.to_string()
+    } else if let Some((host, _)) = authority.rsplit_once(':') {
+        (host, authority.to_string())
     } else {
-        format!("{authority}:{default_port}")
+        (authority, format!("{authority}:{default_port}"))
     };
-    match tokio::time::timeout(PROBE_PATIENCE, tokio::net::TcpStream::connect(&address)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!("cannot connect to {address}: {e}")),
+    let checked = async {
+        let tcp = tokio::net::TcpStream::connect(&address)
+            .await
+            .map_err(|e| format!("cannot connect to {address}: {e}"))?;
+        if tls {
+            crate::tls::Tls::new(
+                endpoint.tls_fingerprint.as_deref(),
+                endpoint.tls_ca.as_deref(),
+            )
+            .map_err(|e| e.to_string())?
+            .handshake(tcp, host)
+            .await?;
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(PROBE_PATIENCE, checked).await {
+        Ok(result) => result,
         Err(_) => Err(format!(
-            "no TCP connection to {address} within {}s",
+            "no {} to {address} within {}s",
+            if tls {
+                "TLS handshake"
+            } else {
+                "TCP connection"
+            },
             PROBE_PATIENCE.as_secs()
         )),
     }

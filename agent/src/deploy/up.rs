@@ -51,12 +51,8 @@ pub async fn command(args: UpArgs) -> anyhow::Result<u8> {
         return failed(format!("{e:#}"));
     }
     let env = &config.environment;
-    let run_id = match super::fresh_run_id("up") {
-        Ok(id) => id,
-        Err(e) => return failed(format!("{e:#}")),
-    };
-    let deployment = match super::from_config(env, &run_id) {
-        Ok(d) => d,
+    let deployment = match super::for_new_run(env, "up") {
+        Ok((_, d)) => d,
         Err(e) => return failed(format!("{e:#}")),
     };
     let mut workspace = args.workspace.clone().or_else(|| env.cwd.clone());

@@ -361,3 +361,132 @@ async fn the_namespace_run_args_of_the_error_let_a_root_owned_workspace_run_sand
         containers(&bench.tag)
     );
 }
+
+/// The batch's argument list with podman's flags and `-w workers`.
+fn podman_args(bench: &Bench, workers: &str) -> Vec<String> {
+    let mut args = podman_flags(&bench.tag);
+    args.extend(["-w".to_string(), workers.to_string()]);
+    args
+}
+
+#[tokio::test]
+async fn sigterm_stops_a_docker_batch_cleanly_and_leaves_no_container() {
+    let Some(image) = ready() else { return };
+    // 0 finishes at once; 1 and 2 are running their first command at the SIGTERM.
+    let bench = Bench::new(3, &[(1, &slow_script(123)), (2, &slow_script(123))], &[]);
+    with_image(&bench, &image, json!({}));
+    let args = podman_args(&bench, "2");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let child = bench.command(&args).spawn().unwrap();
+    let running = wait_for(Duration::from_secs(120), || {
+        bench.preds().len() == 1 && crate::processes_with("sleep 123").len() >= 2
+    })
+    .await;
+    assert!(
+        running,
+        "never reached one done and two running: {}",
+        bench.log()
+    );
+    assert_eq!(containers(&bench.tag).len(), 2);
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let run = crate::finish(child).await;
+    // Not killed by the signal: it stopped, saved, tore down and said so.
+    assert_eq!(run.code, 130, "{}", run.stderr);
+    assert!(run.stderr.contains("batch: interrupted"), "{}", run.stderr);
+    // preds.json is whole and holds only what finished, with its patch.
+    let preds = bench.preds();
+    assert_eq!(preds.keys().cloned().collect::<Vec<_>>(), [bench.id(0)]);
+    assert_fixed(&bench.patch(0), 0);
+    for i in 1..3 {
+        assert_eq!(bench.trajectory(i)["info"]["exit_status"], "Interrupted");
+        assert_eq!(bench.status_of(i), "Interrupted");
+    }
+    assert!(
+        containers(&bench.tag).is_empty(),
+        "{:?}",
+        containers(&bench.tag)
+    );
+    assert!(crate::processes_with("sleep 123").is_empty());
+}
+
+/// A killed agent (`kill -9`): its container goes by itself, by its lifeline (the attached
+/// client's stdin closes, the executor exits on EOF, `--rm` removes it). One whose executor
+/// cannot notice (stuck: paused here) is left behind, and `agent deploy reap` (no `--run`:
+/// judged by the owner labels, whose agent is gone) removes it.
+#[tokio::test]
+async fn a_killed_docker_batch_leaves_a_stuck_container_to_deploy_reap() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let Some(image) = ready() else { return };
+    let start = |bench: &Bench| {
+        let args = podman_args(bench, "1");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        bench.command(&args).spawn().unwrap()
+    };
+    let running = |bench: &Bench, sleep: &'static str| {
+        let tag = bench.tag.clone();
+        let out = bench.out();
+        async move {
+            let up = wait_for(Duration::from_secs(120), || {
+                containers(&tag).len() == 1 && crate::processes_with(sleep).len() == 1
+            })
+            .await;
+            let log = std::fs::read_to_string(out.join("minisweagent.log")).unwrap_or_default();
+            assert!(up, "the instance never ran its long command: {log}");
+        }
+    };
+    let sigkill = |child: &tokio::process::Child| {
+        kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGKILL).unwrap();
+    };
+
+    // The control: a live executor sees its lifeline end and its container goes by itself.
+    let alone = Bench::new(1, &[(0, &slow_script(124))], &[]);
+    with_image(&alone, &image, json!({}));
+    let mut child = start(&alone);
+    running(&alone, "sleep 124").await;
+    sigkill(&child);
+    let _ = child.wait().await;
+    let gone = wait_for(Duration::from_secs(30), || {
+        containers(&alone.tag).is_empty()
+    })
+    .await;
+    assert!(gone, "{:?}", containers(&alone.tag));
+
+    // A stuck one stays (still there after a while, its command still running) ...
+    let bench = Bench::new(1, &[(0, &slow_script(125))], &[]);
+    with_image(&bench, &image, json!({}));
+    let mut child = start(&bench);
+    running(&bench, "sleep 125").await;
+    let left = containers(&bench.tag);
+    let paused = container::podman()
+        .args(["pause", &left[0]])
+        .status()
+        .unwrap();
+    assert!(paused.success());
+    sigkill(&child);
+    let _ = child.wait().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(containers(&bench.tag), left);
+    assert_eq!(crate::processes_with("sleep 125").len(), 1);
+    // ... until `agent deploy reap` removes it: its owner, the killed agent, is gone.
+    let reap = tokio::process::Command::new(executor_tests::binary("agent"))
+        .args(["deploy", "reap", "--docker-executable", "podman"])
+        .arg("--docker-global-arg=--runtime=runc")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&reap.stderr);
+    assert!(reap.status.success(), "{stderr}");
+    assert!(
+        containers(&bench.tag).is_empty(),
+        "{:?}: {stderr}",
+        containers(&bench.tag)
+    );
+    let cleared = wait_for(Duration::from_secs(15), || {
+        crate::processes_with("sleep 125").is_empty()
+            && crate::processes_with(&bench.tag).is_empty()
+    })
+    .await;
+    assert!(cleared, "{:?}", crate::processes_with(&bench.tag));
+}

@@ -25,6 +25,7 @@ async fn a_local_batch_writes_minis_outputs_and_a_rerun_skips_what_is_done() {
         assert_eq!(traj["info"]["config"]["deployment"], "local");
     }
     assert_eq!(bench.statuses()["Submitted"].len(), 3);
+    assert_plain_progress(&run.stderr, &bench, 3);
     assert!(
         bench.log().contains("started a local executor"),
         "{}",
@@ -52,6 +53,95 @@ async fn a_local_batch_writes_minis_outputs_and_a_rerun_skips_what_is_done() {
     assert_eq!(bench.starts(1), 2);
     assert_eq!(bench.starts(0), 1);
     assert_eq!(bench.preds().len(), 3);
+}
+
+/// Not on a terminal, the batch says in plain lines when each instance starts and how it
+/// ended, counted `[k/total]`: one start and one end per instance, each count once, and none
+/// of the terminal's drawing (no bar, no escape sequences).
+fn assert_plain_progress(stderr: &str, bench: &Bench, n: usize) {
+    let mut counts = Vec::new();
+    for i in 0..n {
+        let id = bench.id(i);
+        let starts = stderr
+            .lines()
+            .filter(|l| *l == format!("batch: {id}: started"))
+            .count();
+        assert_eq!(starts, 1, "{id}: {stderr}");
+        let ends: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("batch: [") && l.contains(&format!("] {id}: Submitted (")))
+            .collect();
+        assert_eq!(ends.len(), 1, "{id}: {stderr}");
+        // `batch: [k/n] <id>: Submitted (1.2s)`
+        let (count, rest) = ends[0]["batch: [".len()..].split_once('/').unwrap();
+        assert!(rest.starts_with(&format!("{n}] ")), "{}", ends[0]);
+        assert!(ends[0].ends_with("s)"), "{}", ends[0]);
+        counts.push(count.parse::<usize>().unwrap());
+    }
+    counts.sort();
+    assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "{stderr}");
+    assert!(!stderr.contains("ETA"), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr}");
+}
+
+/// On a terminal, the same batch draws an overall bar with its ETA and the table of exit
+/// statuses instead, and prints none of the plain per-instance lines (their control is the
+/// test above, whose stderr is a pipe).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_terminal_a_batch_draws_a_bar_with_eta_and_a_status_table_not_plain_lines() {
+    use std::io::Read;
+    let bench = Bench::new(2, &[], &[]);
+    let size = nix::pty::Winsize {
+        ws_row: 40,
+        ws_col: 200,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&size), None).unwrap();
+    let mut command = bench.command(&["-w", "2"]);
+    command.stderr(std::fs::File::from(pty.slave));
+    let child = command.spawn().unwrap();
+    // Our copy of the terminal's far side goes, so the reader sees the end with the batch's.
+    drop(command);
+    let mut master = std::fs::File::from(pty.master);
+    let reader = std::thread::spawn(move || {
+        let mut screen = Vec::new();
+        let mut buffer = [0u8; 4096];
+        // EIO once the batch, the last holder of the far side, has exited.
+        while let Ok(n) = master.read(&mut buffer) {
+            if n == 0 {
+                break;
+            }
+            screen.extend_from_slice(&buffer[..n]);
+        }
+        String::from_utf8_lossy(&screen).into_owned()
+    });
+    let run = crate::finish(child).await;
+    assert_eq!(run.code, 0);
+    let screen = tokio::task::spawn_blocking(move || reader.join().unwrap())
+        .await
+        .unwrap();
+    eprintln!("--- terminal ---\n{screen}");
+    assert_eq!(bench.preds().len(), 2);
+    // The bar, finished, with its count and ETA; the table with both ids under Submitted.
+    assert!(screen.contains("2/2 instances, ETA"), "{screen}");
+    assert!(screen.contains('='), "{screen}");
+    assert!(screen.contains("exit status  count  recent"), "{screen}");
+    // Its rows are drawn over each other with cursor moves, not newlines: the last one drawn.
+    let row = &screen[screen.rfind("Submitted").unwrap()..];
+    let row: String = row.chars().take(100).collect();
+    let count = row["Submitted".len()..].trim_start();
+    assert!(count.starts_with("2  "), "{row:?}");
+    for i in 0..2 {
+        assert!(row.contains(&bench.id(i)), "{row:?}");
+        assert!(
+            !screen.contains(&format!("batch: {}: started", bench.id(i))),
+            "{screen}"
+        );
+    }
+    assert!(!screen.contains("batch: [1/2]"), "{screen}");
+    // The summary line still ends it.
+    assert!(screen.contains("batch: done in"), "{screen}");
 }
 
 #[tokio::test]

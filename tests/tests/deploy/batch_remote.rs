@@ -136,3 +136,81 @@ async fn a_dead_executor_in_the_pool_is_quarantined_and_the_batch_runs_on_the_li
         .count();
     assert_eq!(quarantined, 1, "{log}");
 }
+
+/// A pool over `wss://`, each entry with its own pin from the config: the instances run on
+/// the executor whose pin matches; the one whose entry pins another certificate (here the
+/// first executor's, a real certificate, just not its own) is refused at the TLS handshake
+/// before any token is sent, quarantined, and never gets a command. The control: the same
+/// executor with its own pin serves.
+#[tokio::test]
+async fn a_wss_pool_with_a_pin_per_entry_runs_and_an_entry_pinning_another_certificate_is_quarantined(
+) {
+    let good = Daemon::start_with(&["--tls"]);
+    let other = Daemon::start_with(&["--tls"]);
+    assert!(good.url.starts_with("wss://") && other.url.starts_with("wss://"));
+    let pin = |d: &Daemon| d.fingerprint.clone().unwrap();
+    let config = |bench: &Bench, entries: &[(&Daemon, String)]| {
+        let remote: Vec<_> = entries
+            .iter()
+            .map(|(d, pin)| {
+                json!({
+                    "url": d.url,
+                    "token_file": d.state.path().join("token"),
+                    "tls_fingerprint": pin,
+                })
+            })
+            .collect();
+        let config = json!({
+            "run": {"env_startup_command": crate::STARTUP},
+            "environment": {"deployment": "remote", "remote": remote},
+        });
+        std::fs::write(
+            bench.path().join("config.yaml"),
+            serde_norway::to_string(&config).unwrap(),
+        )
+        .unwrap();
+    };
+    let ran = |d: &Daemon| {
+        d.audit()
+            .iter()
+            .filter(|r| {
+                r["command"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("git init"))
+            })
+            .count()
+    };
+
+    // The wrong pin comes first, so the first task draws it.
+    let bench = Bench::new(4, &[], &[]);
+    config(&bench, &[(&other, pin(&good)), (&good, pin(&good))]);
+    let run = bench.run(&["-w", "2"]).await;
+    assert_eq!(run.code, 0);
+    for i in 0..4 {
+        assert_eq!(bench.status_of(i), "Submitted", "{}", bench.log());
+        assert_fixed(&bench.patch(i), i);
+    }
+    assert_eq!((ran(&good), ran(&other)), (4, 0));
+    let log = bench.log();
+    let quarantined: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("quarantined for 30s") && l.contains(&other.url))
+        .collect();
+    assert_eq!(quarantined.len(), 1, "{log}");
+    assert!(
+        quarantined[0].contains(&pin(&other)) && quarantined[0].contains("pinned"),
+        "{}",
+        quarantined[0]
+    );
+
+    // Control: the same executor, pinned with its own certificate, serves.
+    let bench = Bench::new(2, &[], &[]);
+    config(&bench, &[(&other, pin(&other))]);
+    let run = bench.run(&["-w", "1"]).await;
+    assert_eq!(run.code, 0);
+    for i in 0..2 {
+        assert_eq!(bench.status_of(i), "Submitted", "{}", bench.log());
+    }
+    assert_eq!(ran(&other), 2);
+    assert!(!bench.log().contains("quarantined"), "{}", bench.log());
+}

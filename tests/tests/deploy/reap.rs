@@ -87,3 +87,59 @@ fn reap_removes_the_container_of_a_dead_agent_and_keeps_a_live_ones() {
     let _ = container::podman().args(["rm", "-f", &live]).output();
     assert!(containers(&tag).is_empty());
 }
+
+/// Every command that deploys names its run at random, as a batch does: `agent exec`'s
+/// container is labelled `exec<12 hex digits>`, never with the agent's pid (which agents in
+/// other pid namespaces sharing the container daemon may have too, and whose end-of-run reap
+/// by run label would then remove this one's containers).
+#[tokio::test]
+async fn exec_labels_its_container_with_a_random_run_id_not_its_pid() {
+    if !container::available() {
+        return;
+    }
+    let image = container::task_image().unwrap();
+    let tag = executor_tests::marker();
+    let mut flags = crate::batch_docker::podman_flags(&tag);
+    flags.extend(["--image".to_string(), image]);
+    let child = tokio::process::Command::new(binary("agent"))
+        .arg("exec")
+        .args(&flags)
+        .args(["--", "sleep 20; echo done"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap().to_string();
+    let up = crate::wait_for(std::time::Duration::from_secs(60), || {
+        containers(&tag).len() == 1
+    })
+    .await;
+    assert!(up, "no container came up");
+    let out = container::podman()
+        .args([
+            "inspect",
+            "--format",
+            "{{index .Config.Labels \"executor-agent.run\"}}",
+        ])
+        .arg(&containers(&tag)[0])
+        .output()
+        .unwrap();
+    let run = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let digits = run.strip_prefix("exec").unwrap_or_default();
+    assert_eq!(digits.len(), 12, "{run:?}");
+    assert!(digits.chars().all(|c| c.is_ascii_hexdigit()), "{run:?}");
+    assert_ne!(run, format!("exec{pid}"));
+    let done = tokio::time::timeout(std::time::Duration::from_secs(90), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&done.stdout).trim(), "done");
+    assert!(containers(&tag).is_empty(), "{:?}", containers(&tag));
+}
