@@ -97,6 +97,11 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let valid = request::validate(request, &limits)?;
     let interpreter = interpreter(&args.common.interpreter)?;
+    // Before the runtime's threads exist: a fork server forked from us spares the run an
+    // exec of our binary as its helper. Where it cannot be made, the helper is exec'd.
+    let spawner = crate::spawner::fork_here()
+        .map_err(|err| tracing::debug!(%err, "no forked fork server: the helper is exec'd"))
+        .ok();
     let rt = runtime()?;
     let Setup {
         mut engine,
@@ -116,8 +121,10 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
             default: valid.profile.clone(),
             ..ProfileChoice::default()
         },
-        None,
+        spawner,
     ))?;
+    // One command: a worker kept warm for a next one would only be built and killed.
+    engine.runner.warm_workers = false;
     // `{home}`: a directory of this run's own, as the command's identity, gone afterwards.
     let owner = engine
         .profiles

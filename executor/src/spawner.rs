@@ -104,6 +104,43 @@ pub fn start(exe: &std::path::Path) -> io::Result<Spawner> {
     })
 }
 
+/// For a one-shot `executor run`: the server forked from this process while it is still
+/// single-threaded (before any runtime starts), instead of exec'ing our binary again. It saves
+/// one exec of a large binary (its loader, relocations and start-up) on a run's critical
+/// path; the daemon keeps [`start`], whose server holds nothing of the daemon's memory. The
+/// child starts from a copy of ours (the run's arguments, nothing secret of anyone else's)
+/// and keeps only the socket, the stdio it points at /dev/null and our stderr.
+pub fn fork_here() -> io::Result<Spawner> {
+    sys::assert_single_threaded()?;
+    let (ours, server_end) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    let parent = nix::unistd::getpid();
+    match sys::fork()? {
+        Forked::Child => {
+            drop(ours);
+            let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+            if nix::unistd::getppid() != parent {
+                sys::exit_child(1);
+            }
+            sys::close_fds_above_stderr_except(server_end.as_raw_fd());
+            serve(server_end)
+        }
+        Forked::Parent(_) => {
+            drop(server_end);
+            setsockopt(&ours, sockopt::ReceiveTimeout, &ANSWER_TIMEOUT)?;
+            let _ = setsockopt(&ours, sockopt::SndBuf, &(MAX_TEMPLATE_BYTES * 2));
+            Ok(Spawner {
+                sock: Mutex::new(ours),
+                broken: AtomicBool::new(false),
+            })
+        }
+    }
+}
+
 /// Entry point of fork-server mode (checked in `main` before anything else runs).
 pub fn main() -> ! {
     let daemon = nix::unistd::getppid();

@@ -76,13 +76,14 @@ pub enum Forked {
     Child,
 }
 
-/// fork(2) for the sandbox helper.
+/// fork(2) for the sandbox helper, and for `executor run`'s fork server.
 ///
-/// Only the helper calls this, and it is single-threaded (checked by `assert_single_threaded`
-/// at its start), so the child inherits no lock held by another thread and may allocate.
+/// Only single-threaded callers use it (checked by `assert_single_threaded`: the helper at its
+/// start, `spawner::fork_here` before the runtime exists), so the child inherits no lock held
+/// by another thread and may allocate.
 pub fn fork() -> io::Result<Forked> {
-    // SAFETY: the caller is the single-threaded helper (see above); nothing in the child can
-    // deadlock on state another thread held at fork time.
+    // SAFETY: the caller is single-threaded (see above); nothing in the child can deadlock on
+    // state another thread held at fork time.
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Parent { child }) => Ok(Forked::Parent(child)),
         Ok(nix::unistd::ForkResult::Child) => Ok(Forked::Child),

@@ -14,5 +14,6 @@ mod processes;
 mod profiles;
 mod protocol_errors;
 mod resume;
+mod run_local;
 mod tls;
 mod warm;

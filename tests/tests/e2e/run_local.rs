@@ -1,0 +1,154 @@
+//! `executor run`: one command locally, through the daemon's path, with its fork server forked
+//! from the run itself. Checked on the host: output and exit status, the process tree while it
+//! runs, and nothing left after a timeout or after the run is killed.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use executor_tests::{
+    descendants, eventually, is_root, marked_sleep, marker, parent_of, require, sleepers, PATIENCE,
+};
+
+fn executor_run(profile: &str, extra: &[&str], command: &str) -> Command {
+    let mut run = Command::new(executor_tests::binary("executor"));
+    run.args(["run", "--profile", profile])
+        .args(extra)
+        .args(["--cwd", "/tmp", "--", command]);
+    run
+}
+
+#[tokio::test]
+async fn a_run_passes_on_the_output_and_the_exit_status_under_each_profile() {
+    if !require("root", is_root()) {
+        return;
+    }
+    for profile in ["strict", "landlock"] {
+        let out = executor_run(profile, &[], "echo hi; id -u; exit 3")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hi\n65534\n",
+            "{profile}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(3), "{profile}");
+        // Control: a command that succeeds exits 0.
+        let ok = executor_run(profile, &[], "true").status().unwrap();
+        assert_eq!(ok.code(), Some(0), "{profile}");
+    }
+}
+
+#[tokio::test]
+async fn a_run_past_its_timeout_exits_124_and_leaves_no_process_behind() {
+    if !require("root", is_root()) {
+        return;
+    }
+    for profile in ["strict", "landlock"] {
+        let m = marker();
+        let sleep = marked_sleep(&m);
+        let mut run = executor_run(
+            profile,
+            &["--timeout", "2"],
+            &format!("setsid {sleep} & ({sleep} &); nohup {sleep} >/dev/null 2>&1 & {sleep}"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+        let run_pid = run.id() as i32;
+        assert!(
+            eventually(PATIENCE, || sleepers(&m).len() == 4).await,
+            "{profile}: {:?}",
+            sleepers(&m)
+        );
+        // While it runs: the helper's parent is the run's fork server, itself a child of the
+        // run (forked, not exec'd), so every process of the run descends from it.
+        let tree = descendants(run_pid);
+        for pid in sleepers(&m) {
+            assert!(
+                tree.contains(&pid),
+                "{profile}: sleeper {pid} outside the run"
+            );
+        }
+        let servers: Vec<i32> = tree
+            .iter()
+            .copied()
+            .filter(|p| parent_of(*p) == Some(run_pid))
+            .collect();
+        assert_eq!(
+            servers.len(),
+            1,
+            "{profile}: the run's children {servers:?}"
+        );
+        let cmdline = |pid: i32| {
+            String::from_utf8_lossy(
+                &std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default(),
+            )
+            .replace('\0', " ")
+        };
+        assert_eq!(
+            cmdline(servers[0]),
+            cmdline(run_pid),
+            "{profile}: the run's fork server is forked from it, not a binary exec'd again"
+        );
+        let status = run.wait().unwrap();
+        assert_eq!(status.code(), Some(124), "{profile}");
+        // Afterwards: no sleeper, and nothing of the run (fork server, helper) left.
+        assert!(
+            eventually(PATIENCE, || sleepers(&m).is_empty()).await,
+            "{profile}: survivors {:?}",
+            sleepers(&m)
+        );
+        assert!(
+            eventually(PATIENCE, || tree
+                .iter()
+                .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()))
+            .await,
+            "{profile}: the run's processes outlived it"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_run_killed_outright_takes_its_command_and_fork_server_with_it() {
+    if !require("root", is_root()) {
+        return;
+    }
+    let m = marker();
+    let sleep = marked_sleep(&m);
+    let mut run = executor_run("landlock", &[], &format!("setsid {sleep} & {sleep}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    let tree = descendants(run.id() as i32);
+    assert!(!tree.is_empty());
+    run.kill().unwrap();
+    run.wait().unwrap();
+    assert!(
+        eventually(PATIENCE, || sleepers(&m).is_empty()).await,
+        "survivors {:?}",
+        sleepers(&m)
+    );
+    assert!(
+        eventually(PATIENCE, || tree
+            .iter()
+            .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()))
+        .await,
+        "the fork server or the helper outlived the run"
+    );
+    // Control: the same command, left alone, is still running after a while.
+    let m = marker();
+    let mut run = executor_run("landlock", &[], &marked_sleep(&m))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sleepers(&m).len(), 1);
+    run.kill().unwrap();
+    run.wait().unwrap();
+    assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+}
