@@ -13,7 +13,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::daemon::Daemon;
 
-const SSHD: &str = "/usr/sbin/sshd";
 /// Executors in the `remote` pool: one per worker of the largest batch.
 pub const POOL: usize = 8;
 
@@ -26,7 +25,7 @@ pub struct Place {
     /// The executor for `executor connect`.
     pub executor: PathBuf,
     _daemons: Vec<Daemon>,
-    _sshd: Option<Sshd>,
+    _sshd: Option<executor_tests::sshd::Sshd>,
     dir: tempfile::TempDir,
 }
 
@@ -82,8 +81,8 @@ impl Place {
                 ]
             }
             "ssh" => {
-                let sshd = Sshd::start()?;
-                let flags = sshd.flags();
+                let sshd = executor_tests::sshd::Sshd::start()?;
+                let flags = sshd.deploy_flags();
                 place._sshd = Some(sshd);
                 flags
             }
@@ -173,101 +172,4 @@ fn podman_flags() -> anyhow::Result<Vec<String>> {
         "--label".into(),
         "executor-bench=1".into(),
     ])
-}
-
-/// An sshd on a loopback port, with a host key and a client key made here; killed on drop.
-struct Sshd {
-    child: std::process::Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn keygen(path: &Path) -> anyhow::Result<()> {
-    let ok = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(path)
-        .status()
-        .context("cannot run ssh-keygen")?;
-    if !ok.success() {
-        bail!("ssh-keygen failed");
-    }
-    Ok(())
-}
-
-impl Sshd {
-    fn start() -> anyhow::Result<Self> {
-        if !Path::new(SSHD).exists() {
-            bail!("{SSHD} is missing (apt-get install openssh-server)");
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("executor-bench-sshd-")
-            .tempdir()?;
-        let d = dir.path();
-        keygen(&d.join("host_key"))?;
-        keygen(&d.join("client_key"))?;
-        std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys"))?;
-        // sshd's privilege separation directory.
-        std::fs::create_dir_all("/run/sshd")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let config = format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
-             AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\n\
-             PermitRootLogin prohibit-password\nPasswordAuthentication no\n\
-             KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
-             AllowTcpForwarding local\nMaxStartups 64\nMaxSessions 64\n",
-            d = d.display()
-        );
-        std::fs::write(d.join("sshd_config"), config)?;
-        let child = std::process::Command::new(SSHD)
-            .args(["-D", "-e", "-f"])
-            .arg(d.join("sshd_config"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("sshd.log"))?)
-            .spawn()
-            .context("cannot start sshd")?;
-        let mut sshd = Self { child, port, dir };
-        let up = (0..100).any(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        if !up {
-            let _ = sshd.child.kill();
-            bail!(
-                "sshd did not start: {}",
-                std::fs::read_to_string(sshd.dir.path().join("sshd.log")).unwrap_or_default()
-            );
-        }
-        Ok(sshd)
-    }
-
-    fn flags(&self) -> Vec<String> {
-        vec![
-            "--deploy".into(),
-            "ssh".into(),
-            "--ssh-host".into(),
-            "root@127.0.0.1".into(),
-            "--ssh-port".into(),
-            self.port.to_string(),
-            "--ssh-identity".into(),
-            self.dir.path().join("client_key").display().to_string(),
-            "--ssh-option".into(),
-            "StrictHostKeyChecking=no".into(),
-            "--ssh-option".into(),
-            "UserKnownHostsFile=/dev/null".into(),
-            "--ssh-option".into(),
-            "LogLevel=ERROR".into(),
-            "--executor-static".into(),
-            executor_tests::static_executor().display().to_string(),
-        ]
-    }
 }

@@ -13,6 +13,7 @@ mod pinned_tls;
 pub mod profiles;
 mod proxy;
 pub mod rootfs;
+pub mod sshd;
 pub mod static_build;
 pub mod target;
 mod transfer;

@@ -2,38 +2,15 @@
 //! key the test makes: the static executor is copied over, runs inside the ssh session and is
 //! reached through a tunnel; when the session ends, it and its files are gone.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use executor_tests::{binary, require};
 
 use crate::{assert_fixed, processes_with, wait_for, Bench};
 
-const SSHD: &str = "/usr/sbin/sshd";
-
-struct Sshd {
-    child: Child,
-    port: u16,
-    key: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn keygen(path: &Path) {
-    let ok = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-}
+use executor_tests::sshd::{Sshd, SSHD};
 
 fn start_sshd() -> Option<Sshd> {
     if !require("root", executor_tests::is_root())
@@ -44,74 +21,7 @@ fn start_sshd() -> Option<Sshd> {
     {
         return None;
     }
-    let dir = tempfile::Builder::new()
-        .prefix("agent-sshd-")
-        .tempdir()
-        .unwrap();
-    let d = dir.path();
-    keygen(&d.join("host_key"));
-    keygen(&d.join("client_key"));
-    std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).unwrap();
-    // sshd's privilege separation directory.
-    std::fs::create_dir_all("/run/sshd").unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = format!(
-        "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
-         AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\n\
-         PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
-         UsePAM no\nStrictModes no\nAllowTcpForwarding local\n\
-         ClientAliveInterval 5\nClientAliveCountMax 2\n",
-        d = d.display()
-    );
-    std::fs::write(d.join("sshd_config"), config).unwrap();
-    let child = Command::new(SSHD)
-        .args(["-D", "-e", "-f"])
-        .arg(d.join("sshd_config"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let up = (0..100).any(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    assert!(
-        up,
-        "sshd did not start: {}",
-        std::fs::read_to_string(d.join("sshd.log")).unwrap_or_default()
-    );
-    Some(Sshd {
-        child,
-        port,
-        key: d.join("client_key"),
-        _dir: dir,
-    })
-}
-
-fn ssh_flags(sshd: &Sshd) -> Vec<String> {
-    vec![
-        "--deploy".into(),
-        "ssh".into(),
-        "--ssh-host".into(),
-        "root@127.0.0.1".into(),
-        "--ssh-port".into(),
-        sshd.port.to_string(),
-        "--ssh-identity".into(),
-        sshd.key.display().to_string(),
-        "--ssh-option".into(),
-        "StrictHostKeyChecking=no".into(),
-        "--ssh-option".into(),
-        "UserKnownHostsFile=/dev/null".into(),
-        "--ssh-option".into(),
-        "LogLevel=ERROR".into(),
-        "--executor-static".into(),
-        executor_tests::static_executor().display().to_string(),
-    ]
+    Some(Sshd::start().unwrap())
 }
 
 /// Executors of this sshd's sessions still running.
@@ -168,7 +78,7 @@ async fn a_batch_over_ssh_runs_each_instance_in_a_session_of_its_own_and_leaves_
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(sshd) = start_sshd() else { return };
     let bench = Bench::new(2, &[], &[]);
-    let flags = ssh_flags(&sshd);
+    let flags = sshd.deploy_flags();
     let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
     args.extend(["-w", "2"]);
     let run = bench.run(&args).await;
@@ -184,7 +94,7 @@ async fn a_batch_over_ssh_runs_each_instance_in_a_session_of_its_own_and_leaves_
 async fn the_executor_dies_with_the_ssh_session_when_the_agent_is_killed() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(sshd) = start_sshd() else { return };
-    let flags = ssh_flags(&sshd);
+    let flags = sshd.deploy_flags();
     let (mut child, line) = deploy_up(&flags).await;
     assert_eq!(line["deployment"], "ssh");
     assert!(line["url"].as_str().unwrap().starts_with("ws://127.0.0.1:"));
@@ -223,7 +133,7 @@ async fn a_silent_network_drop_ends_the_ssh_session_within_a_minute() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(sshd) = start_sshd() else { return };
     let proxy = executor_tests::Proxy::start(([127, 0, 0, 1], sshd.port).into()).await;
-    let mut flags = ssh_flags(&sshd);
+    let mut flags = sshd.deploy_flags();
     let at = flags.iter().position(|f| f == "--ssh-port").unwrap();
     flags[at + 1] = proxy.addr.port().to_string();
     let (mut child, line) = deploy_up(&flags).await;
