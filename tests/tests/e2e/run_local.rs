@@ -17,6 +17,24 @@ fn executor_run(profile: &str, extra: &[&str], command: &str) -> Command {
     run
 }
 
+/// No sleeper of `marker` and none of `tree` (the run's processes) left on the host.
+async fn assert_all_gone(marker: &str, tree: &[i32], what: &str) {
+    assert!(
+        eventually(PATIENCE, || sleepers(marker).is_empty()).await,
+        "{what}: survivors {:?}",
+        sleepers(marker)
+    );
+    let alive = || {
+        tree.iter()
+            .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+            .count()
+    };
+    assert!(
+        eventually(PATIENCE, || alive() == 0).await,
+        "{what}: the run's fork server or helper outlived it"
+    );
+}
+
 #[tokio::test]
 async fn a_run_passes_on_the_output_and_the_exit_status_under_each_profile() {
     if !require("root", is_root()) {
@@ -95,18 +113,7 @@ async fn a_run_past_its_timeout_exits_124_and_leaves_no_process_behind() {
         let status = run.wait().unwrap();
         assert_eq!(status.code(), Some(124), "{profile}");
         // Afterwards: no sleeper, and nothing of the run (fork server, helper) left.
-        assert!(
-            eventually(PATIENCE, || sleepers(&m).is_empty()).await,
-            "{profile}: survivors {:?}",
-            sleepers(&m)
-        );
-        assert!(
-            eventually(PATIENCE, || tree
-                .iter()
-                .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()))
-            .await,
-            "{profile}: the run's processes outlived it"
-        );
+        assert_all_gone(&m, &tree, profile).await;
     }
 }
 
@@ -127,18 +134,7 @@ async fn a_run_killed_outright_takes_its_command_and_fork_server_with_it() {
     assert!(!tree.is_empty());
     run.kill().unwrap();
     run.wait().unwrap();
-    assert!(
-        eventually(PATIENCE, || sleepers(&m).is_empty()).await,
-        "survivors {:?}",
-        sleepers(&m)
-    );
-    assert!(
-        eventually(PATIENCE, || tree
-            .iter()
-            .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()))
-        .await,
-        "the fork server or the helper outlived the run"
-    );
+    assert_all_gone(&m, &tree, "killed run").await;
     // Control: the same command, left alone, is still running after a while.
     let m = marker();
     let mut run = executor_run("landlock", &[], &marked_sleep(&m))
