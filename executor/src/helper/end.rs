@@ -19,17 +19,33 @@ use crate::plan::Template;
 /// How long the final sweep may take before the helper gives up and reports what it killed.
 const SWEEP_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Block until the child exits or the lifeline closes. Returns the child's status if it
-/// exited, and whether the daemon asked for the stop. Lines the daemon writes on the lifeline
-/// meanwhile (`pending` holds what came with the command) ask for signals:
-/// `signal <number>` goes to every process of the command's tree.
+/// How the wait for a command's end came out.
+pub struct Ending {
+    /// The child's (init's or the payload's) exit status, when it was reaped.
+    pub exit: Option<WaitStatus>,
+    /// The lifeline closed (the daemon asked for the stop) or waiting failed.
+    pub stopped: bool,
+    /// Init's report of the payload's end, when it came before init itself was reaped.
+    pub init: Option<InitStatus>,
+}
+
+/// Block until the child exits, init reports the payload's end (`init_status`, with a pid
+/// namespace) or the lifeline closes. Lines the daemon writes on the lifeline meanwhile
+/// (`pending` holds what came with the command) ask for signals: `signal <number>` goes to
+/// every process of the command's tree.
 pub fn wait_for_end(
     child: Pid,
-    pid_ns: bool,
+    mut init_status: Option<&OwnedFd>,
     sigchld: &SignalFd,
     lifeline: &OwnedFd,
     mut pending: Vec<u8>,
-) -> (Option<WaitStatus>, bool) {
+) -> Ending {
+    let pid_ns = init_status.is_some();
+    let ending = |exit, stopped, init| Ending {
+        exit,
+        stopped,
+        init,
+    };
     loop {
         while let Some(end) = pending.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = pending.drain(..=end).collect();
@@ -46,25 +62,45 @@ pub fn wait_for_end(
             pending.clear();
         }
         if let Some(status) = reap_ready(child) {
-            return (Some(status), false);
+            return ending(Some(status), false, None);
         }
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(sigchld.as_fd(), PollFlags::POLLIN),
             PollFd::new(lifeline.as_fd(), PollFlags::POLLIN),
         ];
+        if let Some(fd) = init_status {
+            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+        }
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(Errno::EINTR) => continue,
             // Cannot wait any more: treat it as a stop so the tree is still killed.
-            Err(_) => return (None, true),
+            Err(_) => return ending(None, true, None),
         }
-        if !fds[1].revents().unwrap_or(PollFlags::empty()).is_empty() {
+        let ready = |fd: &PollFd| !fd.revents().unwrap_or(PollFlags::empty()).is_empty();
+        if ready(&fds[1]) {
             let mut chunk = [0u8; 512];
             match nix::unistd::read(lifeline, &mut chunk) {
-                Ok(0) => return (None, true),
+                Ok(0) => return ending(None, true, None),
                 Ok(n) => pending.extend_from_slice(&chunk[..n]),
                 Err(Errno::EINTR | Errno::EAGAIN) => {}
-                Err(_) => return (None, true),
+                Err(_) => return ending(None, true, None),
+            }
+        }
+        if let Some(fd) = init_status.filter(|_| fds.get(2).is_some_and(ready)) {
+            // Init writes its report in one write (far below PIPE_BUF) and then exits; the
+            // pipe at end-of-file without one means init died some other way: its exit
+            // status will tell, so stop watching the pipe.
+            let mut text = [0u8; 512];
+            match nix::unistd::read(fd, &mut text) {
+                Ok(n) if n > 0 => {
+                    if let Ok(report) = serde_json::from_slice::<InitStatus>(&text[..n]) {
+                        return ending(None, false, Some(report));
+                    }
+                    init_status = None;
+                }
+                Err(Errno::EINTR | Errno::EAGAIN) => {}
+                _ => init_status = None,
             }
         }
         while let Ok(Some(_)) = sigchld.read_signal() {}
@@ -111,13 +147,21 @@ pub fn count(template: &Template, name: &str, pid_ns: bool, child: Pid) -> Optio
         .or_else(|| pid_ns.then(|| descendants(child) + 1))
 }
 
-/// Init's report of the payload's end, or a kill when it wrote none.
-pub fn init_status(fd: OwnedFd, swept: u32) -> (Option<i32>, Option<i32>, u32) {
-    let mut text = String::new();
-    let _ = std::fs::File::from(fd).read_to_string(&mut text);
-    match serde_json::from_str::<InitStatus>(&text) {
-        Ok(s) => (s.code, s.signal, s.leftover),
-        Err(_) => (None, Some(Signal::SIGKILL as i32), swept),
+/// Init's report of the payload's end (`read` when it came while we waited, else from its
+/// pipe), or a kill when it wrote none.
+pub fn init_status(
+    read: Option<InitStatus>,
+    fd: OwnedFd,
+    swept: u32,
+) -> (Option<i32>, Option<i32>, u32) {
+    let report = read.or_else(|| {
+        let mut text = String::new();
+        let _ = std::fs::File::from(fd).read_to_string(&mut text);
+        serde_json::from_str::<InitStatus>(&text).ok()
+    });
+    match report {
+        Some(s) => (s.code, s.signal, s.leftover),
+        None => (None, Some(Signal::SIGKILL as i32), swept),
     }
 }
 

@@ -434,8 +434,32 @@ impl<'t> Worker<'t> {
 
         // 13. Wait for the payload (or init) to exit, or for the daemon to close the lifeline;
         //     pass on the signals it asks for meanwhile.
-        let (mut exit, stopped) =
-            end::wait_for_end(self.child, self.pid_ns, &self.sigchld, &lifeline, rest);
+        let init_status = self.pid_ns.then_some(&self.init_status);
+        let ending = end::wait_for_end(self.child, init_status, &self.sigchld, &lifeline, rest);
+        if let Some(init) = ending.init.as_ref().filter(|init| init.leftover == 0) {
+            // Init reaped the payload and found nothing else in its pid namespace: nothing of
+            // the command is left (no process of it was alive to fork another), only init,
+            // which exits now. Report at once; init's exit takes the namespaces down (the
+            // mount tree, an RCU grace period or two) off the result's path, and the sweep
+            // below still waits for it before the cgroups go.
+            let limits_hit = end::limits_hit(self.template, &self.name);
+            write_report(
+                &status,
+                &HelperReport::Finished {
+                    code: init.code,
+                    signal: init.signal,
+                    killed: 0,
+                    stopped: false,
+                    layers: self.template.layers.clone(),
+                    limits_hit,
+                },
+            );
+            drop(status);
+            end::sweep(self.template, &self.name, self.child, &mut None);
+            end::remove_cgroups(self.template, &self.name);
+            return;
+        }
+        let (mut exit, stopped) = (ending.exit, ending.stopped);
         let counted = end::count(self.template, &self.name, self.pid_ns, self.child);
 
         // 14. Kill whatever the command left behind and note the limits it hit.
@@ -443,7 +467,7 @@ impl<'t> Worker<'t> {
         let limits_hit = end::limits_hit(self.template, &self.name);
         let (code, signal, killed) = if self.pid_ns && !stopped {
             // Init reported the payload's status and how many processes it left behind.
-            end::init_status(self.init_status, swept)
+            end::init_status(ending.init, self.init_status, swept)
         } else {
             let (code, signal) = end::decode(exit);
             // With a pid namespace, init itself is not one of the command's processes.

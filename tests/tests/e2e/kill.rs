@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
+use executor_tests::checks::preq;
 use executor_tests::{
-    eventually, marked_sleep, marker, process_state, processes_matching, req, sleepers, Daemon,
-    PATIENCE,
+    eventually, marked_sleep, marker, namespace_of, process_state, processes_matching, req,
+    sleepers, Daemon, PATIENCE,
 };
 use protocol::{CancelRequest, ClientMessage, Ending, RETURNCODE_NOT_FINISHED};
 
@@ -155,4 +156,85 @@ async fn cancel_of_an_unknown_id_is_not_found_and_the_running_command_is_untouch
     let result = client.collect("slow").await.result.unwrap();
     assert_eq!(result.output, "finished\n");
     assert!(!result.extra.cancelled);
+}
+
+/// Host processes in the pid namespace `ns` (as `readlink /proc/PID/ns/pid` names it).
+fn in_pid_namespace(ns: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| namespace_of(pid, "pid").as_deref() == Some(ns))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_strict_command_that_leaves_nothing_is_reported_before_its_namespace_goes_and_it_goes() {
+    // Under strict the helper reports as soon as the sandbox's init has reaped the command and
+    // found nothing else in its pid namespace; init's own exit, which takes the namespaces
+    // down, follows the result. Checked from the host: nothing is counted as killed, and the
+    // namespace empties. The control: while a command runs, its namespace holds processes on
+    // the host (init and the command), so the emptiness check can fail.
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let m = marker();
+    let mut running = preq(
+        Some("strict"),
+        "running",
+        &format!("readlink /proc/self/ns/pid; {}", marked_sleep(&m)),
+        60.0,
+    );
+    running.stream = true;
+    client.send(&ClientMessage::Exec(running)).await;
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    let ns = namespace_of(sleepers(&m)[0], "pid").unwrap();
+    assert_ne!(
+        namespace_of(std::process::id() as i32, "pid"),
+        Some(ns.clone())
+    );
+    assert_eq!(in_pid_namespace(&ns).len(), 2, "init and the sleep");
+    client
+        .send(&ClientMessage::Cancel(CancelRequest {
+            id: "running".into(),
+        }))
+        .await;
+    let cancelled = client.collect("running").await.result.unwrap();
+    assert_eq!(cancelled.extra.ended, Ending::Cancelled);
+    assert!(eventually(Duration::from_secs(5), || in_pid_namespace(&ns).is_empty()).await);
+
+    let done = client
+        .exec(preq(
+            Some("strict"),
+            "done",
+            "readlink /proc/self/ns/pid",
+            10.0,
+        ))
+        .await
+        .result
+        .unwrap();
+    assert_eq!(done.returncode, 0, "{done:?}");
+    assert_eq!(done.extra.ended, Ending::Exited);
+    assert_eq!(done.extra.killed_processes, 0);
+    let ns = done.output.trim().to_string();
+    assert!(ns.starts_with("pid:["), "{ns}");
+    assert!(
+        eventually(Duration::from_secs(5), || in_pid_namespace(&ns).is_empty()).await,
+        "left in the command's pid namespace: {:?}",
+        in_pid_namespace(&ns)
+    );
+
+    // And one that leaves a process behind is not reported early: init's count is the
+    // result's, and the process is gone on the host.
+    let left = client
+        .exec(preq(
+            Some("strict"),
+            "left",
+            &format!("{} & echo shell done", marked_sleep(&m)),
+            10.0,
+        ))
+        .await
+        .result
+        .unwrap();
+    assert_eq!(left.output, "shell done\n");
+    assert_eq!(left.extra.killed_processes, 1, "{:?}", left.extra);
+    assert!(eventually(Duration::from_secs(2), || processes_matching(&m).is_empty()).await);
 }
