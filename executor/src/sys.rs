@@ -390,3 +390,32 @@ pub fn register_async(
     // it), and its as_raw_fd always returns the same descriptor.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|err| err.into_parts().1)
 }
+
+/// Whose nice value [`set_nice`] sets.
+#[derive(Clone, Copy)]
+pub enum NiceOf {
+    /// The calling process.
+    Me,
+    /// Process `pid`.
+    Process(i32),
+    /// Every process of the process group `pgid`.
+    Group(i32),
+}
+
+/// Set a nice value. Lowering one needs CAP_SYS_NICE (the fork server's; a confined command
+/// has none and cannot raise its own priority).
+pub fn set_nice(of: NiceOf, nice: i32) -> io::Result<()> {
+    let (which, who) = match of {
+        NiceOf::Me => (libc::PRIO_PROCESS, 0),
+        NiceOf::Process(pid) => (libc::PRIO_PROCESS, pid),
+        NiceOf::Group(pgid) => (libc::PRIO_PGRP, pgid),
+    };
+    let who = libc::id_t::try_from(who).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: setpriority(2) takes three integers and touches no memory of ours.
+    let rc = unsafe { libc::setpriority(which, who, nice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -210,6 +210,10 @@ pub fn serve_worker(template: &Template, control: OwnedFd) -> ! {
         }
     };
     drop(control);
+    // Built ahead at a lower priority (spawner::AHEAD_NICE): the fork server set us back
+    // already; our children too, unless one was being forked just then. Every fork of the
+    // sandbox's set-up is done now, so this catches all: the command runs at the normal one.
+    let _ = sys::set_nice(sys::NiceOf::Group(nix::unistd::getpid().as_raw()), 0);
     match prepared {
         Ok(worker) => worker.run(stdio, None),
         Err(err) => write_report(&stdio.status, &err.report()),

@@ -27,6 +27,14 @@ fn waiting(daemon: &Daemon) -> Vec<i32> {
         .collect()
 }
 
+/// The nice value of `pid`, from the host (field 19 of /proc/PID/stat).
+fn nice_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(16)?.parse().ok()
+}
+
 fn alive(pid: i32) -> bool {
     process_state(pid).is_some_and(|s| s != 'Z')
 }
@@ -77,6 +85,9 @@ async fn a_warm_worker_waits_confined_serves_one_command_and_the_one_before_cann
             "{profile}"
         );
         assert_eq!(proc_status(worker, "NoNewPrivs:").as_deref(), Some("1"));
+        // Built ahead at a lower priority, so that on a busy machine it yields to the commands
+        // running beside it (the command it serves runs at the normal one: "third" below).
+        assert_eq!(nice_of(worker), Some(10), "{profile}");
 
         // The next command is served by that very process. While it runs, the worker for the
         // command after it is built; this command tries to signal every process of its uid
@@ -152,7 +163,7 @@ async fn a_warm_worker_waits_confined_serves_one_command_and_the_one_before_cann
             .exec(preq(
                 Some(profile),
                 "third",
-                &format!("{WHO}; ls /proc/self/fd | tr '\\n' ' '; echo; ls /tmp/warm-{m} 2>&1 >/dev/null | grep -c 'No such'"),
+                &format!("{WHO}; nice; ls /proc/self/fd | tr '\\n' ' '; echo; ls /tmp/warm-{m} 2>&1 >/dev/null | grep -c 'No such'"),
                 30.0,
             ))
             .await
@@ -161,7 +172,7 @@ async fn a_warm_worker_waits_confined_serves_one_command_and_the_one_before_cann
         let tmp_is_fresh = if profile == "strict" { "1" } else { "0" };
         assert_eq!(
             third.output,
-            format!("{expected_who}0 1 2 3 \n{tmp_is_fresh}\n"),
+            format!("{expected_who}0\n0 1 2 3 \n{tmp_is_fresh}\n"),
             "{profile}"
         );
         let _ = std::fs::remove_file(format!("/tmp/warm-{m}"));
