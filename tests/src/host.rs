@@ -119,14 +119,25 @@ pub fn descendants(root: i32) -> Vec<i32> {
         .collect()
 }
 
-/// The parent pid of `pid`, from /proc/<pid>/stat.
-pub fn parent_of(pid: i32) -> Option<i32> {
+/// Field `field` (1-based, as proc(5) numbers them; 3 or later) of /proc/<pid>/stat. The
+/// command name may hold spaces and parentheses: the fields resume after the last ')'.
+fn stat_field(pid: i32, field: usize) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat[stat.rfind(')')? + 2..]
         .split_whitespace()
-        .nth(1)?
+        .nth(field.checked_sub(3)?)?
         .parse()
         .ok()
+}
+
+/// The parent pid of `pid`, from /proc/<pid>/stat.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    stat_field(pid, 4)
+}
+
+/// The nice value of `pid`, from /proc/<pid>/stat.
+pub fn nice_of(pid: i32) -> Option<i32> {
+    stat_field(pid, 19)
 }
 
 /// Number of open file descriptors of `pid`.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use executor_tests::checks::{preq, start_until};
 use executor_tests::{
-    descendants, eventually, marked_sleep, marker, namespace_of, proc_status, process_state,
-    sleepers, Daemon, PATIENCE,
+    descendants, eventually, marked_sleep, marker, namespace_of, nice_of, proc_status,
+    process_state, sleepers, Daemon, PATIENCE,
 };
 use protocol::Ending;
 
@@ -25,14 +25,6 @@ fn waiting(daemon: &Daemon) -> Vec<i32> {
                     .is_ok_and(|c| c.ends_with(b"__fork-server\0"))
         })
         .collect()
-}
-
-/// The nice value of `pid`, from the host (field 19 of /proc/PID/stat).
-fn nice_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields resume after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(16)?.parse().ok()
 }
 
 fn alive(pid: i32) -> bool {
