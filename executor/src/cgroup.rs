@@ -563,13 +563,20 @@ pub fn kill(dir: &Path) {
     }
 }
 
-/// Remove `dir`. Reaped tasks can linger in it for a moment, so retry briefly; the next daemon
-/// start removes what is left.
+/// Remove `dir`. Reaped tasks can linger in it for a moment, and a parent stays busy until
+/// its children are gone (`executor run`'s, while its helper finishes after the report), so
+/// retry for up to about 100 ms: every 50 µs for the first 2 ms (what a helper's last steps
+/// take), then every millisecond (a fixed 1 ms step cost a one-shot run most of a millisecond
+/// for a wait of a fraction of one). The next daemon start removes what is left.
 pub fn remove(dir: &Path) {
-    for _ in 0..100 {
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(100) {
         match std::fs::remove_dir(dir) {
             Ok(()) => return,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(_) if started.elapsed() < Duration::from_millis(2) => {
+                std::thread::sleep(Duration::from_micros(50));
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(1)),
         }
     }
