@@ -253,6 +253,70 @@ impl CpuTimes {
     }
 }
 
+/// CPU time in milliseconds of every user-space process alive now but this benchmark and what
+/// descends from it, keyed by pid and start time (so a reused pid is another process).
+/// Kernel threads are left out: their work here is mostly ours (a network namespace's
+/// clean-up, a cgroup's release), and it cannot be told apart.
+pub fn others_cpu_ms() -> std::collections::HashMap<(u32, u64), f64> {
+    let me = std::process::id();
+    let tick_ms = 1e3 / clock_ticks_per_second();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Default::default();
+    };
+    let stats: Vec<(u32, Vec<u64>)> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // Fields from 3 (state) on, after the command name's last ')'; state is not a
+            // number, so it reads as 0.
+            let fields = stat[stat.rfind(')')? + 1..]
+                .split_whitespace()
+                .map(|f| f.parse().unwrap_or(0))
+                .collect();
+            Some((pid, fields))
+        })
+        .collect();
+    // proc(5) numbering: ppid 4, flags 9, utime 14, stime 15, starttime 22 (index = n - 3).
+    let field = |f: &[u64], n: usize| f.get(n - 3).copied().unwrap_or(0);
+    let parents: std::collections::HashMap<u32, u32> = stats
+        .iter()
+        .map(|(pid, f)| (*pid, field(f, 4) as u32))
+        .collect();
+    let ours = |mut pid: u32| {
+        for _ in 0..64 {
+            if pid == me {
+                return true;
+            }
+            match parents.get(&pid) {
+                Some(&parent) if parent > 1 => pid = parent,
+                _ => return false,
+            }
+        }
+        false
+    };
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    stats
+        .iter()
+        .filter(|(pid, f)| field(f, 9) & PF_KTHREAD == 0 && *pid != 2 && !ours(*pid))
+        .map(|(pid, f)| {
+            let cpu = (field(f, 14) + field(f, 15)) as f64 * tick_ms;
+            ((*pid, field(f, 22)), cpu)
+        })
+        .collect()
+}
+
+/// What the processes of `later` used since `earlier` (a process born in between: all of it).
+pub fn others_used_ms(
+    earlier: &std::collections::HashMap<(u32, u64), f64>,
+    later: &std::collections::HashMap<(u32, u64), f64>,
+) -> f64 {
+    later
+        .iter()
+        .map(|(key, ms)| (ms - earlier.get(key).copied().unwrap_or(0.0)).max(0.0))
+        .sum()
+}
+
 fn clock_ticks_per_second() -> f64 {
     use nix::unistd::{sysconf, SysconfVar};
     match sysconf(SysconfVar::CLK_TCK) {
@@ -278,4 +342,36 @@ pub fn machine_cpu_ms() -> Option<(f64, f64)> {
     let busy = user + nice + system + irq + softirq + steal;
     let tick_ms = 1e3 / clock_ticks_per_second();
     Some((busy * tick_ms, (busy + idle + iowait) * tick_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn others_are_everything_but_us_below_and_kernel_threads() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let others = others_cpu_ms();
+        let pids: Vec<u32> = others.keys().map(|(pid, _)| *pid).collect();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!pids.contains(&std::process::id()), "ourselves");
+        assert!(!pids.contains(&child.id()), "our child");
+        assert!(!pids.contains(&2), "kthreadd");
+        // The control: a process that is not ours is counted (our parent, cargo's test runner
+        // or a shell).
+        let parent = std::os::unix::process::parent_id();
+        assert!(parent <= 1 || pids.contains(&parent), "{parent} in {pids:?}");
+    }
+
+    #[test]
+    fn what_others_used_counts_a_reused_pid_as_a_new_process() {
+        let earlier = [((10, 100), 50.0), ((11, 100), 5.0)].into_iter().collect();
+        // pid 10 went on (+20 ms), pid 11 ended and its number came back for a process born
+        // later (all of its 7 ms), and one came and stayed (3 ms).
+        let later = [((10, 100), 70.0), ((11, 900), 7.0), ((12, 950), 3.0)]
+            .into_iter()
+            .collect();
+        assert_eq!(others_used_ms(&earlier, &later), 30.0);
+    }
 }

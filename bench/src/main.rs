@@ -40,8 +40,8 @@ use protocol::Hello;
 
 use crate::client::{request, Client};
 use crate::daemon::{
-    find_executor, machine_cpu_ms, raise_nofile, reset_peak_rss, status_kib, CpuTimes, Daemon,
-    RssSampler,
+    find_executor, machine_cpu_ms, others_cpu_ms, others_used_ms, raise_nofile, reset_peak_rss,
+    status_kib, CpuTimes, Daemon, RssSampler,
 };
 use crate::report::{
     BareReport, ConnectionsReport, CpuPerCommand, DaemonReport, KillReport, Machine, OutputRun,
@@ -265,7 +265,7 @@ async fn bench(
     unshare: Option<String>,
 ) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let noise_start = (machine_cpu_ms(), CpuTimes::of(std::process::id()));
+    let noise_start = (machine_cpu_ms(), others_cpu_ms());
     eprintln!("bench: starting {} serve", executor.display());
     let daemon = Daemon::start(executor, &[])?;
     let (mut first, hello) = Client::connect(&daemon.url, &daemon.token).await?;
@@ -447,15 +447,12 @@ async fn bench(
 
     eprintln!("bench: done in {:.1} s", started.elapsed().as_secs_f64());
     let mut machine = machine;
-    // Everything this run did is by now in our own or our reaped children's CPU time (the
-    // daemons were stopped and waited for); whatever else the machine did is noise.
-    if let ((Some((busy0, total0)), Some(ours0)), Some((busy1, total1)), Some(ours1)) = (
-        noise_start,
-        machine_cpu_ms(),
-        CpuTimes::of(std::process::id()),
-    ) {
-        let ours = (ours1.own_ms + ours1.children_ms) - (ours0.own_ms + ours0.children_ms);
-        let foreign = ((busy1 - busy0) - ours).max(0.0);
+    // Noise is what the machine's other processes did meanwhile, counted process by process:
+    // our own reaped children's time does not cover the sandboxes (the daemon's fork server
+    // lets the kernel reap its helpers, whose time is then added to no parent), so "the
+    // machine's busy time minus ours" counted every command's sandbox as noise.
+    if let ((Some((_, total0)), others0), Some((_, total1))) = (noise_start, machine_cpu_ms()) {
+        let foreign = others_used_ms(&others0, &others_cpu_ms());
         machine.foreign_cpu_percent = Some(100.0 * foreign / (total1 - total0).max(1.0));
     }
     if let Some(p) = machine.foreign_cpu_percent.filter(|&p| p > 5.0) {

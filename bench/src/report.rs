@@ -42,7 +42,8 @@ pub struct Machine {
     pub release_build: bool,
     pub unix_time: u64,
     /// Share of the machine's CPU time (all cores) that other processes used during the run:
-    /// /proc/stat busy time minus this benchmark's own and its reaped children's.
+    /// the user-space processes not descended from this benchmark, process by process
+    /// (kernel threads and processes that came and went meanwhile are not counted).
     pub foreign_cpu_percent: Option<f64>,
 }
 
