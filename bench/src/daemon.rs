@@ -350,7 +350,10 @@ mod tests {
 
     #[test]
     fn others_are_everything_but_us_below_and_kernel_threads() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let others = others_cpu_ms();
         let pids: Vec<u32> = others.keys().map(|(pid, _)| *pid).collect();
         let _ = child.kill();
@@ -361,7 +364,10 @@ mod tests {
         // The control: a process that is not ours is counted (our parent, cargo's test runner
         // or a shell).
         let parent = std::os::unix::process::parent_id();
-        assert!(parent <= 1 || pids.contains(&parent), "{parent} in {pids:?}");
+        assert!(
+            parent <= 1 || pids.contains(&parent),
+            "{parent} in {pids:?}"
+        );
     }
 
     #[test]
