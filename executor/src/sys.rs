@@ -41,28 +41,37 @@ fn open_fds_above_stderr() -> io::Result<Vec<std::os::fd::RawFd>> {
         .collect())
 }
 
-/// Close every descriptor above stderr but `keep`: a worker forked by the fork server must not
-/// hold the daemon's socket or the other workers' sockets.
-pub fn close_fds_above_stderr_except(keep: std::os::fd::RawFd) {
-    let keep_u = keep as libc::c_uint;
+/// Close every descriptor above stderr but those in `keep`: a worker forked by the fork
+/// server must not hold the daemon's socket, the other workers' sockets or their network
+/// namespaces.
+pub fn close_fds_above_stderr_except(keep: &[std::os::fd::RawFd]) {
+    let mut kept: Vec<libc::c_uint> = keep
+        .iter()
+        .filter(|fd| **fd > 2)
+        .map(|fd| *fd as libc::c_uint)
+        .collect();
+    kept.sort_unstable();
+    kept.dedup();
     let mut failed = false;
-    for (first, last) in [
-        (3, keep_u.saturating_sub(1)),
-        (keep_u + 1, libc::c_uint::MAX),
-    ] {
-        if first > last {
-            continue;
+    let mut first: libc::c_uint = 3;
+    for last in kept.iter().map(|fd| Some(*fd)).chain([None]) {
+        let (end, next) = match last {
+            Some(fd) => (fd.checked_sub(1), fd.saturating_add(1)),
+            None => (Some(libc::c_uint::MAX), libc::c_uint::MAX),
+        };
+        if let Some(end) = end.filter(|end| first <= *end) {
+            // SAFETY: close_range(2) closes descriptors in the range. The caller is a freshly
+            // forked single-threaded child that owns no Rust object wrapping those
+            // descriptors any more (it never returns to code that would use them).
+            let rc = unsafe { libc::syscall(libc::SYS_close_range, first, end, 0 as libc::c_uint) };
+            failed |= rc != 0;
         }
-        // SAFETY: close_range(2) closes descriptors in the range. The caller is a freshly
-        // forked single-threaded child that owns no Rust object wrapping those descriptors
-        // any more (it never returns to code that would use them).
-        let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0 as libc::c_uint) };
-        failed |= rc != 0;
+        first = next;
     }
     if failed {
         // Before Linux 5.9: one at a time.
         for fd in open_fds_above_stderr().unwrap_or_default() {
-            if fd != keep {
+            if !keep.contains(&fd) {
                 // SAFETY: as above; a descriptor already closed answers EBADF, harmlessly.
                 unsafe { libc::close(fd) };
             }

@@ -139,15 +139,24 @@ pub struct InitStatus {
 }
 
 /// pid 1 of the sandbox: build the world, fork the payload, reap until it exits, report.
-pub fn init_main(template: &Template, setup_w: OwnedFd, status_w: OwnedFd, channel: OwnedFd) -> ! {
+/// `net`: a network namespace of the pool to enter instead of making one.
+pub fn init_main(
+    template: &Template,
+    setup_w: OwnedFd,
+    status_w: OwnedFd,
+    channel: OwnedFd,
+    net: Option<OwnedFd>,
+) -> ! {
     // If the helper dies, init dies, and the kernel kills the whole pid namespace with it.
     if let Err(err) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         fail(&setup_w, &SetupError::Process(err.into()));
     }
     // The remaining namespaces, the new root, hostname, loopback.
-    if let Err(err) = sandbox::enter_namespaces(&template.sandbox) {
+    if let Err(err) = sandbox::enter_namespaces(&template.sandbox, net.as_ref()) {
         fail(&setup_w, &err.into());
     }
+    // Entered: nothing of the command may hold the namespace's descriptor.
+    drop(net);
     let payload = match sys::fork() {
         Ok(Forked::Child) => payload_main(template, setup_w, channel),
         Ok(Forked::Parent(pid)) => pid,
@@ -254,7 +263,7 @@ pub fn payload_main(template: &Template, setup_w: OwnedFd, channel: OwnedFd) -> 
         // (exec would have closed it) tells the helper it has started.
         drop(setup_w);
         // Nothing but its stdio: exec would have closed what the helper's side left open.
-        sys::close_fds_above_stderr_except(2);
+        sys::close_fds_above_stderr_except(&[]);
         use std::os::fd::AsFd;
         let code = match (
             std::io::stdin().as_fd().try_clone_to_owned(),

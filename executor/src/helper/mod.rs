@@ -55,6 +55,7 @@ use crate::cgroup;
 use crate::plan::{cgroup_name, CommandPlan, HelperReport, Plan, Template};
 use crate::profile::Namespace;
 use crate::sandbox::SandboxError;
+use crate::spawner::Lease;
 use crate::sys::{self, Forked};
 
 /// argv[1] that selects helper mode. Checked in `main` before anything else runs.
@@ -178,7 +179,7 @@ pub fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    match Worker::prepare(&plan.template) {
+    match Worker::prepare(&plan.template, None) {
         Ok(worker) => worker.run(stdio, Some((plan.command, rest))),
         Err(err) => write_report(&stdio.status, &err.report()),
     }
@@ -186,9 +187,10 @@ pub fn main() -> ExitCode {
 }
 
 /// Pool mode (forked by the fork server, `control` its end of a socket to us): prepare the
-/// sandbox at once, then serve the command whose descriptors arrive on `control`, or, if
-/// `control` closes first (the worker was not needed), take the sandbox down and exit.
-pub fn serve_worker(template: &Template, control: OwnedFd) -> ! {
+/// sandbox at once (in the network namespace `net` lends, if any), then serve the command
+/// whose descriptors arrive on `control`, or, if `control` closes first (the worker was not
+/// needed), take the sandbox down and exit.
+pub fn serve_worker(template: &Template, control: OwnedFd, net: Option<Lease>) -> ! {
     // fds 0, 1 and 2 of the helper itself: /dev/null (the command's descriptors are apart).
     sys::devnull_stdio(true);
     // No PR_SET_PDEATHSIG: killed with the fork server, we could not sweep the command's tree
@@ -198,7 +200,7 @@ pub fn serve_worker(template: &Template, control: OwnedFd) -> ! {
     if let Err(err) = sys::default_sigchld() {
         serve_failure(&control, &SetupError::Process(err))
     }
-    let prepared = Worker::prepare(template);
+    let prepared = Worker::prepare(template, net);
     let stdio = match crate::spawner::receive_stdio(&control) {
         Ok(Some(stdio)) => stdio,
         // Not needed: take the sandbox down.
@@ -280,12 +282,15 @@ pub struct Worker<'t> {
     init_status: OwnedFd,
     /// To the payload: the output descriptor and the command.
     channel: OwnedFd,
+    /// The network namespace to give back to the fork server's pool at the end.
+    net: Option<Lease>,
 }
 
 impl<'t> Worker<'t> {
-    /// Build the sandbox of `template` and leave its payload waiting for a command. The order
-    /// matters; each step says why.
-    pub fn prepare(template: &'t Template) -> Result<Self, SetupError> {
+    /// Build the sandbox of `template` and leave its payload waiting for a command; its init
+    /// enters the network namespace `net` lends instead of making one. The order matters;
+    /// each step says why.
+    pub fn prepare(template: &'t Template, mut net: Option<Lease>) -> Result<Self, SetupError> {
         // 1. Forking and credential changes below assume one thread: check, do not hope.
         sys::assert_single_threaded().map_err(SetupError::Process)?;
 
@@ -360,9 +365,12 @@ impl<'t> Worker<'t> {
                 // The cgroup directory stays the helper's: nothing in the sandbox may hold it.
                 drop(placed);
                 drop((setup_r, status_r, ours, sigchld));
+                // The way back to the pool stays with the helper.
+                let net = net.and_then(Lease::into_namespace);
                 if pid_ns {
-                    child::init_main(template, setup_w, status_w, theirs);
+                    child::init_main(template, setup_w, status_w, theirs, net);
                 }
+                drop(net);
                 drop(status_w);
                 child::payload_main(template, setup_w, theirs);
             }
@@ -377,6 +385,9 @@ impl<'t> Worker<'t> {
         //     outside the machine, so this is short).
         let mut setup = child::SetupReader::new(setup_r);
         let ready = setup.ready();
+        if let Some(lease) = &mut net {
+            lease.adopt(child);
+        }
         let worker = Self {
             template,
             name,
@@ -386,6 +397,7 @@ impl<'t> Worker<'t> {
             setup,
             init_status: status_r,
             channel: ours,
+            net,
         };
         if let Err(err) = left.and(ready) {
             worker.dismiss();
@@ -399,6 +411,7 @@ impl<'t> Worker<'t> {
         let mut status = None;
         end::sweep(self.template, &self.name, self.child, &mut status);
         end::remove_cgroups(self.template, &self.name);
+        give_back(self.net);
     }
 
     /// Run the command: hand it and the output pipe to the waiting payload, wait for the end,
@@ -461,6 +474,7 @@ impl<'t> Worker<'t> {
             drop(status);
             end::sweep(self.template, &self.name, self.child, &mut None);
             end::remove_cgroups(self.template, &self.name);
+            give_back(self.net);
             return;
         }
         let (mut exit, stopped) = (ending.exit, ending.stopped);
@@ -494,6 +508,23 @@ impl<'t> Worker<'t> {
         );
         drop(status);
         end::remove_cgroups(self.template, &self.name);
+        give_back(self.net);
+    }
+}
+
+/// The helper's last act: the command's network namespace back to the pool, if every process
+/// that was in it is gone (we have no child left: init is reaped, and the kernel empties a
+/// pid namespace before its init's exit completes). The helper exits next.
+fn give_back(net: Option<Lease>) {
+    let all_reaped = matches!(
+        nix::sys::wait::waitpid(
+            Pid::from_raw(-1),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG)
+        ),
+        Err(Errno::ECHILD)
+    );
+    if let Some(lease) = net.filter(|_| all_reaped) {
+        lease.give_back();
     }
 }
 

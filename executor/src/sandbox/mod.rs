@@ -13,6 +13,7 @@ pub mod landlock;
 pub mod mounts;
 pub mod seccomp;
 
+use std::os::fd::OwnedFd;
 use std::str::FromStr;
 
 use caps::{CapSet, Capability, CapsHashSet};
@@ -96,9 +97,20 @@ pub fn namespace_flags(namespaces: &[Namespace]) -> CloneFlags {
 
 /// In the sandbox's init: unshare the other namespaces, build the root, name the host, bring
 /// up loopback. The cgroup namespace is created here, after the helper placed us in the
-/// command's cgroup, so that cgroup becomes the root of what the command can see.
-pub fn enter_namespaces(plan: &SandboxPlan) -> Result<(), SandboxError> {
-    let flags = namespace_flags(&plan.namespaces);
+/// command's cgroup, so that cgroup becomes the root of what the command can see. `net`: a
+/// network namespace reused from an earlier command of the same template, entered instead of
+/// a new one (its loopback is up already; `spawner::net_pool` says when that is allowed).
+pub fn enter_namespaces(plan: &SandboxPlan, net: Option<&OwnedFd>) -> Result<(), SandboxError> {
+    let mut flags = namespace_flags(&plan.namespaces);
+    if let Some(net) = net.filter(|_| flags.contains(CloneFlags::CLONE_NEWNET)) {
+        nix::sched::setns(net, CloneFlags::CLONE_NEWNET).map_err(|source| {
+            SandboxError::Namespaces {
+                flags: "reused CLONE_NEWNET".into(),
+                source,
+            }
+        })?;
+        flags.remove(CloneFlags::CLONE_NEWNET);
+    }
     nix::sched::unshare(flags).map_err(|source| SandboxError::Namespaces {
         flags: format!("{flags:?}"),
         source,
@@ -109,7 +121,7 @@ pub fn enter_namespaces(plan: &SandboxPlan) -> Result<(), SandboxError> {
     if let Some(name) = &plan.hostname {
         nix::unistd::sethostname(name).map_err(SandboxError::Hostname)?;
     }
-    if plan.namespaces.contains(&Namespace::Net) {
+    if plan.namespaces.contains(&Namespace::Net) && net.is_none() {
         crate::sys::loopback_up().map_err(SandboxError::Loopback)?;
     }
     Ok(())

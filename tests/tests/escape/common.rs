@@ -334,3 +334,17 @@ impl Drop for Reaper {
         }
     }
 }
+
+/// A daemon serving `clients` (a clients file), its state outside /tmp.
+pub fn clients_daemon(clients: &serde_json::Value, extra: &[&str]) -> Result<Daemon, String> {
+    let (dir, path) = executor_tests::clients_file(clients);
+    let mut args = vec!["--clients".to_string(), path.display().to_string()];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let started = Daemon::try_start_opts(DaemonOptions {
+        extra: args,
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    drop(dir);
+    started
+}

@@ -3,9 +3,7 @@
 //! configuration its programs read, or runs beside it as the same uid. Controls: the shared
 //! workspace is shared, as it must be for an agent, and each call works on the command itself.
 
-use executor_tests::{
-    eventually, marked_sleep, marker, process_state, sleepers, Client, Daemon, DaemonOptions,
-};
+use executor_tests::{eventually, marked_sleep, marker, process_state, sleepers, Client, Daemon};
 
 use crate::common::*;
 
@@ -390,20 +388,6 @@ async fn landlock_commands_cannot_change_another_commands_limits_priority_or_sch
 const ALICE: &str = "alice-token-0123456789abcdef0123456789";
 const BOB: &str = "bob-token-0123456789abcdef0123456789abc";
 const MALLORY: &str = "mallory-token-0123456789abcdef012345678";
-
-/// A daemon serving `clients` (a clients file), its state outside /tmp.
-fn clients_daemon(clients: &serde_json::Value, extra: &[&str]) -> Result<Daemon, String> {
-    let (dir, path) = executor_tests::clients_file(clients);
-    let mut args = vec!["--clients".to_string(), path.display().to_string()];
-    args.extend(extra.iter().map(|a| a.to_string()));
-    let started = Daemon::try_start_opts(DaemonOptions {
-        extra: args,
-        state_parent: Some("/var/tmp".into()),
-        ..Default::default()
-    });
-    drop(dir);
-    started
-}
 
 /// A daemon with two landlock clients, alice and bob (each with a workspace of its own when
 /// `workspace` names a policy), and a connection of each; `None` where root is missing.

@@ -22,6 +22,7 @@ mod kernel_surfaces;
 mod kill;
 mod leftovers;
 mod network;
+mod network_reuse;
 mod privilege;
 mod syscalls;
 mod terminal;

@@ -42,6 +42,10 @@ use nix::sys::socket::{
 use nix::sys::time::TimeVal;
 use nix::unistd::Pid;
 
+mod net_pool;
+
+pub use net_pool::Lease;
+
 use crate::helper::Stdio;
 use crate::plan::Template;
 use crate::sys::{self, Forked};
@@ -131,8 +135,9 @@ pub fn fork_here() -> io::Result<Spawner> {
             if nix::unistd::getppid() != parent {
                 sys::exit_child(1);
             }
-            sys::close_fds_above_stderr_except(server_end.as_raw_fd());
-            serve(server_end)
+            sys::close_fds_above_stderr_except(&[server_end.as_raw_fd()]);
+            // One command: no next one to reuse its network namespace.
+            serve(server_end, false)
         }
         Forked::Parent(_) => {
             drop(server_end);
@@ -156,7 +161,7 @@ pub fn main() -> ! {
     let Ok(sock) = std::io::stdin().as_fd().try_clone_to_owned() else {
         sys::exit_child(1);
     };
-    serve(sock)
+    serve(sock, true)
 }
 
 impl Spawner {
@@ -234,8 +239,9 @@ struct Idle {
     niced: bool,
 }
 
-/// The server's loop. Never returns.
-fn serve(sock: OwnedFd) -> ! {
+/// The server's loop, pooling network namespaces when `pool_nets` (module `net_pool`). Never
+/// returns.
+fn serve(sock: OwnedFd, pool_nets: bool) -> ! {
     // Our stdin is the socket (`sock` is our own copy) and nothing reads our stdout: point
     // both at /dev/null, so that no helper inherits the socket through them.
     sys::devnull_stdio(false);
@@ -253,30 +259,54 @@ fn serve(sock: OwnedFd) -> ! {
         caps::Capability::CAP_SYS_NICE,
     )
     .unwrap_or(false);
+    // Without the pool every command makes its own network namespace, as before.
+    let mut nets = pool_nets
+        .then(|| net_pool::Pool::new(MAX_TEMPLATE_BYTES))
+        .and_then(Result::ok);
     let mut idle: Vec<Idle> = Vec::new();
     let mut buf = vec![0u8; MAX_TEMPLATE_BYTES + 1];
     loop {
-        // Dismiss workers idle too long (closing their control socket ends them).
+        // Dismiss workers idle too long (closing their control socket ends them), close
+        // network namespaces unused as long.
         idle.retain(|w| w.since.elapsed() < IDLE_FOR);
+        let nets_expire = nets.as_mut().and_then(|nets| nets.expire(IDLE_FOR));
         let wait = idle
             .iter()
             .map(|w| IDLE_FOR.saturating_sub(w.since.elapsed()))
+            .chain(nets_expire)
             .min()
             .map_or(PollTimeout::NONE, |d| {
                 PollTimeout::try_from(d.as_millis().min(60_000) as u64 + 1)
                     .unwrap_or(PollTimeout::MAX)
             });
-        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        if let Some(nets) = &nets {
+            fds.push(PollFd::new(nets.returns(), PollFlags::POLLIN));
+        }
         match poll(&mut fds, wait) {
             Ok(0) => continue,
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => sys::exit_child(1),
         }
+        let returned = fds.get(1).and_then(PollFd::revents);
+        let asked = fds[0].revents();
+        drop(fds);
+        if returned.is_some_and(|r| !r.is_empty()) {
+            if let Some(nets) = &mut nets {
+                nets.receive(&mut buf);
+            }
+        }
+        if asked.is_none_or(|r| r.is_empty()) {
+            continue;
+        }
         let request = match receive(&sock, &mut buf) {
             Ok(Some(Message::Run(request))) => request,
             Ok(Some(Message::DismissIdle)) => {
                 idle.clear();
+                if let Some(nets) = &mut nets {
+                    nets.clear();
+                }
                 let _ = nix::unistd::write(&sock, &0i32.to_le_bytes());
                 continue;
             }
@@ -287,7 +317,7 @@ fn serve(sock: OwnedFd) -> ! {
                 continue;
             }
         };
-        let pid = dispatch(&sock, &mut idle, &request).map_or(0, Pid::as_raw);
+        let pid = dispatch(&sock, &mut idle, &mut nets, &request).map_or(0, Pid::as_raw);
         let _ = nix::unistd::write(&sock, &pid.to_le_bytes());
         drop(request.stdio);
         // A worker for the next command of this template. One replaces each that is used, so
@@ -301,7 +331,8 @@ fn serve(sock: OwnedFd) -> ! {
                 // The least recently made goes.
                 idle.remove(0);
             }
-            if let Ok(worker) = fork_worker(&sock, &idle, &request.template, nice_ahead) {
+            if let Ok(worker) = fork_worker(&sock, &idle, &mut nets, &request.template, nice_ahead)
+            {
                 idle.push(worker);
             }
         }
@@ -316,7 +347,12 @@ struct Request {
 }
 
 /// Hand the command's descriptors to a waiting worker of its template, or to a new one.
-fn dispatch(sock: &OwnedFd, idle: &mut Vec<Idle>, request: &Request) -> Option<Pid> {
+fn dispatch(
+    sock: &OwnedFd,
+    idle: &mut Vec<Idle>,
+    nets: &mut Option<net_pool::Pool>,
+    request: &Request,
+) -> Option<Pid> {
     let stdio = [&request.stdio[0], &request.stdio[1], &request.stdio[2]];
     if let Some(at) = idle.iter().position(|w| w.template == request.template) {
         let worker = idle.remove(at);
@@ -328,7 +364,7 @@ fn dispatch(sock: &OwnedFd, idle: &mut Vec<Idle>, request: &Request) -> Option<P
         }
         // It died while it waited (it failed, or a command of its uid killed it): a new one.
     }
-    let worker = fork_worker(sock, idle, &request.template, false).ok()?;
+    let worker = fork_worker(sock, idle, nets, &request.template, false).ok()?;
     send_stdio(&worker.control, stdio).ok()?;
     Some(worker.pid)
 }
@@ -343,8 +379,15 @@ fn back_to_normal_priority(pid: Pid) {
 }
 
 /// Fork a helper that builds the sandbox of `template` and waits on its control socket;
-/// `ahead` (of its command) at [`AHEAD_NICE`].
-fn fork_worker(sock: &OwnedFd, idle: &[Idle], template: &[u8], ahead: bool) -> io::Result<Idle> {
+/// `ahead` (of its command) at [`AHEAD_NICE`]; with a network namespace of the pool when
+/// the template may reuse one.
+fn fork_worker(
+    sock: &OwnedFd,
+    idle: &[Idle],
+    nets: &mut Option<net_pool::Pool>,
+    template: &[u8],
+    ahead: bool,
+) -> io::Result<Idle> {
     let parsed: Template = serde_json::from_slice(template).map_err(io::Error::other)?;
     let (ours, theirs) = socketpair(
         AddressFamily::Unix,
@@ -352,17 +395,22 @@ fn fork_worker(sock: &OwnedFd, idle: &[Idle], template: &[u8], ahead: bool) -> i
         None,
         SockFlag::SOCK_CLOEXEC,
     )?;
+    // Ours to give: the worker takes it (its copy survives the fork), our copy closes below.
+    let lease = nets.as_mut().and_then(|nets| nets.lease(template, &parsed));
     match sys::fork()? {
         Forked::Child => {
             // Nothing of the server's may stay open in the worker: the daemon's socket, the
-            // other workers' control sockets, our end of this one.
+            // other workers' control sockets and the pool's other namespaces, our end of
+            // this one.
             drop(ours);
-            sys::close_fds_above_stderr_except(theirs.as_raw_fd());
+            let mut keep = vec![theirs.as_raw_fd()];
+            keep.extend(lease.iter().flat_map(Lease::fds));
+            sys::close_fds_above_stderr_except(&keep);
             let _ = (sock, idle);
             if ahead {
                 let _ = sys::set_nice(sys::NiceOf::Me, AHEAD_NICE);
             }
-            crate::helper::serve_worker(&parsed, theirs)
+            crate::helper::serve_worker(&parsed, theirs, lease)
         }
         Forked::Parent(pid) => Ok(Idle {
             template: template.to_vec(),
