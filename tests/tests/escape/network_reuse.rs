@@ -66,8 +66,18 @@ struct Held {
 
 /// Start [`probe`] under strict and hold its namespace once it runs; returns its request id.
 async fn start_holding(client: &mut Client, id: &str, tag: &str) -> (String, Held) {
+    start_holding_with(client, id, |m| probe(tag, m)).await
+}
+
+/// Start `command` (given the marker its sleep carries) under strict and hold its namespace
+/// once it prints `ready`; returns its request id.
+async fn start_holding_with(
+    client: &mut Client,
+    id: &str,
+    command: impl FnOnce(&str) -> String,
+) -> (String, Held) {
     let m = marker();
-    let (id, output) = start_until(client, STRICT, id, &probe(tag, &m), "ready", 20.0).await;
+    let (id, output) = start_until(client, STRICT, id, &command(&m), "ready", 20.0).await;
     assert!(
         eventually(SETTLE, || sleepers(&m).len() == 1).await,
         "{id}: its sleep never ran: {output}"
@@ -115,6 +125,121 @@ fn assert_clean_start(held: &Held, host_ino: u64) {
     assert_ne!(
         held.ino, host_ino,
         "a strict command in the host's namespace"
+    );
+}
+
+/// Report what is left of earlier commands (SysV objects, files under `/tmp` named `tag`, an
+/// abstract name and a UDP port of `tag`, processes but init, ourselves and our parent,
+/// descriptors above stderr, a variable), then leave each of them (the sockets and a
+/// descriptor held by a marked sleep left running, the variable in its environment) and
+/// report them again: the control, seen the same way from inside.
+fn leave_and_find(tag: &str, m: &str) -> String {
+    python(&format!(
+        r#"
+import socket, subprocess
+def bind(family, kind, addr):
+    s = socket.socket(family, kind)
+    try:
+        s.bind(addr)
+        return s, 0
+    except OSError as e:
+        s.close()
+        return None, e.errno
+def sysv():
+    return sum(len(open(f"/proc/sysvipc/{{k}}").read().splitlines()) - 1 for k in ("shm", "msg", "sem"))
+def udp():
+    return bind(socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", {PORT}))
+def abstract():
+    return bind(socket.AF_UNIX, socket.SOCK_DGRAM, b"\0leave-{tag}")
+def state(prefix):
+    us, ue = udp()
+    ab, ae = abstract()
+    for s in (us, ab):
+        if s is not None:
+            s.close()
+    procs = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]
+    # The listing's own descriptor is not counted.
+    fds = len([f for f in os.listdir("/proc/self/fd") if int(f) > 2]) - 1
+    tmp = [f for f in os.listdir("/tmp") if "{tag}" in f]
+    return (f"{{prefix}}sysv={{sysv()}} {{prefix}}tmp={{len(tmp)}} {{prefix}}udp={{ue}} "
+            f"{{prefix}}abstract={{ae}} {{prefix}}procs={{len(procs)}} {{prefix}}fds={{fds}} "
+            f"{{prefix}}env={{int('LEFT_{tag}' in os.environ)}}")
+print(state("found_"), flush=True)
+for kind, size in (("-M", "4096"), ("-Q", None), ("-S", "1")):
+    subprocess.run(["ipcmk", kind] + ([size] if size else []), check=True, stdout=subprocess.DEVNULL)
+open("/tmp/left-{tag}", "w").write("left")
+os.environ["LEFT_{tag}"] = "1"
+held = [udp()[0], abstract()[0], open("/tmp/left-{tag}")]
+for f in held:
+    os.set_inheritable(f.fileno(), True)
+subprocess.Popen("{sleep}".split(), close_fds=False)
+print(state(""), f"net={{os.readlink('/proc/self/ns/net')}} ready", flush=True)
+import time
+time.sleep(60)
+"#,
+        sleep = marked_sleep(m),
+    ))
+}
+
+#[tokio::test]
+async fn a_command_in_a_reused_network_namespace_finds_nothing_of_the_one_before() {
+    let Some(daemon) = daemon() else {
+        return;
+    };
+    let mut client = daemon.connect().await;
+    let tag = marker();
+    let host = host_ino();
+    let mut held = Vec::new();
+    for i in 0..6 {
+        let (id, h) = start_holding_with(&mut client, &format!("leave-{i}"), |m| {
+            leave_and_find(&tag, m)
+        })
+        .await;
+        cancel(&mut client, &id).await;
+        assert!(eventually(SETTLE, || gone(h.pid)).await, "{}", h.output);
+        held.push(h);
+    }
+    for h in &held {
+        let out = &h.output;
+        // Nothing of the command before: no SysV object, no file, the name and the port free,
+        // no process, no descriptor, no variable.
+        for (key, want) in [
+            ("found_sysv", "0"),
+            ("found_tmp", "0"),
+            ("found_udp", "0"),
+            ("found_abstract", "0"),
+            ("found_procs", "0"),
+            ("found_fds", "0"),
+            ("found_env", "0"),
+        ] {
+            assert_eq!(field(out, key), Some(want), "{key}: {out}");
+        }
+        // Control: what it left is there, seen the same way (three SysV objects, the file,
+        // the name and the port taken, its sleep, three descriptors, the variable).
+        for (key, want) in [
+            ("sysv", "3"),
+            ("tmp", "1"),
+            ("udp", "98"),
+            ("abstract", "98"),
+            ("procs", "1"),
+            ("fds", "3"),
+            ("env", "1"),
+        ] {
+            assert_eq!(field(out, key), Some(want), "{key}: {out}");
+        }
+        assert_eq!(
+            field(out, "net"),
+            Some(format!("net:[{}]", h.ino).as_str()),
+            "{out}"
+        );
+        assert_ne!(h.ino, host);
+    }
+    // Control: the commands did run in namespaces of earlier ones.
+    let nets: HashSet<u64> = held.iter().map(|h| h.ino).collect();
+    assert!(
+        nets.len() < held.len(),
+        "no namespace was reused: {:?}",
+        inodes(&held)
     );
 }
 
