@@ -133,6 +133,71 @@ pub fn fork_into_cgroup(cgroup: std::os::fd::BorrowedFd<'_>) -> io::Result<Forke
     }
 }
 
+/// `open_tree(2)` flags (linux/mount.h, Linux 5.2): a detached copy of the mount, its
+/// descriptor closed on exec.
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+/// `move_mount(2)`: the source is the descriptor itself.
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+fn open_tree(
+    dirfd: libc::c_int,
+    path: &std::ffi::CStr,
+    flags: libc::c_uint,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: open_tree(2) reads the NUL-terminated path (valid for the call) and returns a new
+    // descriptor or -1; nothing else of ours is touched.
+    let rc = unsafe { libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just returned to us, owned by nothing else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(rc as libc::c_int) })
+}
+
+/// A detached copy of the mount at `path` (not of its submounts), to attach elsewhere with
+/// [`attach_mount`], even in another mount namespace: what a bind mount by path cannot do
+/// once the source's namespace is left.
+pub fn clone_mount(path: &std::path::Path) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    open_tree(libc::AT_FDCWD, &path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)
+}
+
+/// [`clone_mount`] of what `fd` (an `O_PATH` descriptor) names.
+pub fn clone_mount_of(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    open_tree(
+        fd.as_raw_fd(),
+        c"",
+        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as libc::c_uint,
+    )
+}
+
+/// Attach the detached mount `mount` ([`clone_mount`]) at `target` of our mount namespace.
+pub fn attach_mount(mount: &std::os::fd::OwnedFd, target: &std::path::Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let target = std::ffi::CString::new(target.as_os_str().as_bytes())?;
+    // SAFETY: move_mount(2) reads the two NUL-terminated paths (valid for the call) and the
+    // descriptor, which is open; it changes our mount namespace only.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The kernel's landlock ABI version; 0 when landlock is not built in or not enabled at boot
 /// (Documentation/userspace-api/landlock.rst, "Landlock ABI versions").
 pub fn landlock_abi() -> u32 {

@@ -139,24 +139,26 @@ pub struct InitStatus {
 }
 
 /// pid 1 of the sandbox: build the world, fork the payload, reap until it exits, report.
-/// `net`: a network namespace of the pool to enter instead of making one.
+/// `net`: a network namespace of the pool to enter instead of making one; `root`: the mount
+/// namespace of the template's shared root, to copy instead of building all of it.
 pub fn init_main(
     template: &Template,
     setup_w: OwnedFd,
     status_w: OwnedFd,
     channel: OwnedFd,
     net: Option<OwnedFd>,
+    root: Option<OwnedFd>,
 ) -> ! {
     // If the helper dies, init dies, and the kernel kills the whole pid namespace with it.
     if let Err(err) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         fail(&setup_w, &SetupError::Process(err.into()));
     }
     // The remaining namespaces, the new root, hostname, loopback.
-    if let Err(err) = sandbox::enter_namespaces(&template.sandbox, net.as_ref()) {
+    if let Err(err) = sandbox::enter_namespaces(&template.sandbox, net.as_ref(), root.as_ref()) {
         fail(&setup_w, &err.into());
     }
-    // Entered: nothing of the command may hold the namespace's descriptor.
-    drop(net);
+    // Entered: nothing of the command may hold the namespaces' descriptors.
+    drop((net, root));
     let payload = match sys::fork() {
         Ok(Forked::Child) => payload_main(template, setup_w, channel),
         Ok(Forked::Parent(pid)) => pid,

@@ -179,18 +179,28 @@ pub fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    match Worker::prepare(&plan.template, None) {
+    match Worker::prepare(&plan.template, Loans::default()) {
         Ok(worker) => worker.run(stdio, Some((plan.command, rest))),
         Err(err) => write_report(&stdio.status, &err.report()),
     }
     ExitCode::SUCCESS
 }
 
+/// What the fork server lends a worker it forks, where it pools (`spawner::net_pool`,
+/// `spawner::root_pool`).
+#[derive(Default)]
+pub struct Loans {
+    /// A network namespace to run in (and to give back).
+    pub net: Option<Lease>,
+    /// The mount namespace of the template's shared root, to copy.
+    pub root: Option<OwnedFd>,
+}
+
 /// Pool mode (forked by the fork server, `control` its end of a socket to us): prepare the
-/// sandbox at once (in the network namespace `net` lends, if any), then serve the command
-/// whose descriptors arrive on `control`, or, if `control` closes first (the worker was not
+/// sandbox at once (with what the fork server lends), then serve the command whose
+/// descriptors arrive on `control`, or, if `control` closes first (the worker was not
 /// needed), take the sandbox down and exit.
-pub fn serve_worker(template: &Template, control: OwnedFd, net: Option<Lease>) -> ! {
+pub fn serve_worker(template: &Template, control: OwnedFd, loans: Loans) -> ! {
     // fds 0, 1 and 2 of the helper itself: /dev/null (the command's descriptors are apart).
     sys::devnull_stdio(true);
     // No PR_SET_PDEATHSIG: killed with the fork server, we could not sweep the command's tree
@@ -200,7 +210,7 @@ pub fn serve_worker(template: &Template, control: OwnedFd, net: Option<Lease>) -
     if let Err(err) = sys::default_sigchld() {
         serve_failure(&control, &SetupError::Process(err))
     }
-    let prepared = Worker::prepare(template, net);
+    let prepared = Worker::prepare(template, loans);
     let stdio = match crate::spawner::receive_stdio(&control) {
         Ok(Some(stdio)) => stdio,
         // Not needed: take the sandbox down.
@@ -288,9 +298,10 @@ pub struct Worker<'t> {
 
 impl<'t> Worker<'t> {
     /// Build the sandbox of `template` and leave its payload waiting for a command; its init
-    /// enters the network namespace `net` lends instead of making one. The order matters;
-    /// each step says why.
-    pub fn prepare(template: &'t Template, mut net: Option<Lease>) -> Result<Self, SetupError> {
+    /// enters the network namespace and copies the root template `loans` lends instead of
+    /// making them. The order matters; each step says why.
+    pub fn prepare(template: &'t Template, loans: Loans) -> Result<Self, SetupError> {
+        let Loans { mut net, root } = loans;
         // 1. Forking and credential changes below assume one thread: check, do not hope.
         sys::assert_single_threaded().map_err(SetupError::Process)?;
 
@@ -368,15 +379,16 @@ impl<'t> Worker<'t> {
                 // The way back to the pool stays with the helper.
                 let net = net.and_then(Lease::into_namespace);
                 if pid_ns {
-                    child::init_main(template, setup_w, status_w, theirs, net);
+                    child::init_main(template, setup_w, status_w, theirs, net, root);
                 }
-                drop(net);
+                drop((net, root));
                 drop(status_w);
                 child::payload_main(template, setup_w, theirs);
             }
             Forked::Parent(child) => child,
         };
-        drop((setup_w, status_w, theirs));
+        // The root template is init's to copy; nothing of ours uses it.
+        drop((setup_w, status_w, theirs, root));
 
         // 9. Back out of the cgroups we joined, so that killing them never kills us.
         let left = leave_cgroups(&placed);

@@ -100,7 +100,13 @@ pub fn namespace_flags(namespaces: &[Namespace]) -> CloneFlags {
 /// command's cgroup, so that cgroup becomes the root of what the command can see. `net`: a
 /// network namespace reused from an earlier command of the same template, entered instead of
 /// a new one (its loopback is up already; `spawner::net_pool` says when that is allowed).
-pub fn enter_namespaces(plan: &SandboxPlan, net: Option<&OwnedFd>) -> Result<(), SandboxError> {
+/// `root`: the mount namespace of the template's shared root (`spawner::root_pool`): entered
+/// and copied, and only the command's own part of the root mounted into the copy.
+pub fn enter_namespaces(
+    plan: &SandboxPlan,
+    net: Option<&OwnedFd>,
+    root: Option<&OwnedFd>,
+) -> Result<(), SandboxError> {
     let mut flags = namespace_flags(&plan.namespaces);
     if let Some(net) = net.filter(|_| flags.contains(CloneFlags::CLONE_NEWNET)) {
         nix::sched::setns(net, CloneFlags::CLONE_NEWNET).map_err(|source| {
@@ -111,12 +117,35 @@ pub fn enter_namespaces(plan: &SandboxPlan, net: Option<&OwnedFd>) -> Result<(),
         })?;
         flags.remove(CloneFlags::CLONE_NEWNET);
     }
+    // With a template: what the command's own part binds from the host is taken now, while
+    // the host's tree is ours (a workspace under /tmp); then into the template, whose copy the
+    // unshare below makes ours. Where that cannot be taken (open_tree before Linux 5.2), the
+    // whole root is built as without a template.
+    let finish = match (root, &plan.mounts) {
+        (Some(root), Some(mounts)) if flags.contains(CloneFlags::CLONE_NEWNS) => {
+            match mounts::prepare_finish(mounts) {
+                Ok(sources) => {
+                    nix::sched::setns(root, CloneFlags::CLONE_NEWNS).map_err(|source| {
+                        SandboxError::Namespaces {
+                            flags: "root template CLONE_NEWNS".into(),
+                            source,
+                        }
+                    })?;
+                    Some(sources)
+                }
+                Err(_) => None,
+            }
+        }
+        _ => None,
+    };
     nix::sched::unshare(flags).map_err(|source| SandboxError::Namespaces {
         flags: format!("{flags:?}"),
         source,
     })?;
-    if let Some(mounts) = &plan.mounts {
-        mounts::build_root(mounts)?;
+    match (&plan.mounts, finish) {
+        (Some(mounts), Some(sources)) => mounts::finish_root(mounts, sources)?,
+        (Some(mounts), None) => mounts::build_root(mounts)?,
+        (None, _) => {}
     }
     if let Some(name) = &plan.hostname {
         nix::unistd::sethostname(name).map_err(SandboxError::Hostname)?;

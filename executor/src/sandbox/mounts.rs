@@ -5,7 +5,16 @@
 //! new mount can never hide a source), build the new root at /newroot, detach /oldroot, and
 //! pivot into /newroot. Paths that do not exist on the host are skipped: a profile may list
 //! toolchain directories that only some hosts have.
+//!
+//! The same plan can be built in two halves ([`build_template`], [`finish_root`]): the part
+//! every command of a template sees alike once, into a mount namespace the fork server keeps
+//! (`spawner::root_pool`), and per command only what must be the command's own, in a copy of
+//! it: the tmpfs mounts (`/tmp`, `/dev/shm`), a fresh `/proc` (it shows the pid namespace of
+//! whoever mounts it), and whatever the plan puts inside them (a workspace under `/tmp`,
+//! bound from a detached copy of the host's mount made before leaving the host's namespace,
+//! [`prepare_finish`]).
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -19,6 +28,9 @@ const OLD: &str = "/oldroot";
 const NEW: &str = "/newroot";
 /// An empty file in the staging tmpfs, bound over hidden files.
 const EMPTY_FILE: &str = "/empty";
+/// The empty file a template keeps for [`finish_root`] (no staging tmpfs exists there): under
+/// the /proc mount point, so the command's /proc covers it.
+const TEMPLATE_EMPTY_FILE: &str = "/proc/.empty";
 
 /// Device nodes of the minimal /dev, bound from the host's.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
@@ -45,6 +57,10 @@ pub enum MountError {
     },
     #[error("{0} must be an absolute path")]
     Relative(PathBuf),
+    /// A root of the host's tree is built whole (its top-level directories are listed while
+    /// building); a caller asked for half of one.
+    #[error("a root of the host's tree is built in one piece")]
+    NotSplit,
 }
 
 type Result<T> = std::result::Result<T, MountError>;
@@ -76,6 +92,36 @@ enum Entry {
 /// Build the new root described by `plan` and pivot into it. Runs in the sandbox's init, in a
 /// fresh mount namespace, as root.
 pub fn build_root(plan: &MountPlan) -> Result<()> {
+    build(plan, Stage::Whole)
+}
+
+/// Build the part of `plan`'s root that every command of its template shares, and pivot into
+/// it: everything but [`per_command`] entries, whose mount points are made (empty) for
+/// [`finish_root`]. Runs in a process of the fork server's that has just made a mount
+/// namespace of its own, as root; the namespace it leaves behind is the template.
+pub fn build_template(plan: &MountPlan) -> Result<()> {
+    build(plan, Stage::Template)
+}
+
+/// Whether `plan` can be built in two halves: a root of its own (an empty tmpfs; the host's
+/// tree, with its pins, is built whole). The commands' identity decides the rest
+/// (`spawner::root_pool`).
+pub fn splits(plan: &MountPlan) -> bool {
+    plan.root == RootMode::Empty
+}
+
+/// Which of the stages a [`Builder`] runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stage {
+    /// The whole root, per command.
+    Whole,
+    /// The shared part, once per template.
+    Template,
+    /// The command's own part, in a copy of the template.
+    Finish,
+}
+
+fn build(plan: &MountPlan, stage: Stage) -> Result<()> {
     let root = Path::new("/");
     // 1. Nothing we mount may propagate back to the host, nor host mounts into us.
     mount(
@@ -128,6 +174,59 @@ pub fn build_root(plan: &MountPlan) -> Result<()> {
 
     // 4. Everything else, parents before children, so a later mount can sit inside an earlier
     //    one (the workspace inside a hidden state directory, /dev/shm inside /dev).
+    let entries = entries(plan)?;
+    let own = per_command_roots(&entries);
+    let mut builder = Builder::new(plan, stage);
+    for (path, entry) in &entries {
+        let mine = own.iter().any(|r| path.starts_with(r));
+        match stage {
+            Stage::Template if mine => {
+                // The command's own: only the mount point, made here while the root is
+                // still writable.
+                if own.contains(path) {
+                    builder.mount_point(&builder.target(path), true)?;
+                }
+                if *entry == Entry::Proc {
+                    let empty = builder.target(TEMPLATE_EMPTY_FILE);
+                    std::fs::File::create(&empty).map_err(io("create", &empty))?;
+                }
+            }
+            _ => builder.apply(path, entry)?,
+        }
+    }
+    builder.seal()?;
+    if plan.root == RootMode::Host {
+        // The host's /sys holds host-wide knobs; the command only reads it.
+        let sys_dir = builder.target("/sys");
+        if sys_dir.is_dir() {
+            bind(&sys_dir, &sys_dir)?;
+            remount(
+                &sys_dir,
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            )?;
+        }
+    }
+    // Seal the root: an empty root holds only mount points; the host's root keeps its
+    // top-level directories writable (each is pinned above) but not the root itself.
+    remount(
+        new,
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+    )?;
+
+    // 5. Detach the host tree, then make /newroot the root (runc's pivot_root(".", ".") trick:
+    //    the old root ends up stacked on the new one and is lazily unmounted).
+    let old = Path::new(OLD);
+    umount2(old, MntFlags::MNT_DETACH).map_err(sys("detach", old))?;
+    nix::unistd::chdir(new).map_err(sys("chdir", new))?;
+    let here = Path::new(".");
+    nix::unistd::pivot_root(here, here).map_err(sys("pivot_root into", new))?;
+    umount2(here, MntFlags::MNT_DETACH).map_err(sys("detach staging", here))?;
+    nix::unistd::chdir(root).map_err(sys("chdir", root))?;
+    Ok(())
+}
+
+/// What the plan mounts where, parents before children (by depth).
+fn entries(plan: &MountPlan) -> Result<Vec<(PathBuf, Entry)>> {
     let mut entries: Vec<(PathBuf, Entry)> = Vec::new();
     if plan.root == RootMode::Host {
         // Every top-level directory becomes a mount point of its own, so that the root itself
@@ -166,66 +265,159 @@ pub fn build_root(plan: &MountPlan) -> Result<()> {
     entries.push(("/dev".into(), Entry::Dev));
     entries.push(("/proc".into(), Entry::Proc));
     entries.sort_by_key(|(path, _)| path.components().count());
-    let mut builder = Builder {
-        may_create: plan.root == RootMode::Empty,
-        covers: Vec::new(),
-        created_roots: Vec::new(),
-    };
-    for (path, entry) in &entries {
-        if !path.is_absolute() {
-            return Err(MountError::Relative(path.clone()));
-        }
-        builder.apply(path, entry)?;
+    if let Some((path, _)) = entries.iter().find(|(path, _)| !path.is_absolute()) {
+        return Err(MountError::Relative(path.clone()));
     }
-    // Covers were writable so mount points could be made inside them; now seal them.
-    for cover in &builder.covers {
-        remount(
-            cover,
-            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        )?;
-    }
-    if plan.root == RootMode::Host {
-        // The host's /sys holds host-wide knobs; the command only reads it.
-        let sys_dir = inside("/sys");
-        if sys_dir.is_dir() {
-            bind(&sys_dir, &sys_dir)?;
-            remount(
-                &sys_dir,
-                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            )?;
-        }
-    }
-    // Seal the root: an empty root holds only mount points; the host's root keeps its
-    // top-level directories writable (each is pinned above) but not the root itself.
-    remount(
-        new,
-        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-    )?;
+    Ok(entries)
+}
 
-    // 5. Detach the host tree, then make /newroot the root (runc's pivot_root(".", ".") trick:
-    //    the old root ends up stacked on the new one and is lazily unmounted).
-    let old = Path::new(OLD);
-    umount2(old, MntFlags::MNT_DETACH).map_err(sys("detach", old))?;
-    nix::unistd::chdir(new).map_err(sys("chdir", new))?;
-    let here = Path::new(".");
-    nix::unistd::pivot_root(here, here).map_err(sys("pivot_root into", new))?;
-    umount2(here, MntFlags::MNT_DETACH).map_err(sys("detach staging", here))?;
-    nix::unistd::chdir(root).map_err(sys("chdir", root))?;
-    Ok(())
+/// The mounts that must be each command's own: its tmpfs mounts and its /proc. Everything
+/// the plan puts inside them is the command's too.
+fn per_command_roots(entries: &[(PathBuf, Entry)]) -> Vec<PathBuf> {
+    entries
+        .iter()
+        .filter(|(_, e)| matches!(e, Entry::Tmpfs(_) | Entry::Proc))
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+/// A host path the command's part of its root binds, looked at (and, for a directory or a
+/// file, copied as a detached mount) while the host's mount namespace is still ours.
+#[derive(Debug)]
+enum HostSource {
+    Missing,
+    Link(PathBuf),
+    /// A directory or a file: a detached copy of its mount, or (`None`) bound by path.
+    Tree {
+        mount: Option<OwnedFd>,
+        dir: bool,
+    },
+}
+
+/// What [`finish_root`] needs from the host, made by [`prepare_finish`].
+#[derive(Debug, Default)]
+pub struct FinishSources(Vec<(PathBuf, HostSource)>);
+
+/// In the host's mount namespace, before entering a copy of the template: detached copies
+/// (`open_tree(OPEN_TREE_CLONE)`, Linux 5.2) of the host paths the command's part of its root
+/// binds (a workspace under /tmp). Most plans bind none.
+pub fn prepare_finish(plan: &MountPlan) -> Result<FinishSources> {
+    let entries = entries_without_host_root(plan)?;
+    let own = per_command_roots(&entries);
+    let mut sources = Vec::new();
+    for (path, entry) in &entries {
+        if !matches!(entry, Entry::ReadOnly | Entry::Writable)
+            || !own.iter().any(|r| path.starts_with(r))
+        {
+            continue;
+        }
+        // Absolute (checked by `entries`): the host's own path, our namespace still the host's.
+        let found = match std::fs::symlink_metadata(path) {
+            Err(_) => HostSource::Missing,
+            Ok(meta) if meta.file_type().is_symlink() => {
+                HostSource::Link(std::fs::read_link(path).map_err(io("readlink", path))?)
+            }
+            Ok(meta) => HostSource::Tree {
+                mount: Some(crate::sys::clone_mount(path).map_err(io("open_tree", path))?),
+                dir: meta.is_dir(),
+            },
+        };
+        sources.push((path.clone(), found));
+    }
+    Ok(FinishSources(sources))
+}
+
+/// [`entries`] of a plan whose root is its own (no host tree to list).
+fn entries_without_host_root(plan: &MountPlan) -> Result<Vec<(PathBuf, Entry)>> {
+    if plan.root == RootMode::Host {
+        return Err(MountError::NotSplit);
+    }
+    entries(plan)
+}
+
+/// In a copy of the template's mount namespace (entered, then unshared): mount the command's
+/// own part of `plan` onto the template's mount points, parents before children.
+pub fn finish_root(plan: &MountPlan, sources: FinishSources) -> Result<()> {
+    let entries = entries_without_host_root(plan)?;
+    let own = per_command_roots(&entries);
+    let mut builder = Builder::new(plan, Stage::Finish);
+    builder.sources = sources.0;
+    let empty = Path::new(TEMPLATE_EMPTY_FILE);
+    builder.empty = Some(open_path(empty)?);
+    for (path, entry) in &entries {
+        if own.iter().any(|r| path.starts_with(r)) {
+            builder.apply(path, entry)?;
+        }
+    }
+    builder.seal()?;
+    let root = Path::new("/");
+    nix::unistd::chdir(root).map_err(sys("chdir", root))
 }
 
 struct Builder {
+    stage: Stage,
     /// Whether mount points may be created: always in an empty root (a tmpfs of ours), never
     /// in the host's tree except inside covers and tmpfs mounts we made.
     may_create: bool,
     covers: Vec<PathBuf>,
     /// Mounts of ours (covers, tmpfs) inside which mount points may be created.
     created_roots: Vec<PathBuf>,
+    /// [`Stage::Finish`]: the host paths it binds, prepared before the host was left.
+    sources: Vec<(PathBuf, HostSource)>,
+    /// [`Stage::Finish`]: the template's empty file, open (`O_PATH`) before /proc covers it.
+    empty: Option<OwnedFd>,
 }
 
 impl Builder {
+    fn new(plan: &MountPlan, stage: Stage) -> Self {
+        Self {
+            stage,
+            may_create: plan.root == RootMode::Empty,
+            covers: Vec::new(),
+            created_roots: Vec::new(),
+            sources: Vec::new(),
+            empty: None,
+        }
+    }
+
+    /// Where a sandbox path is while building: under /newroot, or, finishing a copy of the
+    /// template (already our root), the path itself.
+    fn target(&self, path: impl AsRef<Path>) -> PathBuf {
+        let path = path.as_ref();
+        match self.stage {
+            Stage::Finish => path.to_path_buf(),
+            Stage::Whole | Stage::Template => {
+                Path::new(NEW).join(path.strip_prefix("/").unwrap_or(path))
+            }
+        }
+    }
+
+    /// Cover the file `target` with an empty one: the staging root's, or, finishing a copy
+    /// of the template, a copy of the template's.
+    fn cover_file(&self, target: &Path) -> Result<()> {
+        match &self.empty {
+            Some(empty) => {
+                let copy = crate::sys::clone_mount_of(empty.as_fd())
+                    .map_err(io("open_tree", Path::new(TEMPLATE_EMPTY_FILE)))?;
+                crate::sys::attach_mount(&copy, target).map_err(io("move_mount onto", target))
+            }
+            None => bind(Path::new(EMPTY_FILE), target),
+        }
+    }
+
     fn can_create(&self, target: &Path) -> bool {
         self.may_create || self.created_roots.iter().any(|r| target.starts_with(r))
+    }
+
+    /// Covers were writable so mount points could be made inside them; now seal them.
+    fn seal(&self) -> Result<()> {
+        for cover in &self.covers {
+            remount(
+                cover,
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            )?;
+        }
+        Ok(())
     }
 
     fn apply(&mut self, path: &Path, entry: &Entry) -> Result<()> {
@@ -234,28 +426,31 @@ impl Builder {
             // submounts); a plain bind here would drop those submounts.
             return Ok(());
         }
-        let source = from_host(path);
-        let target = inside(path);
+        let target = self.target(path);
         match entry {
             Entry::ReadOnly | Entry::Writable => {
                 let read_only = *entry == Entry::ReadOnly;
-                let Ok(meta) = std::fs::symlink_metadata(&source) else {
-                    return Ok(()); // Not on this host: skip.
-                };
-                if meta.file_type().is_symlink() {
-                    // Recreate the link (merged-/usr systems have /bin -> usr/bin).
-                    if self.can_create(&target) && std::fs::symlink_metadata(&target).is_err() {
-                        let link = std::fs::read_link(&source).map_err(io("readlink", &source))?;
-                        create_parent(&target)?;
-                        std::os::unix::fs::symlink(&link, &target)
-                            .map_err(io("symlink", &target))?;
+                let (mount, dir) = match self.host_source(path)? {
+                    HostSource::Missing => return Ok(()), // Not on this host: skip.
+                    HostSource::Link(link) => {
+                        // Recreate the link (merged-/usr systems have /bin -> usr/bin).
+                        if self.can_create(&target) && std::fs::symlink_metadata(&target).is_err() {
+                            create_parent(&target)?;
+                            std::os::unix::fs::symlink(&link, &target)
+                                .map_err(io("symlink", &target))?;
+                        }
+                        return Ok(());
                     }
+                    HostSource::Tree { mount, dir } => (mount, dir),
+                };
+                if !self.mount_point(&target, dir)? {
                     return Ok(());
                 }
-                if !self.mount_point(&target, meta.is_dir())? {
-                    return Ok(());
+                match mount {
+                    Some(mount) => crate::sys::attach_mount(&mount, &target)
+                        .map_err(io("move_mount onto", &target))?,
+                    None => bind(&from_host(path), &target)?,
                 }
-                bind(&source, &target)?;
                 let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
                 if read_only {
                     flags |= MsFlags::MS_RDONLY;
@@ -271,7 +466,7 @@ impl Builder {
                     self.covers.push(target.clone());
                     self.created_roots.push(target);
                 } else {
-                    bind(Path::new(EMPTY_FILE), &target)?;
+                    self.cover_file(&target)?;
                     remount(
                         &target,
                         MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
@@ -303,6 +498,28 @@ impl Builder {
                 Ok(())
             }
         }
+    }
+
+    /// What the host has at `path`: read under /oldroot while building from the staging
+    /// root, or taken from what [`prepare_finish`] found (a detached mount to attach).
+    fn host_source(&mut self, path: &Path) -> Result<HostSource> {
+        if self.stage == Stage::Finish {
+            let at = self.sources.iter().position(|(p, _)| p == path);
+            return Ok(at.map_or(HostSource::Missing, |at| self.sources.remove(at).1));
+        }
+        let source = from_host(path);
+        Ok(match std::fs::symlink_metadata(&source) {
+            Err(_) => HostSource::Missing,
+            Ok(meta) if meta.file_type().is_symlink() => {
+                HostSource::Link(std::fs::read_link(&source).map_err(io("readlink", &source))?)
+            }
+            // Bound by its path under /oldroot (no descriptor needed while the host is in
+            // reach).
+            Ok(meta) => HostSource::Tree {
+                mount: None,
+                dir: meta.is_dir(),
+            },
+        })
     }
 
     /// Make sure `target` exists to mount on; false when it does not and may not be made.
@@ -379,7 +596,7 @@ impl Builder {
         for file in PROC_MASKED {
             let path = target.join(file);
             if path.exists() {
-                bind(Path::new(EMPTY_FILE), &path)?;
+                self.cover_file(&path)?;
                 remount(
                     &path,
                     MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
@@ -395,10 +612,14 @@ fn from_host(path: &Path) -> PathBuf {
     Path::new(OLD).join(path.strip_prefix("/").unwrap_or(path))
 }
 
-/// Where a sandbox path is while building: under /newroot.
-fn inside(path: impl AsRef<Path>) -> PathBuf {
-    let path = path.as_ref();
-    Path::new(NEW).join(path.strip_prefix("/").unwrap_or(path))
+/// `path` open as `O_PATH`: something to clone a mount of later.
+fn open_path(path: &Path) -> Result<OwnedFd> {
+    nix::fcntl::open(
+        path,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(sys("open", path))
 }
 
 fn mkdir(path: &Path) -> Result<()> {

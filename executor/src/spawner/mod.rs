@@ -43,11 +43,12 @@ use nix::sys::time::TimeVal;
 use nix::unistd::Pid;
 
 mod net_pool;
+mod root_pool;
 
 pub use net_pool::Lease;
 
-use crate::helper::Stdio;
-use crate::plan::Template;
+use crate::helper::{Loans, Stdio};
+use crate::plan::{SandboxPlan, Template};
 use crate::sys::{self, Forked};
 
 /// How long an idle worker waits for a command before it is dismissed.
@@ -239,9 +240,20 @@ struct Idle {
     niced: bool,
 }
 
-/// The server's loop, pooling network namespaces when `pool_nets` (module `net_pool`). Never
-/// returns.
-fn serve(sock: OwnedFd, pool_nets: bool) -> ! {
+/// Whether a template's commands run unprivileged in a pid namespace of their own: a uid other
+/// than 0, no capability, no_new_privs. What the pools share among such commands over time (a
+/// network namespace, a root's mount tree) is what they cannot change (`net_pool`,
+/// `root_pool`).
+fn unprivileged(plan: &SandboxPlan) -> bool {
+    plan.namespaces.contains(&crate::profile::Namespace::Pid)
+        && matches!(plan.user, Some((uid, _)) if uid != 0)
+        && plan.capabilities.as_ref().is_some_and(Vec::is_empty)
+        && plan.no_new_privs
+}
+
+/// The server's loop, pooling network namespaces and root templates when `pool` (modules
+/// `net_pool`, `root_pool`). Never returns.
+fn serve(sock: OwnedFd, pool: bool) -> ! {
     // Our stdin is the socket (`sock` is our own copy) and nothing reads our stdout: point
     // both at /dev/null, so that no helper inherits the socket through them.
     sys::devnull_stdio(false);
@@ -259,10 +271,11 @@ fn serve(sock: OwnedFd, pool_nets: bool) -> ! {
         caps::Capability::CAP_SYS_NICE,
     )
     .unwrap_or(false);
-    // Without the pool every command makes its own network namespace, as before.
-    let mut nets = pool_nets
+    // Without the pools every command makes its own network namespace and its whole root.
+    let mut nets = pool
         .then(|| net_pool::Pool::new(MAX_TEMPLATE_BYTES))
         .and_then(Result::ok);
+    let mut roots = pool.then(root_pool::Roots::default);
     let mut idle: Vec<Idle> = Vec::new();
     let mut buf = vec![0u8; MAX_TEMPLATE_BYTES + 1];
     loop {
@@ -270,10 +283,12 @@ fn serve(sock: OwnedFd, pool_nets: bool) -> ! {
         // network namespaces unused as long.
         idle.retain(|w| w.since.elapsed() < IDLE_FOR);
         let nets_expire = nets.as_mut().and_then(|nets| nets.expire(IDLE_FOR));
+        let roots_expire = roots.as_mut().and_then(|roots| roots.expire(IDLE_FOR));
         let wait = idle
             .iter()
             .map(|w| IDLE_FOR.saturating_sub(w.since.elapsed()))
             .chain(nets_expire)
+            .chain(roots_expire)
             .min()
             .map_or(PollTimeout::NONE, |d| {
                 PollTimeout::try_from(d.as_millis().min(60_000) as u64 + 1)
@@ -307,6 +322,9 @@ fn serve(sock: OwnedFd, pool_nets: bool) -> ! {
                 if let Some(nets) = &mut nets {
                     nets.clear();
                 }
+                if let Some(roots) = &mut roots {
+                    roots.clear();
+                }
                 let _ = nix::unistd::write(&sock, &0i32.to_le_bytes());
                 continue;
             }
@@ -317,7 +335,11 @@ fn serve(sock: OwnedFd, pool_nets: bool) -> ! {
                 continue;
             }
         };
-        let pid = dispatch(&sock, &mut idle, &mut nets, &request).map_or(0, Pid::as_raw);
+        let mut pools = Pools {
+            nets: &mut nets,
+            roots: &mut roots,
+        };
+        let pid = dispatch(&sock, &mut idle, &mut pools, &request).map_or(0, Pid::as_raw);
         let _ = nix::unistd::write(&sock, &pid.to_le_bytes());
         drop(request.stdio);
         // A worker for the next command of this template. One replaces each that is used, so
@@ -331,7 +353,7 @@ fn serve(sock: OwnedFd, pool_nets: bool) -> ! {
                 // The least recently made goes.
                 idle.remove(0);
             }
-            if let Ok(worker) = fork_worker(&sock, &idle, &mut nets, &request.template, nice_ahead)
+            if let Ok(worker) = fork_worker(&sock, &idle, &mut pools, &request.template, nice_ahead)
             {
                 idle.push(worker);
             }
@@ -346,11 +368,17 @@ struct Request {
     stdio: [OwnedFd; 3],
 }
 
+/// What the fork server lends its workers, where it pools.
+struct Pools<'a> {
+    nets: &'a mut Option<net_pool::Pool>,
+    roots: &'a mut Option<root_pool::Roots>,
+}
+
 /// Hand the command's descriptors to a waiting worker of its template, or to a new one.
 fn dispatch(
     sock: &OwnedFd,
     idle: &mut Vec<Idle>,
-    nets: &mut Option<net_pool::Pool>,
+    pools: &mut Pools<'_>,
     request: &Request,
 ) -> Option<Pid> {
     let stdio = [&request.stdio[0], &request.stdio[1], &request.stdio[2]];
@@ -364,7 +392,7 @@ fn dispatch(
         }
         // It died while it waited (it failed, or a command of its uid killed it): a new one.
     }
-    let worker = fork_worker(sock, idle, nets, &request.template, false).ok()?;
+    let worker = fork_worker(sock, idle, pools, &request.template, false).ok()?;
     send_stdio(&worker.control, stdio).ok()?;
     Some(worker.pid)
 }
@@ -379,12 +407,12 @@ fn back_to_normal_priority(pid: Pid) {
 }
 
 /// Fork a helper that builds the sandbox of `template` and waits on its control socket;
-/// `ahead` (of its command) at [`AHEAD_NICE`]; with a network namespace of the pool when
-/// the template may reuse one.
+/// `ahead` (of its command) at [`AHEAD_NICE`]; with a network namespace of the pool and a
+/// copy of the template's root where the template may have them.
 fn fork_worker(
     sock: &OwnedFd,
     idle: &[Idle],
-    nets: &mut Option<net_pool::Pool>,
+    pools: &mut Pools<'_>,
     template: &[u8],
     ahead: bool,
 ) -> io::Result<Idle> {
@@ -396,7 +424,14 @@ fn fork_worker(
         SockFlag::SOCK_CLOEXEC,
     )?;
     // Ours to give: the worker takes it (its copy survives the fork), our copy closes below.
-    let lease = nets.as_mut().and_then(|nets| nets.lease(template, &parsed));
+    let lease = pools
+        .nets
+        .as_mut()
+        .and_then(|nets| nets.lease(template, &parsed));
+    let root = pools
+        .roots
+        .as_mut()
+        .and_then(|roots| roots.lease(template, &parsed));
     match sys::fork()? {
         Forked::Child => {
             // Nothing of the server's may stay open in the worker: the daemon's socket, the
@@ -405,12 +440,13 @@ fn fork_worker(
             drop(ours);
             let mut keep = vec![theirs.as_raw_fd()];
             keep.extend(lease.iter().flat_map(Lease::fds));
+            keep.extend(root.as_ref().map(AsRawFd::as_raw_fd));
             sys::close_fds_above_stderr_except(&keep);
             let _ = (sock, idle);
             if ahead {
                 let _ = sys::set_nice(sys::NiceOf::Me, AHEAD_NICE);
             }
-            crate::helper::serve_worker(&parsed, theirs, lease)
+            crate::helper::serve_worker(&parsed, theirs, Loans { net: lease, root })
         }
         Forked::Parent(pid) => Ok(Idle {
             template: template.to_vec(),

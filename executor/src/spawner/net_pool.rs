@@ -53,11 +53,7 @@ const MAX_FREE: usize = 16;
 /// Whether commands of `template` may run in a reused network namespace (module docs).
 pub fn reusable(template: &Template) -> bool {
     let plan = &template.sandbox;
-    plan.namespaces.contains(&Namespace::Net)
-        && plan.namespaces.contains(&Namespace::Pid)
-        && matches!(plan.user, Some((uid, _)) if uid != 0)
-        && plan.capabilities.as_ref().is_some_and(Vec::is_empty)
-        && plan.no_new_privs
+    plan.namespaces.contains(&Namespace::Net) && super::unprivileged(plan)
 }
 
 /// The fork server's free namespaces, and the socket helpers give them back on.

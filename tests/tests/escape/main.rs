@@ -24,6 +24,7 @@ mod leftovers;
 mod network;
 mod network_reuse;
 mod privilege;
+mod root_templates;
 mod syscalls;
 mod terminal;
 mod unprivileged;
