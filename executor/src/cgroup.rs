@@ -526,15 +526,20 @@ fn remove_stale(home: &Path) {
         if Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
-        let dir = entry.path();
-        if let Ok(commands) = std::fs::read_dir(&dir) {
-            for cmd in commands.flatten().filter(|e| e.path().is_dir()) {
-                kill(&cmd.path());
-                remove(&cmd.path());
-            }
-        }
-        remove(&dir);
+        remove_tree(&entry.path());
     }
+}
+
+/// Kill and remove every command cgroup below the parent `dir`, then `dir`: a daemon's at its
+/// end (idle workers and the fork server's free directories are below it) or a dead one's.
+pub fn remove_tree(dir: &Path) {
+    if let Ok(commands) = std::fs::read_dir(dir) {
+        for cmd in commands.flatten().filter(|e| e.path().is_dir()) {
+            kill(&cmd.path());
+            remove(&cmd.path());
+        }
+    }
+    remove(dir);
 }
 
 /// Create a command's cgroup.

@@ -300,7 +300,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         }
         server::serve(listener, daemon, tls.map(|identity| identity.acceptor)).await;
         for hierarchy in cgroups.all() {
-            cgroup::remove(&hierarchy.parent);
+            cgroup::remove_tree(&hierarchy.parent);
         }
         tracing::info!("executor stopped");
         Ok(())

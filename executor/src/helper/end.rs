@@ -165,19 +165,41 @@ pub fn init_status(
     }
 }
 
-/// Kill every remaining process of the command and reap it; returns how many were killed.
+/// What a [`sweep`] did.
+pub struct Swept {
+    /// How many processes it killed.
+    pub killed: u32,
+    /// Whether it wrote `cgroup.kill`: the directory may not be lent again. (Linux 6.14 to
+    /// 6.18 kill every child cloned into a cgroup, `CLONE_INTO_CGROUP`, whose kill count differs
+    /// from its parent's cgroup's: once killed, a directory kills every later command's first
+    /// process at its birth.)
+    pub by_cgroup: bool,
+}
+
+/// Kill every remaining process of the command and reap it.
 ///
 /// We are a subreaper, so every live descendant either is our child or has a live ancestor that
 /// is: "no children left" means "no descendants left". cgroup.kill takes the whole cgroup at
-/// once (stopped and signal-ignoring tasks included); the child sweep covers hosts without it.
-pub fn sweep(template: &Template, name: &str, child: Pid, status: &mut Option<WaitStatus>) -> u32 {
+/// once (stopped and signal-ignoring tasks included), when it holds any; the child sweep covers
+/// hosts without it.
+pub fn sweep(
+    template: &Template,
+    name: &str,
+    child: Pid,
+    status: &mut Option<WaitStatus>,
+) -> Swept {
     let deadline = Instant::now() + SWEEP_DEADLINE;
     let mut killed = std::collections::HashSet::new();
+    let mut by_cgroup = false;
     loop {
         for cg in template.cgroups.iter().filter(|c| c.kill) {
             let dir = cg.parent.join(name);
-            killed.extend(cgroup::procs(&dir));
-            cgroup::kill(&dir);
+            let procs = cgroup::procs(&dir);
+            if !procs.is_empty() {
+                killed.extend(procs);
+                cgroup::kill(&dir);
+                by_cgroup = true;
+            }
         }
         for pid in children() {
             // ESRCH means it is already gone: that is success.
@@ -204,13 +226,36 @@ pub fn sweep(template: &Template, name: &str, child: Pid, status: &mut Option<Wa
             break;
         }
     }
-    u32::try_from(killed.len()).unwrap_or(u32::MAX)
+    Swept {
+        killed: u32::try_from(killed.len()).unwrap_or(u32::MAX),
+        by_cgroup,
+    }
 }
 
 pub fn remove_cgroups(template: &Template, name: &str) {
     for cg in &template.cgroups {
         cgroup::remove(&cg.parent.join(name));
     }
+}
+
+/// Whether the command's cgroups may be lent to the template's next command: no process in
+/// them, no limit hit (the counters [`limits_hit`] reads are zero, as in new directories),
+/// and little memory still charged to them (`spawner::cgroup_pool`).
+pub fn cgroups_clean(template: &Template, name: &str) -> bool {
+    let charged = |dir: &std::path::Path| {
+        ["memory.current", "memory.usage_in_bytes"]
+            .iter()
+            .map(|file| cgroup::get(dir, file))
+            .find(|v| !v.is_empty())
+            .map_or(Some(0), |v| v.parse::<u64>().ok())
+    };
+    limits_hit(template, name).is_empty()
+        && template.cgroups.iter().all(|cg| {
+            let dir = cg.parent.join(name);
+            dir.is_dir()
+                && cgroup::procs(&dir).is_empty()
+                && charged(&dir).is_some_and(|c| c <= crate::spawner::MAX_CHARGED)
+        })
 }
 
 /// Limits the command ran into, read from its cgroups before they are removed.

@@ -292,8 +292,9 @@ pub struct Worker<'t> {
     init_status: OwnedFd,
     /// To the payload: the output descriptor and the command.
     channel: OwnedFd,
-    /// The network namespace to give back to the fork server's pool at the end.
-    net: Option<Lease>,
+    /// What the fork server lent (cgroup directories, a network namespace), to give back at
+    /// the end.
+    lease: Option<Lease>,
 }
 
 impl<'t> Worker<'t> {
@@ -301,7 +302,10 @@ impl<'t> Worker<'t> {
     /// enters the network namespace and copies the root template `loans` lends instead of
     /// making them. The order matters; each step says why.
     pub fn prepare(template: &'t Template, loans: Loans) -> Result<Self, SetupError> {
-        let Loans { mut net, root } = loans;
+        let Loans {
+            net: mut lease,
+            root,
+        } = loans;
         // 1. Forking and credential changes below assume one thread: check, do not hope.
         sys::assert_single_threaded().map_err(SetupError::Process)?;
 
@@ -325,17 +329,20 @@ impl<'t> Worker<'t> {
         let sigchld = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
             .map_err(SetupError::Signals)?;
 
-        // 6. Cgroups: create the command's and set its limits, so that everything we fork is
-        //    born inside (and cgroup.kill later takes all of it at once). The cgroup2
+        // 6. Cgroups: create the command's (or take those the fork server lent, used by a
+        //    command of this template before) and set its limits, so that everything we fork
+        //    is born inside (and cgroup.kill later takes all of it at once). The cgroup2
         //    directory is entered by the child at its birth (clone3 CLONE_INTO_CGROUP, no
         //    attach for us to make and undo); v1 hierarchies, or a kernel before 5.7, need us
         //    to join first.
         // 7. A pid namespace applies to the children of the process that creates it: our next
         //    child becomes its init, pid 1, whose death kills everything in it.
-        let name = cgroup_name(std::process::id());
+        let lent = lease.as_ref().and_then(|l| l.cgroup.clone());
+        let existing = lent.as_ref().is_some_and(|c| c.existing);
+        let name = lent.map_or_else(|| cgroup_name(std::process::id()), |c| c.name);
         let pid_ns = template.sandbox.namespaces.contains(&Namespace::Pid);
         let mut placed = Placed::default();
-        let entered = enter_cgroups(template, &name, &mut placed).and_then(|()| {
+        let entered = enter_cgroups(template, &name, existing, &mut placed).and_then(|()| {
             if pid_ns {
                 nix::sched::unshare(CloneFlags::CLONE_NEWPID).map_err(SetupError::PidNamespace)?;
             }
@@ -377,7 +384,7 @@ impl<'t> Worker<'t> {
                 drop(placed);
                 drop((setup_r, status_r, ours, sigchld));
                 // The way back to the pool stays with the helper.
-                let net = net.and_then(Lease::into_namespace);
+                let net = lease.and_then(Lease::into_namespace);
                 if pid_ns {
                     child::init_main(template, setup_w, status_w, theirs, net, root);
                 }
@@ -397,7 +404,7 @@ impl<'t> Worker<'t> {
         //     outside the machine, so this is short).
         let mut setup = child::SetupReader::new(setup_r);
         let ready = setup.ready();
-        if let Some(lease) = &mut net {
+        if let Some(lease) = &mut lease {
             lease.adopt(child);
         }
         let worker = Self {
@@ -409,7 +416,7 @@ impl<'t> Worker<'t> {
             setup,
             init_status: status_r,
             channel: ours,
-            net,
+            lease,
         };
         if let Err(err) = left.and(ready) {
             worker.dismiss();
@@ -421,9 +428,8 @@ impl<'t> Worker<'t> {
     /// Take the sandbox down without running anything.
     pub fn dismiss(self) {
         let mut status = None;
-        end::sweep(self.template, &self.name, self.child, &mut status);
-        end::remove_cgroups(self.template, &self.name);
-        give_back(self.net);
+        let swept = end::sweep(self.template, &self.name, self.child, &mut status);
+        release(self.template, &self.name, self.lease, &swept);
     }
 
     /// Run the command: hand it and the output pipe to the waiting payload, wait for the end,
@@ -484,16 +490,19 @@ impl<'t> Worker<'t> {
                 },
             );
             drop(status);
-            end::sweep(self.template, &self.name, self.child, &mut None);
-            end::remove_cgroups(self.template, &self.name);
-            give_back(self.net);
+            // Init is on its way out: reaped first, it is not found in the cgroup (where the
+            // sweep would have to kill it) and the directories can be lent again.
+            let _ = nix::sys::wait::waitpid(self.child, None);
+            let swept = end::sweep(self.template, &self.name, self.child, &mut None);
+            release(self.template, &self.name, self.lease, &swept);
             return;
         }
         let (mut exit, stopped) = (ending.exit, ending.stopped);
         let counted = end::count(self.template, &self.name, self.pid_ns, self.child);
 
         // 14. Kill whatever the command left behind and note the limits it hit.
-        let swept = end::sweep(self.template, &self.name, self.child, &mut exit);
+        let sweep = end::sweep(self.template, &self.name, self.child, &mut exit);
+        let swept = sweep.killed;
         let limits_hit = end::limits_hit(self.template, &self.name);
         let (code, signal, killed) = if self.pid_ns && !stopped {
             // Init reported the payload's status and how many processes it left behind.
@@ -519,15 +528,17 @@ impl<'t> Worker<'t> {
             },
         );
         drop(status);
-        end::remove_cgroups(self.template, &self.name);
-        give_back(self.net);
+        release(self.template, &self.name, self.lease, &sweep);
     }
 }
 
-/// The helper's last act: the command's network namespace back to the pool, if every process
-/// that was in it is gone (we have no child left: init is reaped, and the kernel empties a
-/// pid namespace before its init's exit completes). The helper exits next.
-fn give_back(net: Option<Lease>) {
+/// The helper's last act, once the command has been reported: give back what the fork server
+/// lent if every process that was in it is gone (we have no child left: init is reaped, and
+/// the kernel empties a pid namespace before its init's exit completes), the cgroup
+/// directories only if they are clean and the sweep did not kill through them
+/// (`spawner::cgroup_pool`); remove the directories that are not given back. The helper exits
+/// next.
+fn release(template: &Template, name: &str, lease: Option<Lease>, swept: &end::Swept) {
     let all_reaped = matches!(
         nix::sys::wait::waitpid(
             Pid::from_raw(-1),
@@ -535,8 +546,15 @@ fn give_back(net: Option<Lease>) {
         ),
         Err(Errno::ECHILD)
     );
-    if let Some(lease) = net.filter(|_| all_reaped) {
-        lease.give_back();
+    let lease = lease.filter(|_| all_reaped);
+    let clean = lease.as_ref().is_some_and(|l| l.cgroup.is_some())
+        && !swept.by_cgroup
+        && end::cgroups_clean(template, name);
+    if !clean {
+        end::remove_cgroups(template, name);
+    }
+    if let Some(lease) = lease {
+        lease.give_back(clean);
     }
 }
 
@@ -549,10 +567,19 @@ struct Placed {
     joined: Vec<PathBuf>,
 }
 
-fn enter_cgroups(template: &Template, name: &str, placed: &mut Placed) -> Result<(), SetupError> {
+/// Enter the command's cgroups `name`: made here, or, `existing`, those a command of the
+/// template ran in before (made again if they are gone); the settings written either way.
+fn enter_cgroups(
+    template: &Template,
+    name: &str,
+    existing: bool,
+    placed: &mut Placed,
+) -> Result<(), SetupError> {
     for cg in &template.cgroups {
         let dir = cg.parent.join(name);
-        create_fresh(&dir)?;
+        if !(existing && dir.is_dir()) {
+            create_fresh(&dir)?;
+        }
         for (file, value) in &cg.settings {
             cgroup::set(&dir, file, value).map_err(SetupError::Cgroup)?;
         }

@@ -42,10 +42,13 @@ use nix::sys::socket::{
 use nix::sys::time::TimeVal;
 use nix::unistd::Pid;
 
+mod cgroup_pool;
+mod lease;
 mod net_pool;
 mod root_pool;
 
-pub use net_pool::Lease;
+pub use cgroup_pool::MAX_CHARGED;
+pub use lease::Lease;
 
 use crate::helper::{Loans, Stdio};
 use crate::plan::{SandboxPlan, Template};
@@ -240,15 +243,19 @@ struct Idle {
     niced: bool,
 }
 
-/// Whether a template's commands run unprivileged in a pid namespace of their own: a uid other
-/// than 0, no capability, no_new_privs. What the pools share among such commands over time (a
-/// network namespace, a root's mount tree) is what they cannot change (`net_pool`,
-/// `root_pool`).
-fn unprivileged(plan: &SandboxPlan) -> bool {
-    plan.namespaces.contains(&crate::profile::Namespace::Pid)
-        && matches!(plan.user, Some((uid, _)) if uid != 0)
+/// Whether a template's commands run unprivileged: a uid other than 0, no capability,
+/// no_new_privs. What the pools share among such commands over time (cgroup directories, a
+/// network namespace, a root's mount tree) is what they cannot change.
+fn unprivileged_identity(plan: &SandboxPlan) -> bool {
+    matches!(plan.user, Some((uid, _)) if uid != 0)
         && plan.capabilities.as_ref().is_some_and(Vec::is_empty)
         && plan.no_new_privs
+}
+
+/// [`unprivileged_identity`], in a pid namespace of their own (so every process that was in
+/// a namespace is gone once its init is reaped: `net_pool`, `root_pool`).
+fn unprivileged(plan: &SandboxPlan) -> bool {
+    plan.namespaces.contains(&crate::profile::Namespace::Pid) && unprivileged_identity(plan)
 }
 
 /// The server's loop, pooling network namespaces and root templates when `pool` (modules
@@ -271,32 +278,32 @@ fn serve(sock: OwnedFd, pool: bool) -> ! {
         caps::Capability::CAP_SYS_NICE,
     )
     .unwrap_or(false);
-    // Without the pools every command makes its own network namespace and its whole root.
-    let mut nets = pool
-        .then(|| net_pool::Pool::new(MAX_TEMPLATE_BYTES))
+    // Without the pools every command makes its own cgroups, network namespace and root.
+    let mut pools = pool
+        .then(|| Pools::new(MAX_TEMPLATE_BYTES))
         .and_then(Result::ok);
-    let mut roots = pool.then(root_pool::Roots::default);
     let mut idle: Vec<Idle> = Vec::new();
     let mut buf = vec![0u8; MAX_TEMPLATE_BYTES + 1];
     loop {
         // Dismiss workers idle too long (closing their control socket ends them), close
         // network namespaces unused as long.
         idle.retain(|w| w.since.elapsed() < IDLE_FOR);
-        let nets_expire = nets.as_mut().and_then(|nets| nets.expire(IDLE_FOR));
-        let roots_expire = roots.as_mut().and_then(|roots| roots.expire(IDLE_FOR));
+        let pools_expire = pools.as_mut().and_then(|pools| pools.expire(IDLE_FOR));
         let wait = idle
             .iter()
             .map(|w| IDLE_FOR.saturating_sub(w.since.elapsed()))
-            .chain(nets_expire)
-            .chain(roots_expire)
+            .chain(pools_expire)
             .min()
             .map_or(PollTimeout::NONE, |d| {
                 PollTimeout::try_from(d.as_millis().min(60_000) as u64 + 1)
                     .unwrap_or(PollTimeout::MAX)
             });
         let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
-        if let Some(nets) = &nets {
-            fds.push(PollFd::new(nets.returns(), PollFlags::POLLIN));
+        if let Some(pools) = &pools {
+            fds.push(PollFd::new(
+                pools.returns.socket().as_fd(),
+                PollFlags::POLLIN,
+            ));
         }
         match poll(&mut fds, wait) {
             Ok(0) => continue,
@@ -308,8 +315,8 @@ fn serve(sock: OwnedFd, pool: bool) -> ! {
         let asked = fds[0].revents();
         drop(fds);
         if returned.is_some_and(|r| !r.is_empty()) {
-            if let Some(nets) = &mut nets {
-                nets.receive(&mut buf);
+            if let Some(pools) = &mut pools {
+                pools.receive(&mut buf);
             }
         }
         if asked.is_none_or(|r| r.is_empty()) {
@@ -319,25 +326,23 @@ fn serve(sock: OwnedFd, pool: bool) -> ! {
             Ok(Some(Message::Run(request))) => request,
             Ok(Some(Message::DismissIdle)) => {
                 idle.clear();
-                if let Some(nets) = &mut nets {
-                    nets.clear();
-                }
-                if let Some(roots) = &mut roots {
-                    roots.clear();
+                if let Some(pools) = &mut pools {
+                    pools.clear();
                 }
                 let _ = nix::unistd::write(&sock, &0i32.to_le_bytes());
                 continue;
             }
             // End-of-file: the daemon is gone (and every worker with us).
-            Ok(None) => sys::exit_child(0),
+            Ok(None) => {
+                if let Some(pools) = &mut pools {
+                    pools.clear();
+                }
+                sys::exit_child(0)
+            }
             Err(_) => {
                 let _ = nix::unistd::write(&sock, &0i32.to_le_bytes());
                 continue;
             }
-        };
-        let mut pools = Pools {
-            nets: &mut nets,
-            roots: &mut roots,
         };
         let pid = dispatch(&sock, &mut idle, &mut pools, &request).map_or(0, Pid::as_raw);
         let _ = nix::unistd::write(&sock, &pid.to_le_bytes());
@@ -368,17 +373,74 @@ struct Request {
     stdio: [OwnedFd; 3],
 }
 
-/// What the fork server lends its workers, where it pools.
-struct Pools<'a> {
-    nets: &'a mut Option<net_pool::Pool>,
-    roots: &'a mut Option<root_pool::Roots>,
+/// What the fork server lends its workers, where it pools, and the socket it comes back on.
+struct Pools {
+    returns: lease::Returns,
+    cgroups: cgroup_pool::Cgroups,
+    nets: net_pool::Pool,
+    roots: root_pool::Roots,
+}
+
+impl Pools {
+    fn new(max_template: usize) -> io::Result<Self> {
+        Ok(Self {
+            returns: lease::Returns::new(max_template)?,
+            cgroups: cgroup_pool::Cgroups::default(),
+            nets: net_pool::Pool::default(),
+            roots: root_pool::Roots::default(),
+        })
+    }
+
+    /// What a worker of `template` about to be forked is lent: its lease (cgroup name,
+    /// network namespace) and a copy of its root template.
+    fn lend(&mut self, template: &[u8], parsed: &Template) -> (Option<Lease>, Option<OwnedFd>) {
+        let net = self.nets.lease(template, parsed);
+        let cgroup = self.cgroups.lease(template, parsed);
+        let lease = self.returns.lease(template, net, cgroup);
+        (lease, self.roots.lease(template, parsed))
+    }
+
+    /// Take back what one helper returned.
+    fn receive(&mut self, buf: &mut [u8]) {
+        let Ok(Some((bytes, mut fds))) = receive_fds(self.returns.socket(), buf) else {
+            return;
+        };
+        let Some((name, template)) = lease::parse_returned(&buf[..bytes]) else {
+            return;
+        };
+        if let Some(name) = name {
+            self.cgroups.receive(template, name);
+        }
+        if let (Some(ns), true) = (fds.pop(), fds.is_empty()) {
+            self.nets.receive(template, ns);
+        }
+    }
+
+    /// Close what was unused for `idle_for`; how long until the next is.
+    fn expire(&mut self, idle_for: Duration) -> Option<Duration> {
+        [
+            self.cgroups.expire(idle_for),
+            self.nets.expire(idle_for),
+            self.roots.expire(idle_for),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Close everything free (a reload of the clients file, or the end).
+    fn clear(&mut self) {
+        self.cgroups.clear();
+        self.nets.clear();
+        self.roots.clear();
+    }
 }
 
 /// Hand the command's descriptors to a waiting worker of its template, or to a new one.
 fn dispatch(
     sock: &OwnedFd,
     idle: &mut Vec<Idle>,
-    pools: &mut Pools<'_>,
+    pools: &mut Option<Pools>,
     request: &Request,
 ) -> Option<Pid> {
     let stdio = [&request.stdio[0], &request.stdio[1], &request.stdio[2]];
@@ -407,12 +469,12 @@ fn back_to_normal_priority(pid: Pid) {
 }
 
 /// Fork a helper that builds the sandbox of `template` and waits on its control socket;
-/// `ahead` (of its command) at [`AHEAD_NICE`]; with a network namespace of the pool and a
-/// copy of the template's root where the template may have them.
+/// `ahead` (of its command) at [`AHEAD_NICE`]; with what the pools lend (cgroup directories,
+/// a network namespace, a copy of the template's root) where the template may have them.
 fn fork_worker(
     sock: &OwnedFd,
     idle: &[Idle],
-    pools: &mut Pools<'_>,
+    pools: &mut Option<Pools>,
     template: &[u8],
     ahead: bool,
 ) -> io::Result<Idle> {
@@ -424,14 +486,9 @@ fn fork_worker(
         SockFlag::SOCK_CLOEXEC,
     )?;
     // Ours to give: the worker takes it (its copy survives the fork), our copy closes below.
-    let lease = pools
-        .nets
+    let (lease, root) = pools
         .as_mut()
-        .and_then(|nets| nets.lease(template, &parsed));
-    let root = pools
-        .roots
-        .as_mut()
-        .and_then(|roots| roots.lease(template, &parsed));
+        .map_or((None, None), |pools| pools.lend(template, &parsed));
     match sys::fork()? {
         Forked::Child => {
             // Nothing of the server's may stay open in the worker: the daemon's socket, the

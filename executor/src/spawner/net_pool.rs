@@ -25,21 +25,13 @@
 //!   takes it back only from that worker's helper, after the command. A worker built with a
 //!   fresh namespace (the pool was empty) gives that one back the same way.
 //!
-//! The pool lives in the fork server; helpers return namespaces on a socket whose other end
-//! only the fork server and helpers hold (init drops it before anything of the command runs).
-//! A daemon's fork server pools; a one-shot `executor run`'s does not (there is no next
-//! command).
+//! The pool lives in the fork server; helpers return namespaces with their lease
+//! (`spawner::lease`). A daemon's fork server pools; a one-shot `executor run`'s does not
+//! (there is no next command).
 
-use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
-
-use nix::sched::CloneFlags;
-use nix::sys::socket::{
-    sendmsg, setsockopt, socketpair, sockopt, AddressFamily, ControlMessage, MsgFlags, SockFlag,
-    SockType,
-};
-use nix::unistd::Pid;
 
 use crate::plan::Template;
 use crate::profile::Namespace;
@@ -56,13 +48,10 @@ pub fn reusable(template: &Template) -> bool {
     plan.namespaces.contains(&Namespace::Net) && super::unprivileged(plan)
 }
 
-/// The fork server's free namespaces, and the socket helpers give them back on.
+/// The fork server's free namespaces.
+#[derive(Default)]
 pub struct Pool {
     free: Vec<Free>,
-    /// Our end: returned namespaces arrive here.
-    returns: OwnedFd,
-    /// The helpers' end (each helper with a lease holds a copy).
-    helpers: OwnedFd,
 }
 
 struct Free {
@@ -72,56 +61,23 @@ struct Free {
 }
 
 impl Pool {
-    pub fn new(max_message: usize) -> io::Result<Self> {
-        let (returns, helpers) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )?;
-        // A message carries the template: room for a few of the largest.
-        let _ = setsockopt(&helpers, sockopt::SndBuf, &(max_message * 2));
-        Ok(Self {
-            free: Vec::new(),
-            returns,
-            helpers,
-        })
-    }
-
-    /// What to poll for returned namespaces.
-    pub fn returns(&self) -> BorrowedFd<'_> {
-        self.returns.as_fd()
-    }
-
-    /// A lease for a worker of `template` about to be forked: a free namespace of the
-    /// template if there is one (the worker's init enters it), else none (init makes one and
-    /// the helper gives that back). `None` where the template may not reuse namespaces.
-    pub fn lease(&mut self, template: &[u8], parsed: &Template) -> Option<Lease> {
+    /// What a worker of `template` about to be forked is lent: `None` where the template may
+    /// not reuse namespaces; else a free namespace of the template if there is one (its init
+    /// enters it), or none (init makes one and the helper gives that back).
+    pub fn lease(&mut self, template: &[u8], parsed: &Template) -> Option<Option<OwnedFd>> {
         if !reusable(parsed) {
             return None;
         }
-        let back = self.helpers.try_clone().ok()?;
-        let ns = self
-            .free
-            .iter()
-            .rposition(|f| f.template == template)
-            .map(|at| self.free.remove(at).ns);
-        Some(Lease {
-            ns,
-            back,
-            template: template.to_vec(),
-        })
+        Some(
+            self.free
+                .iter()
+                .rposition(|f| f.template == template)
+                .map(|at| self.free.remove(at).ns),
+        )
     }
 
-    /// Take one returned namespace (the template in the message, the namespace with it).
-    pub fn receive(&mut self, buf: &mut [u8]) {
-        let Ok(Some((bytes, mut fds))) = super::receive_fds(&self.returns, buf) else {
-            return;
-        };
-        let (Some(ns), true) = (fds.pop(), fds.is_empty()) else {
-            return;
-        };
-        let template = &buf[..bytes];
+    /// Take back a namespace a helper returned for `template`.
+    pub fn receive(&mut self, template: &[u8], ns: OwnedFd) {
         if self.free.iter().filter(|f| f.template == template).count() >= MAX_FREE_PER_TEMPLATE {
             return;
         }
@@ -152,64 +108,12 @@ impl Pool {
     }
 }
 
-/// A worker's network namespace while its command runs, and the way back to the pool.
-pub struct Lease {
-    /// The namespace: from the pool, or the one init made (after [`Lease::adopt`]).
-    ns: Option<OwnedFd>,
-    back: OwnedFd,
-    template: Vec<u8>,
-}
-
-impl Lease {
-    /// Descriptors a forked worker must keep open.
-    pub fn fds(&self) -> Vec<RawFd> {
-        let mut fds = vec![self.back.as_raw_fd()];
-        fds.extend(self.ns.as_ref().map(AsRawFd::as_raw_fd));
-        fds
-    }
-
-    /// In the worker's child (init): the namespace to enter instead of making one. Dropping
-    /// the lease closes the way back: nothing of the command may hold it.
-    pub fn into_namespace(self) -> Option<OwnedFd> {
-        self.ns
-    }
-
-    /// In the helper, once init is ready: a namespace init made is the one to give back.
-    pub fn adopt(&mut self, init: Pid) {
-        if self.ns.is_none() {
-            self.ns = std::fs::File::open(format!("/proc/{init}/ns/net"))
-                .ok()
-                .map(OwnedFd::from);
-        }
-    }
-
-    /// The helper's last act, once every process of the command is reaped: enter the
-    /// namespace (we exit next), and send it back if nothing is left in it.
-    pub fn give_back(self) {
-        let Some(ns) = self.ns else {
-            return;
-        };
-        if nix::sched::setns(&ns, CloneFlags::CLONE_NEWNET).is_err() || !settles_empty() {
-            return;
-        }
-        let fds = [ns.as_raw_fd()];
-        // Never wait: a fork server too busy to read loses a namespace, nothing else.
-        let _ = sendmsg::<()>(
-            self.back.as_raw_fd(),
-            &[IoSlice::new(&self.template)],
-            &[ControlMessage::ScmRights(&fds)],
-            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-            None,
-        );
-    }
-}
-
 /// Whether our current network namespace is empty ([`empty_here`]) or becomes so within a few
 /// milliseconds: the kernel frees some closed sockets only after an RCU grace period (a
 /// netlink socket, which `ip` and glibc's `getaddrinfo` open, always), so a namespace checked
 /// right after its command would often be closed for a socket already on its way out. We
 /// have reported; this delays only our own exit.
-fn settles_empty() -> bool {
+pub(super) fn settles_empty() -> bool {
     for _ in 0..SETTLE_CHECKS {
         if empty_here() {
             return true;

@@ -10,6 +10,7 @@
 mod common;
 
 mod bombs;
+mod cgroup_reuse;
 mod cgroups;
 mod cross_client;
 mod daemon_reach;
