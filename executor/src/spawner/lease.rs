@@ -12,10 +12,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use nix::sched::CloneFlags;
-use nix::sys::socket::{
-    sendmsg, setsockopt, socketpair, sockopt, AddressFamily, ControlMessage, MsgFlags, SockFlag,
-    SockType,
-};
+use nix::sys::socket::{sendmsg, setsockopt, sockopt, ControlMessage, MsgFlags};
 use nix::unistd::Pid;
 
 /// The socket helpers give back on: the fork server's end, and the end each lease copies.
@@ -26,12 +23,7 @@ pub struct Returns {
 
 impl Returns {
     pub fn new(max_template: usize) -> io::Result<Self> {
-        let (ours, helpers) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )?;
+        let (ours, helpers) = super::seqpacket_pair()?;
         // A message carries the template: room for a few of the largest.
         let _ = setsockopt(&helpers, sockopt::SndBuf, &(max_template * 2));
         Ok(Self { ours, helpers })

@@ -93,14 +93,21 @@ const DISMISS_IDLE: u8 = 2;
 /// argv[1] that selects fork-server mode.
 pub const FORK_SERVER_ARG: &str = "__fork-server";
 
-/// Start the server from the main thread (PR_SET_PDEATHSIG follows the thread that forks).
-pub fn start(exe: &std::path::Path) -> io::Result<Spawner> {
-    let (daemon_end, server_end) = socketpair(
+/// A connected pair of close-on-exec SOCK_SEQPACKET sockets: what the fork server talks to
+/// the daemon, its workers and its helpers over (a message keeps its bounds and carries
+/// descriptors).
+fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
         None,
         SockFlag::SOCK_CLOEXEC,
-    )?;
+    )?)
+}
+
+/// Start the server from the main thread (PR_SET_PDEATHSIG follows the thread that forks).
+pub fn start(exe: &std::path::Path) -> io::Result<Spawner> {
+    let (daemon_end, server_end) = seqpacket_pair()?;
     // Nothing of the daemon's environment; the socket as stdin; output to nowhere.
     std::process::Command::new(exe)
         .arg(FORK_SERVER_ARG)
@@ -125,12 +132,7 @@ pub fn start(exe: &std::path::Path) -> io::Result<Spawner> {
 /// and keeps only the socket, the stdio it points at /dev/null and our stderr.
 pub fn fork_here() -> io::Result<Spawner> {
     sys::assert_single_threaded()?;
-    let (ours, server_end) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )?;
+    let (ours, server_end) = seqpacket_pair()?;
     let parent = nix::unistd::getpid();
     match sys::fork()? {
         Forked::Child => {
@@ -479,12 +481,7 @@ fn fork_worker(
     ahead: bool,
 ) -> io::Result<Idle> {
     let parsed: Template = serde_json::from_slice(template).map_err(io::Error::other)?;
-    let (ours, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )?;
+    let (ours, theirs) = seqpacket_pair()?;
     // Ours to give: the worker takes it (its copy survives the fork), our copy closes below.
     let (lease, root) = pools
         .as_mut()
@@ -598,5 +595,49 @@ fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
             stdio: three(fds)?,
         }))),
         _ => Err(io::Error::other("a malformed request")),
+    }
+}
+
+/// A template whose commands run unprivileged (uid 65534, no capability, no_new_privs) in
+/// `namespaces`, for the pools' tests to change one thing of.
+#[cfg(test)]
+pub(crate) fn unprivileged_template(
+    namespaces: Vec<crate::profile::Namespace>,
+    f: impl FnOnce(&mut SandboxPlan),
+) -> Template {
+    let mut sandbox = SandboxPlan {
+        namespaces,
+        user: Some((65534, 65534)),
+        capabilities: Some(vec![]),
+        no_new_privs: true,
+        ..Default::default()
+    };
+    f(&mut sandbox);
+    Template {
+        cgroups: vec![],
+        sandbox,
+        layers: vec![],
+        missing: vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Namespace;
+
+    #[test]
+    fn only_an_unprivileged_identity_in_a_pid_namespace_counts_as_unprivileged() {
+        let t = |f: fn(&mut SandboxPlan)| unprivileged_template(vec![Namespace::Pid], f).sandbox;
+        assert!(unprivileged(&t(|_| {})));
+        assert!(!unprivileged(&t(|s| s.namespaces.clear())));
+        assert!(unprivileged_identity(&t(|s| s.namespaces.clear())));
+        assert!(!unprivileged_identity(&t(|s| s.user = Some((0, 0)))));
+        assert!(!unprivileged_identity(&t(|s| s.user = None)));
+        assert!(!unprivileged_identity(&t(|s| s.capabilities = None)));
+        assert!(!unprivileged_identity(&t(|s| {
+            s.capabilities = Some(vec!["CAP_NET_RAW".into()])
+        })));
+        assert!(!unprivileged_identity(&t(|s| s.no_new_privs = false)));
     }
 }

@@ -189,20 +189,10 @@ mod tests {
     }
 
     fn template(f: impl FnOnce(&mut crate::plan::SandboxPlan)) -> Template {
-        let mut sandbox = crate::plan::SandboxPlan {
-            namespaces: vec![Namespace::Pid, Namespace::Net, Namespace::Mount],
-            user: Some((65534, 65534)),
-            capabilities: Some(vec![]),
-            no_new_privs: true,
-            ..Default::default()
-        };
-        f(&mut sandbox);
-        Template {
-            cgroups: vec![],
-            sandbox,
-            layers: vec![],
-            missing: vec![],
-        }
+        super::super::unprivileged_template(
+            vec![Namespace::Pid, Namespace::Net, Namespace::Mount],
+            f,
+        )
     }
 
     #[test]
@@ -211,15 +201,7 @@ mod tests {
         assert!(!reusable(&template(|s| s
             .namespaces
             .retain(|n| *n != Namespace::Net))));
-        assert!(!reusable(&template(|s| s
-            .namespaces
-            .retain(|n| *n != Namespace::Pid))));
+        // The identity's and the pid namespace's part is `unprivileged`'s (tested there).
         assert!(!reusable(&template(|s| s.user = Some((0, 0)))));
-        assert!(!reusable(&template(|s| s.user = None)));
-        assert!(!reusable(&template(|s| s.capabilities = None)));
-        assert!(!reusable(&template(|s| {
-            s.capabilities = Some(vec!["CAP_NET_RAW".into()])
-        })));
-        assert!(!reusable(&template(|s| s.no_new_privs = false)));
     }
 }

@@ -36,10 +36,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::CloneFlags;
-use nix::sys::socket::{
-    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
-    SockFlag, SockType,
-};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 
 use crate::plan::{MountPlan, Template};
 use crate::profile::Namespace;
@@ -150,12 +147,7 @@ fn look_at(plan: &MountPlan) -> Vec<Seen> {
 /// Build `plan`'s shared root in a process of its own, in a new mount namespace, and return
 /// that namespace. The process exits once it has handed the namespace over.
 fn build(plan: &MountPlan) -> io::Result<OwnedFd> {
-    let (ours, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )?;
+    let (ours, theirs) = super::seqpacket_pair()?;
     match sys::fork()? {
         Forked::Child => {
             drop(ours);
@@ -219,28 +211,17 @@ mod tests {
     use crate::profile::RootMode;
 
     fn template(f: impl FnOnce(&mut crate::plan::SandboxPlan)) -> Template {
-        let mut sandbox = crate::plan::SandboxPlan {
-            namespaces: vec![Namespace::Pid, Namespace::Mount],
-            mounts: Some(MountPlan {
+        super::super::unprivileged_template(vec![Namespace::Pid, Namespace::Mount], |s| {
+            s.mounts = Some(MountPlan {
                 root: RootMode::Empty,
                 read_only: vec!["/usr".into()],
                 writable: vec![],
                 hidden: vec![],
                 pins: vec![],
                 tmpfs: vec![("/tmp".into(), 1 << 20)],
-            }),
-            user: Some((65534, 65534)),
-            capabilities: Some(vec![]),
-            no_new_privs: true,
-            ..Default::default()
-        };
-        f(&mut sandbox);
-        Template {
-            cgroups: vec![],
-            sandbox,
-            layers: vec![],
-            missing: vec![],
-        }
+            });
+            f(s)
+        })
     }
 
     #[test]
@@ -249,17 +230,13 @@ mod tests {
         assert!(!eligible(&template(|s| s
             .namespaces
             .retain(|n| *n != Namespace::Mount))));
-        assert!(!eligible(&template(|s| s
-            .namespaces
-            .retain(|n| *n != Namespace::Pid))));
         assert!(!eligible(&template(|s| {
             if let Some(m) = &mut s.mounts {
                 m.root = RootMode::Host;
             }
         })));
+        // The identity's part is `unprivileged`'s (tested in the module above).
         assert!(!eligible(&template(|s| s.user = Some((0, 0)))));
-        assert!(!eligible(&template(|s| s.capabilities = None)));
-        assert!(!eligible(&template(|s| s.no_new_privs = false)));
     }
 
     #[test]

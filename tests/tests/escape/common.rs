@@ -348,3 +348,16 @@ pub fn clients_daemon(clients: &serde_json::Value, extra: &[&str]) -> Result<Dae
     drop(dir);
     started
 }
+
+/// [`daemon`] with the profiles of `dir` (`--profiles-dir`), offering exactly `allow` and
+/// `trusted` (the control of [`assert_daemon_intact`]).
+pub fn profiles_daemon(dir: &std::path::Path, allow: &[&str]) -> Option<TestDaemon> {
+    let mut extra = vec!["--profiles-dir".to_string(), dir.display().to_string()];
+    for name in allow.iter().chain(&[TRUSTED]) {
+        extra.extend(["--allow-profile".to_string(), name.to_string()]);
+    }
+    daemon_with(DaemonOptions {
+        extra,
+        ..Default::default()
+    })
+}

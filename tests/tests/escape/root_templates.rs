@@ -84,19 +84,7 @@ async fn a_template_is_made_anew_when_a_path_it_binds_or_hides_changes_on_the_ho
     let secret = shown.join("secret");
     let profiles = tempfile::tempdir().unwrap();
     hiding_profile(profiles.path(), &shown);
-    let Some(daemon) = daemon_with(DaemonOptions {
-        extra: [
-            "--profiles-dir",
-            profiles.path().to_str().unwrap(),
-            "--allow-profile",
-            "strict-hiding",
-            "--allow-profile",
-            "trusted",
-        ]
-        .map(String::from)
-        .to_vec(),
-        ..Default::default()
-    }) else {
+    let Some(daemon) = profiles_daemon(profiles.path(), &["strict-hiding"]) else {
         return;
     };
     let mut client = daemon.connect().await;
@@ -185,7 +173,10 @@ async fn strict_commands_share_only_the_template_parts_they_cannot_write() {
     }
     let mut client = daemon.connect().await;
     let tag = executor_tests::marker();
-    let mut namespaces = HashSet::new();
+    // The template's namespace, held (its inode stays its own): no command runs in it.
+    let _ = run_in(&mut client, STRICT, "first", "true").await;
+    let template = Held::of(&daemon);
+    assert_eq!(template.inodes().len(), 1, "no template");
     for i in 0..4 {
         let command = format!(
             "readlink /proc/self/ns/mnt; ls /tmp /dev/shm | grep -c left-; \
@@ -197,11 +188,14 @@ async fn strict_commands_share_only_the_template_parts_they_cannot_write() {
             .await
             .output;
         let mut lines = out.lines();
-        let ns = lines.next().unwrap_or_default().to_string();
-        assert!(ns.starts_with("mnt:["), "{out}");
+        let ns = lines.next().unwrap_or_default();
+        let ino: u64 = ns
+            .strip_prefix("mnt:[")
+            .and_then(|n| n.strip_suffix(']')?.parse().ok())
+            .unwrap_or_else(|| panic!("{out}"));
         assert!(
-            namespaces.insert(ns),
-            "two commands in one mount namespace: {out}"
+            !template.inodes().contains(&ino),
+            "a command in the template's own mount namespace: {out}"
         );
         // Nothing the commands before left in /tmp or /dev/shm.
         assert_eq!(lines.next(), Some("0"), "{out}");
@@ -225,7 +219,18 @@ async fn strict_commands_share_only_the_template_parts_they_cannot_write() {
     for i in 0..4 {
         assert!(daemon.workspace.join(format!("ws-{tag}-{i}")).exists());
     }
-    // Control: the fork server holds a template (so the commands above ran in copies of it).
-    let held = Held::of(&daemon).inodes();
-    assert_eq!(held.len(), 1, "the fork server holds {held:?}");
+    // Control: the fork server still holds that template (so the commands above ran in
+    // copies of it), and two commands at once have mount namespaces of their own.
+    assert_eq!(Held::of(&daemon).inodes(), template.inodes());
+    let mut other = daemon.connect().await;
+    let hold = "readlink /proc/self/ns/mnt; echo ready; sleep 2";
+    let (a, first) = start_until(&mut client, STRICT, "together-1", hold, "ready", 20.0).await;
+    let (b, second) = start_until(&mut other, STRICT, "together-2", hold, "ready", 20.0).await;
+    assert_ne!(
+        first.lines().next(),
+        second.lines().next(),
+        "{first} {second}"
+    );
+    client.collect(&a).await.result.unwrap();
+    other.collect(&b).await.result.unwrap();
 }
