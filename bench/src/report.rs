@@ -671,8 +671,9 @@ fn steps_markdown(out: &mut String, st: &StepsReport) {
     let _ = writeln!(
         out,
         "\nCost = what creating the namespace adds to one command ({}). strict creates all of \
-         them per command: a floor under its cold round trip, which warm workers take off the \
-         critical path (they create the next command's namespaces ahead of it).",
+         them but the network namespace per command (one emptied by an earlier command of the \
+         same client is reused): warm workers take that off the critical path (they create \
+         the next command's namespaces ahead of it).",
         if st.unshare.is_empty() {
             "unshare(1)"
         } else {

@@ -122,17 +122,7 @@ impl Cgroups {
 
     /// Remove the directories of names unused for `idle_for`; how long until the next one is.
     pub fn expire(&mut self, idle_for: Duration) -> Option<Duration> {
-        self.free.retain(|f| {
-            let keep = f.since.elapsed() < idle_for;
-            if !keep {
-                remove(&f.dirs);
-            }
-            keep
-        });
-        self.free
-            .iter()
-            .map(|f| idle_for.saturating_sub(f.since.elapsed()))
-            .min()
+        super::expire_idle(&mut self.free, idle_for, |f| f.since, |f| remove(&f.dirs))
     }
 
     /// Remove every free name's directories (a reload of the clients file, or the end).

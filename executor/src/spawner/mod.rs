@@ -93,6 +93,26 @@ const DISMISS_IDLE: u8 = 2;
 /// argv[1] that selects fork-server mode.
 pub const FORK_SERVER_ARG: &str = "__fork-server";
 
+/// Drop the entries of a pool unused for `idle_for` (`since` says when each was last used;
+/// `gone` sees each before it goes); how long until the next one is due.
+fn expire_idle<T>(
+    free: &mut Vec<T>,
+    idle_for: Duration,
+    since: impl Fn(&T) -> Instant,
+    mut gone: impl FnMut(&T),
+) -> Option<Duration> {
+    free.retain(|f| {
+        let keep = since(f).elapsed() < idle_for;
+        if !keep {
+            gone(f);
+        }
+        keep
+    });
+    free.iter()
+        .map(|f| idle_for.saturating_sub(since(f).elapsed()))
+        .min()
+}
+
 /// A connected pair of close-on-exec SOCK_SEQPACKET sockets: what the fork server talks to
 /// the daemon, its workers and its helpers over (a message keeps its bounds and carries
 /// descriptors).
@@ -289,17 +309,17 @@ fn serve(sock: OwnedFd, pool: bool) -> ! {
     loop {
         // Dismiss workers idle too long (closing their control socket ends them), close
         // network namespaces unused as long.
-        idle.retain(|w| w.since.elapsed() < IDLE_FOR);
+        let idle_expire = expire_idle(&mut idle, IDLE_FOR, |w| w.since, |_| {});
         let pools_expire = pools.as_mut().and_then(|pools| pools.expire(IDLE_FOR));
-        let wait = idle
-            .iter()
-            .map(|w| IDLE_FOR.saturating_sub(w.since.elapsed()))
-            .chain(pools_expire)
-            .min()
-            .map_or(PollTimeout::NONE, |d| {
-                PollTimeout::try_from(d.as_millis().min(60_000) as u64 + 1)
-                    .unwrap_or(PollTimeout::MAX)
-            });
+        let wait =
+            idle_expire
+                .into_iter()
+                .chain(pools_expire)
+                .min()
+                .map_or(PollTimeout::NONE, |d| {
+                    PollTimeout::try_from(d.as_millis().min(60_000) as u64 + 1)
+                        .unwrap_or(PollTimeout::MAX)
+                });
         let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
         if let Some(pools) = &pools {
             fds.push(PollFd::new(

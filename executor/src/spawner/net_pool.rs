@@ -94,11 +94,7 @@ impl Pool {
 
     /// Close namespaces unused for `idle_for`; how long until the next one is.
     pub fn expire(&mut self, idle_for: Duration) -> Option<Duration> {
-        self.free.retain(|f| f.since.elapsed() < idle_for);
-        self.free
-            .iter()
-            .map(|f| idle_for.saturating_sub(f.since.elapsed()))
-            .min()
+        super::expire_idle(&mut self.free, idle_for, |f| f.since, |_| {})
     }
 
     /// Close every free namespace (the clients file was reloaded: templates may have changed

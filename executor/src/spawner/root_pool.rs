@@ -72,6 +72,9 @@ struct Root {
 #[derive(Default)]
 pub struct Roots {
     roots: Vec<Root>,
+    /// Templates whose shared root could not be built, with what the host was then: not
+    /// tried again (a fork and a build per worker) until the host changes.
+    failed: Vec<(Vec<u8>, Vec<Seen>)>,
 }
 
 impl Roots {
@@ -92,7 +95,16 @@ impl Roots {
             }
             self.roots.remove(at);
         }
-        let ns = build(plan).ok()?;
+        if self.failed.iter().any(|(t, s)| t == template && *s == seen) {
+            return None;
+        }
+        let Ok(ns) = build(plan) else {
+            if self.failed.len() >= MAX_ROOTS {
+                self.failed.remove(0);
+            }
+            self.failed.push((template.to_vec(), seen));
+            return None;
+        };
         if self.roots.len() >= MAX_ROOTS {
             // The least recently used goes.
             if let Some(oldest) = (0..self.roots.len()).min_by_key(|i| self.roots[*i].since) {
@@ -111,16 +123,13 @@ impl Roots {
 
     /// Close templates unused for `idle_for`; how long until the next one is.
     pub fn expire(&mut self, idle_for: Duration) -> Option<Duration> {
-        self.roots.retain(|r| r.since.elapsed() < idle_for);
-        self.roots
-            .iter()
-            .map(|r| idle_for.saturating_sub(r.since.elapsed()))
-            .min()
+        super::expire_idle(&mut self.roots, idle_for, |r| r.since, |_| {})
     }
 
     /// Close every template (the clients file was reloaded).
     pub fn clear(&mut self) {
         self.roots.clear();
+        self.failed.clear();
     }
 }
 

@@ -28,14 +28,7 @@ const LEFT_PORT: u16 = 7778;
 fn probe(tag: &str, m: &str) -> String {
     python(&format!(
         r#"
-import socket
-def bind(family, kind, addr):
-    s = socket.socket(family, kind)
-    try:
-        s.bind(addr)
-        return s, 0
-    except OSError as e:
-        return None, e.errno
+{BIND}
 udp, u = bind(socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", {PORT}))
 name, a = bind(socket.AF_UNIX, socket.SOCK_DGRAM, b"\0reuse-{tag}")
 _, u2 = bind(socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", {PORT}))
@@ -53,6 +46,19 @@ os.execvp("sleep", "{sleep}".split())
         sleep = marked_sleep(m),
     ))
 }
+
+/// Python for the probes: `bind(family, kind, address)` returns the bound socket and 0, or
+/// `None` and the errno.
+const BIND: &str = r#"import socket
+def bind(family, kind, addr):
+    s = socket.socket(family, kind)
+    try:
+        s.bind(addr)
+        return s, 0
+    except OSError as e:
+        s.close()
+        return None, e.errno
+"#;
 
 /// A running command's network namespace, open on the host.
 struct Held {
@@ -136,15 +142,8 @@ fn assert_clean_start(held: &Held, host_ino: u64) {
 fn leave_and_find(tag: &str, m: &str) -> String {
     python(&format!(
         r#"
-import socket, subprocess
-def bind(family, kind, addr):
-    s = socket.socket(family, kind)
-    try:
-        s.bind(addr)
-        return s, 0
-    except OSError as e:
-        s.close()
-        return None, e.errno
+import subprocess
+{BIND}
 def sysv():
     return sum(len(open(f"/proc/sysvipc/{{k}}").read().splitlines()) - 1 for k in ("shm", "msg", "sem"))
 def udp():
