@@ -2,12 +2,12 @@
 //! path), `executor check` (what this host can enforce) and `executor tls-fingerprint`.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use protocol::{Ending, ServerMessage};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use crate::engine::default_limits;
@@ -15,8 +15,8 @@ use crate::runner::{OutputSink, StopReason};
 use crate::serve::host_facts;
 use crate::setup::{setup, Paths, ProfileChoice, Setup};
 use crate::{
-    cgroup, default_state_dir, interpreter, request, runtime, server, workspaces, CheckArgs,
-    RunArgs, TlsFingerprintArgs,
+    cgroup, default_state_dir, interpreter, local_runtime, request, runtime, server, workspaces,
+    CheckArgs, RunArgs, TlsFingerprintArgs,
 };
 
 /// The home directory of one `executor run`: private to the command's identity, removed when
@@ -106,7 +106,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The helper's first cgroup v1 move would wait for an RCU grace period: let it start now,
     // beside the rest of the set-up.
     cgroup::warm_attach(&cgroups);
-    let rt = runtime()?;
+    let rt = local_runtime()?;
     let Setup {
         mut engine,
         cgroups,
@@ -141,12 +141,14 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     let kept = engine.limits.max_output_bytes;
     let code = rt.block_on(async move {
         let (tx, mut rx) = mpsc::channel::<ServerMessage>(16);
+        // tokio's stdout: a reader that stops reading blocks its writes, never the runtime's
+        // one thread (the timeout still fires).
         let printer = tokio::spawn(async move {
-            let mut stdout = std::io::stdout();
+            let mut stdout = tokio::io::stdout();
             while let Some(msg) = rx.recv().await {
                 if let ServerMessage::Output(chunk) = msg {
-                    let _ = stdout.write_all(chunk.data.as_bytes());
-                    let _ = stdout.flush();
+                    let _ = stdout.write_all(chunk.data.as_bytes()).await;
+                    let _ = stdout.flush().await;
                 }
             }
         });
@@ -174,6 +176,9 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(exit_code(result.returncode, result.extra.ended))
     });
+    // The command's tree is gone: its home goes first, while the helper is still removing
+    // the command's cgroups (which the parents below wait for).
+    drop(home);
     for hierarchy in cgroups.all() {
         cgroup::remove(&hierarchy.parent);
     }

@@ -148,3 +148,44 @@ async fn a_run_killed_outright_takes_its_command_and_fork_server_with_it() {
     run.wait().unwrap();
     assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
 }
+
+#[tokio::test]
+async fn a_run_whose_output_nobody_reads_still_ends_its_command_at_the_timeout() {
+    if !require("root", is_root()) {
+        return;
+    }
+    // More output than the pipes between the command and our end hold: the run's writes to
+    // its stdout block while we read nothing, and its timer must fire all the same.
+    let m = marker();
+    let sleep = marked_sleep(&m);
+    let mut run = executor_run(
+        "landlock",
+        &["--timeout", "2"],
+        &format!("{sleep} & head -c 4000000 /dev/zero | tr '\\0' x; wait"),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    // Control: the command is running (its sleeper is there) before the timeout.
+    assert!(
+        eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+        "{:?}",
+        sleepers(&m)
+    );
+    let tree = descendants(run.id() as i32);
+    // Ended by the timeout while its output is still unread.
+    assert!(
+        eventually(PATIENCE, || sleepers(&m).is_empty()).await,
+        "the timeout did not end the command while its output went unread: {:?}",
+        sleepers(&m)
+    );
+    // Reading now lets the run finish: the timeout's exit code, and nothing of it left.
+    let mut stdout = run.stdout.take().unwrap();
+    let mut printed = Vec::new();
+    std::io::Read::read_to_end(&mut stdout, &mut printed).unwrap();
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(124));
+    assert!(printed.len() > 64 * 1024, "{} bytes", printed.len());
+    assert_all_gone(&m, &tree, "unread run").await;
+}
