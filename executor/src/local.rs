@@ -123,6 +123,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         cgroups,
         ProfileChoice {
             default: valid.profile.clone(),
+            only_default: true,
             ..ProfileChoice::default()
         },
         spawner,

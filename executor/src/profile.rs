@@ -288,6 +288,15 @@ impl Profile {
             && (self.landlock.enabled() || self.namespaces.contains(&Namespace::Mount))
     }
 
+    /// Whether commands see the host's own root in a mount namespace (task-container), where
+    /// the loader's files are covered and pinned.
+    pub fn shows_host_root(&self) -> bool {
+        self.filesystem
+            .as_ref()
+            .is_some_and(|fs| fs.root == RootMode::Host)
+            && self.namespaces.contains(&Namespace::Mount)
+    }
+
     /// Whether a command of this profile can change files that commands of `profiles` (any of
     /// them, this one included) read or execute from the host:
     /// - a profile without a filesystem policy writes everything;
@@ -303,7 +312,7 @@ impl Profile {
         let Some(fs) = &self.filesystem else {
             return true;
         };
-        if fs.root == RootMode::Host && self.namespaces.contains(&Namespace::Mount) {
+        if self.shows_host_root() {
             return true;
         }
         let read: Vec<std::path::PathBuf> = profiles

@@ -165,6 +165,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                 allow: &args.allow_profiles,
                 default: args.default_profile.clone(),
                 probe_all: true,
+                only_default: false,
                 safe_default: true,
             },
             spawner,
