@@ -99,7 +99,17 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     let interpreter = interpreter(&args.common.interpreter)?;
     // Before the runtime's threads exist: a fork server forked from us spares the run an
     // exec of our binary as its helper. Where it cannot be made, the helper is exec'd.
-    let spawner = crate::spawner::fork_here()
+    // The fork server makes the command's network namespace while we set up, when the named
+    // profile is one that makes one.
+    let ahead = crate::spawner::Ahead {
+        net: valid
+            .profile
+            .as_deref()
+            .and_then(crate::profile::Profile::builtin)
+            .and_then(Result::ok)
+            .is_some_and(|p| p.namespaces.contains(&crate::profile::Namespace::Net)),
+    };
+    let spawner = crate::spawner::fork_here(ahead)
         .map_err(|err| tracing::debug!(%err, "no forked fork server: the helper is exec'd"))
         .ok();
     let cgroups = cgroup::prepare(std::process::id(), &cgroup::Placement::default());

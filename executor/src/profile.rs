@@ -460,6 +460,14 @@ impl Profile {
         Ok(())
     }
 
+    /// The shipped profile `name`, parsed, if there is one.
+    pub fn builtin(name: &str) -> Option<Result<Self, ProfileError>> {
+        BUILTIN
+            .iter()
+            .find(|(file, _)| *file == name)
+            .map(|(file, text)| Self::parse(file, text))
+    }
+
     /// Every shipped profile, parsed.
     pub fn all_builtin() -> Result<Vec<Self>, ProfileError> {
         BUILTIN

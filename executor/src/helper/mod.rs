@@ -194,6 +194,8 @@ pub struct Loans {
     pub net: Option<Lease>,
     /// The mount namespace of the template's shared root, to copy.
     pub root: Option<OwnedFd>,
+    /// A network namespace made ahead for this one command (`spawner::Ahead`), to enter.
+    pub net_made: Option<OwnedFd>,
 }
 
 /// Pool mode (forked by the fork server, `control` its end of a socket to us): prepare the
@@ -305,6 +307,7 @@ impl<'t> Worker<'t> {
         let Loans {
             net: mut lease,
             root,
+            net_made,
         } = loans;
         // 1. Forking and credential changes below assume one thread: check, do not hope.
         sys::assert_single_threaded().map_err(SetupError::Process)?;
@@ -384,7 +387,7 @@ impl<'t> Worker<'t> {
                 drop(placed);
                 drop((setup_r, status_r, ours, sigchld));
                 // The way back to the pool stays with the helper.
-                let net = lease.and_then(Lease::into_namespace);
+                let net = lease.and_then(Lease::into_namespace).or(net_made);
                 if pid_ns {
                     child::init_main(template, setup_w, status_w, theirs, net, root);
                 }
@@ -394,8 +397,9 @@ impl<'t> Worker<'t> {
             }
             Forked::Parent(child) => child,
         };
-        // The root template is init's to copy; nothing of ours uses it.
-        drop((setup_w, status_w, theirs, root));
+        // The root template and a namespace made ahead are init's to enter; nothing of ours
+        // uses them.
+        drop((setup_w, status_w, theirs, root, net_made));
 
         // 9. Back out of the cgroups we joined, so that killing them never kills us.
         let left = leave_cgroups(&placed);

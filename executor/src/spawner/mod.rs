@@ -150,7 +150,14 @@ pub fn start(exe: &std::path::Path) -> io::Result<Spawner> {
 /// path; the daemon keeps [`start`], whose server holds nothing of the daemon's memory. The
 /// child starts from a copy of ours (the run's arguments, nothing secret of anyone else's)
 /// and keeps only the socket, the stdio it points at /dev/null and our stderr.
-pub fn fork_here() -> io::Result<Spawner> {
+/// What a one-shot's fork server prepares while the run sets up, before its one request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ahead {
+    /// A network namespace (`net_pool::made_ahead`): the run's profile makes one.
+    pub net: bool,
+}
+
+pub fn fork_here(ahead: Ahead) -> io::Result<Spawner> {
     sys::assert_single_threaded()?;
     let (ours, server_end) = seqpacket_pair()?;
     let parent = nix::unistd::getpid();
@@ -163,7 +170,7 @@ pub fn fork_here() -> io::Result<Spawner> {
             }
             sys::close_fds_above_stderr_except(&[server_end.as_raw_fd()]);
             // One command: no next one to reuse its network namespace.
-            serve(server_end, false)
+            serve(server_end, false, ahead)
         }
         Forked::Parent(_) => {
             drop(server_end);
@@ -187,7 +194,7 @@ pub fn main() -> ! {
     let Ok(sock) = std::io::stdin().as_fd().try_clone_to_owned() else {
         sys::exit_child(1);
     };
-    serve(sock, true)
+    serve(sock, true, Ahead::default())
 }
 
 impl Spawner {
@@ -281,8 +288,8 @@ fn unprivileged(plan: &SandboxPlan) -> bool {
 }
 
 /// The server's loop, pooling network namespaces and root templates when `pool` (modules
-/// `net_pool`, `root_pool`). Never returns.
-fn serve(sock: OwnedFd, pool: bool) -> ! {
+/// `net_pool`, `root_pool`), first making what `ahead` asks for. Never returns.
+fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
     // Our stdin is the socket (`sock` is our own copy) and nothing reads our stdout: point
     // both at /dev/null, so that no helper inherits the socket through them.
     sys::devnull_stdio(false);
@@ -306,6 +313,11 @@ fn serve(sock: OwnedFd, pool: bool) -> ! {
         .and_then(Result::ok);
     let mut idle: Vec<Idle> = Vec::new();
     let mut buf = vec![0u8; MAX_TEMPLATE_BYTES + 1];
+    let mut net_ahead = if ahead.net {
+        net_pool::made_ahead().ok()
+    } else {
+        None
+    };
     loop {
         // Dismiss workers idle too long (closing their control socket ends them), close
         // network namespaces unused as long.
@@ -366,7 +378,8 @@ fn serve(sock: OwnedFd, pool: bool) -> ! {
                 continue;
             }
         };
-        let pid = dispatch(&sock, &mut idle, &mut pools, &request).map_or(0, Pid::as_raw);
+        let pid =
+            dispatch(&sock, &mut idle, &mut pools, &mut net_ahead, &request).map_or(0, Pid::as_raw);
         let _ = nix::unistd::write(&sock, &pid.to_le_bytes());
         drop(request.stdio);
         // A worker for the next command of this template. One replaces each that is used, so
@@ -380,8 +393,14 @@ fn serve(sock: OwnedFd, pool: bool) -> ! {
                 // The least recently made goes.
                 idle.remove(0);
             }
-            if let Ok(worker) = fork_worker(&sock, &idle, &mut pools, &request.template, nice_ahead)
-            {
+            if let Ok(worker) = fork_worker(
+                &sock,
+                &idle,
+                &mut pools,
+                &mut net_ahead,
+                &request.template,
+                nice_ahead,
+            ) {
                 idle.push(worker);
             }
         }
@@ -463,6 +482,7 @@ fn dispatch(
     sock: &OwnedFd,
     idle: &mut Vec<Idle>,
     pools: &mut Option<Pools>,
+    net_ahead: &mut Option<OwnedFd>,
     request: &Request,
 ) -> Option<Pid> {
     let stdio = [&request.stdio[0], &request.stdio[1], &request.stdio[2]];
@@ -476,7 +496,7 @@ fn dispatch(
         }
         // It died while it waited (it failed, or a command of its uid killed it): a new one.
     }
-    let worker = fork_worker(sock, idle, pools, &request.template, false).ok()?;
+    let worker = fork_worker(sock, idle, pools, net_ahead, &request.template, false).ok()?;
     send_stdio(&worker.control, stdio).ok()?;
     Some(worker.pid)
 }
@@ -492,11 +512,13 @@ fn back_to_normal_priority(pid: Pid) {
 
 /// Fork a helper that builds the sandbox of `template` and waits on its control socket;
 /// `ahead` (of its command) at [`AHEAD_NICE`]; with what the pools lend (cgroup directories,
-/// a network namespace, a copy of the template's root) where the template may have them.
+/// a network namespace, a copy of the template's root) where the template may have them, or
+/// the network namespace made ahead (`net_ahead`, taken by the first worker that makes one).
 fn fork_worker(
     sock: &OwnedFd,
     idle: &[Idle],
     pools: &mut Option<Pools>,
+    net_ahead: &mut Option<OwnedFd>,
     template: &[u8],
     ahead: bool,
 ) -> io::Result<Idle> {
@@ -506,6 +528,13 @@ fn fork_worker(
     let (lease, root) = pools
         .as_mut()
         .map_or((None, None), |pools| pools.lend(template, &parsed));
+    let made = net_ahead.take_if(|_| {
+        lease.is_none()
+            && parsed
+                .sandbox
+                .namespaces
+                .contains(&crate::profile::Namespace::Net)
+    });
     match sys::fork()? {
         Forked::Child => {
             // Nothing of the server's may stay open in the worker: the daemon's socket, the
@@ -515,12 +544,18 @@ fn fork_worker(
             let mut keep = vec![theirs.as_raw_fd()];
             keep.extend(lease.iter().flat_map(Lease::fds));
             keep.extend(root.as_ref().map(AsRawFd::as_raw_fd));
+            keep.extend(made.as_ref().map(AsRawFd::as_raw_fd));
             sys::close_fds_above_stderr_except(&keep);
             let _ = (sock, idle);
             if ahead {
                 let _ = sys::set_nice(sys::NiceOf::Me, AHEAD_NICE);
             }
-            crate::helper::serve_worker(&parsed, theirs, Loans { net: lease, root })
+            let loans = Loans {
+                net: lease,
+                root,
+                net_made: made,
+            };
+            crate::helper::serve_worker(&parsed, theirs, loans)
         }
         Forked::Parent(pid) => Ok(Idle {
             template: template.to_vec(),

@@ -189,3 +189,83 @@ async fn a_run_whose_output_nobody_reads_still_ends_its_command_at_the_timeout()
     assert!(printed.len() > 64 * 1024, "{} bytes", printed.len());
     assert_all_gone(&m, &tree, "unread run").await;
 }
+
+/// Prints the command's network namespace, its interfaces and whether a datagram to itself
+/// over 127.0.0.1 comes back (loopback up), one line each.
+const NET_PROBE: &str = r#"
+import os, socket
+print(os.readlink("/proc/self/ns/net"))
+print(",".join(sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:])))
+try:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("127.0.0.1", 0))
+    u.settimeout(2)
+    u.sendto(b"ping", u.getsockname())
+    print(u.recv(4).decode())
+except OSError as e:
+    print(f"udp: {e.strerror}")
+"#;
+
+#[tokio::test]
+async fn a_strict_run_has_a_network_namespace_of_its_own_and_its_fork_server_stays_in_the_hosts() {
+    use std::io::BufRead;
+    if !require("root", is_root()) {
+        return;
+    }
+    let host_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let host_ns = host_ns.to_string_lossy();
+    for profile in ["strict", "landlock"] {
+        let m = marker();
+        let mut run = executor_run(
+            profile,
+            &[],
+            &format!(
+                "python3 -c '{}'; exec {}",
+                NET_PROBE.replace('\'', "'\\''"),
+                marked_sleep(&m)
+            ),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+        let run_pid = run.id() as i32;
+        let mut lines = std::io::BufReader::new(run.stdout.take().unwrap()).lines();
+        let mut line = || lines.next().and_then(Result::ok).unwrap_or_default();
+        let (ns, interfaces, udp) = (line(), line(), line());
+        assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+        // The run's fork server (the child that shares its command line) is in the host's
+        // namespace, also where it made the command's.
+        let tree = descendants(run_pid);
+        let server = tree
+            .iter()
+            .copied()
+            .find(|p| parent_of(*p) == Some(run_pid))
+            .unwrap();
+        let server_ns = std::fs::read_link(format!("/proc/{server}/ns/net")).unwrap();
+        assert_eq!(
+            server_ns.to_string_lossy(),
+            host_ns,
+            "{profile}: fork server"
+        );
+        if profile == "strict" {
+            assert_ne!(
+                ns, host_ns,
+                "strict: the command is in the host's namespace"
+            );
+            assert_eq!(interfaces, "lo", "strict: interfaces");
+            assert_eq!(udp, "ping", "strict: loopback is not up");
+        } else {
+            // Control: landlock makes no namespace; the command sees the host's.
+            assert_eq!(ns, host_ns, "landlock");
+            let names: Vec<&str> = interfaces.split(',').collect();
+            assert!(
+                names.contains(&"lo") && names.len() > 1,
+                "landlock: {interfaces}"
+            );
+        }
+        run.kill().unwrap();
+        run.wait().unwrap();
+        assert_all_gone(&m, &tree, profile).await;
+    }
+}
