@@ -493,3 +493,20 @@ pub fn set_nice(of: NiceOf, nice: i32) -> io::Result<()> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// The errno of a raw syscall (0 when it succeeds; what it returned, a descriptor say, is
+/// closed), for the seccomp filter's tests.
+#[cfg(test)]
+pub fn syscall_errno(nr: libc::c_long, args: [libc::c_long; 3]) -> i32 {
+    // SAFETY: the tests pass only numbers (a null pointer at most), never memory of ours for
+    // the kernel to read or write.
+    let ret = unsafe { libc::syscall(nr, args[0], args[1], args[2]) };
+    if ret < 0 {
+        return io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    }
+    if nr == libc::SYS_socket {
+        // SAFETY: the descriptor the kernel just gave us, closed once.
+        unsafe { libc::close(ret as libc::c_int) };
+    }
+    0
+}
