@@ -144,12 +144,6 @@ pub fn start(exe: &std::path::Path) -> io::Result<Spawner> {
     })
 }
 
-/// For a one-shot `executor run`: the server forked from this process while it is still
-/// single-threaded (before any runtime starts), instead of exec'ing our binary again. It saves
-/// one exec of a large binary (its loader, relocations and start-up) on a run's critical
-/// path; the daemon keeps [`start`], whose server holds nothing of the daemon's memory. The
-/// child starts from a copy of ours (the run's arguments, nothing secret of anyone else's)
-/// and keeps only the socket, the stdio it points at /dev/null and our stderr.
 /// What a one-shot's fork server prepares while the run sets up, before its one request.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Ahead {
@@ -157,6 +151,12 @@ pub struct Ahead {
     pub net: bool,
 }
 
+/// For a one-shot `executor run`: the server forked from this process while it is still
+/// single-threaded (before any runtime starts), instead of exec'ing our binary again. It saves
+/// one exec of a large binary (its loader, relocations and start-up) on a run's critical
+/// path; the daemon keeps [`start`], whose server holds nothing of the daemon's memory. The
+/// child starts from a copy of ours (the run's arguments, nothing secret of anyone else's)
+/// and keeps only the socket, the stdio it points at /dev/null and our stderr.
 pub fn fork_here(ahead: Ahead) -> io::Result<Spawner> {
     sys::assert_single_threaded()?;
     let (ours, server_end) = seqpacket_pair()?;

@@ -27,7 +27,8 @@
 //!
 //! The pool lives in the fork server; helpers return namespaces with their lease
 //! (`spawner::lease`). A daemon's fork server pools; a one-shot `executor run`'s does not
-//! (there is no next command).
+//! (there is no next command), but makes that command's namespace while the run sets up
+//! ([`made_ahead`]).
 
 use std::io;
 use std::os::fd::OwnedFd;
