@@ -179,54 +179,103 @@ pub fn measure(spawn: &Spawn, settings: &Settings) -> anyhow::Result<BareReport>
 
 /// One-shot runs of `true`, start to exit, each `runs` times: `executor run` per profile (it
 /// starts, probes only the profile it is given, runs the command and cleans up), bwrap, and
-/// a bare `bash -c true`.
+/// a bare `bash -c true`. The candidates take turns, one run each per round, so that a drift
+/// of the machine (this VM's swings by several ms over a minute) falls on all of them alike.
 pub fn oneshot(
     executor: &std::path::Path,
     profiles: &[String],
     bwrap: Option<&Spawn>,
     runs: usize,
 ) -> anyhow::Result<OneShotReport> {
-    let mut rows = Vec::new();
-    let mut time = |label: String, make: &dyn Fn() -> Command| -> anyhow::Result<()> {
-        let mut samples = Vec::with_capacity(runs);
-        for _ in 0..runs + 2 {
+    struct Candidate<'a> {
+        label: String,
+        make: Box<dyn Fn() -> Command + 'a>,
+        /// bwrap may be unable to run here: then it is left out, not the whole phase.
+        optional: bool,
+        samples: Vec<f64>,
+    }
+    let dir = std::env::temp_dir();
+    let mut candidates: Vec<Candidate> = profiles
+        .iter()
+        .map(|profile| {
+            let dir = dir.clone();
+            Candidate {
+                label: format!("executor run --profile {profile}"),
+                make: Box::new(move || {
+                    let mut c = Command::new(executor);
+                    c.args(["run", "--profile", profile, "--cwd"])
+                        .arg(&dir)
+                        .args(["--", "true"]);
+                    c
+                }),
+                optional: false,
+                samples: Vec::with_capacity(runs),
+            }
+        })
+        .collect();
+    if let Some(bwrap) = bwrap {
+        candidates.push(Candidate {
+            label: "bwrap (strict's namespaces)".into(),
+            make: Box::new(|| bwrap.command("true")),
+            optional: true,
+            samples: Vec::with_capacity(runs),
+        });
+    }
+    candidates.push(Candidate {
+        label: "bash -c true, no isolation".into(),
+        make: Box::new(|| Spawn::bare().command("true")),
+        optional: false,
+        samples: Vec::with_capacity(runs),
+    });
+    // The first two rounds warm the page cache.
+    for round in 0..runs + 2 {
+        let mut failed = None;
+        for (at, candidate) in candidates.iter_mut().enumerate() {
             let t0 = Instant::now();
-            let status = make()
+            let status = (candidate.make)()
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
-                .with_context(|| format!("cannot run {label}"))?;
-            if !status.success() {
-                bail!("{label} failed: {status}");
+                .with_context(|| format!("cannot run {}", candidate.label));
+            let elapsed = t0.elapsed();
+            match status {
+                Ok(status) if status.success() => {
+                    if round >= 2 {
+                        candidate.samples.push(elapsed.as_secs_f64() * 1e3);
+                    }
+                }
+                Ok(status) if candidate.optional => {
+                    eprintln!(
+                        "bench: [one-shot] {} cannot run here, left out: {status}",
+                        candidate.label
+                    );
+                    failed = Some(at);
+                }
+                Ok(status) => bail!("{} failed: {status}", candidate.label),
+                Err(err) if candidate.optional => {
+                    eprintln!(
+                        "bench: [one-shot] {} cannot run here, left out: {err:#}",
+                        candidate.label
+                    );
+                    failed = Some(at);
+                }
+                Err(err) => return Err(err),
             }
-            samples.push(t0.elapsed());
         }
-        // The first two warm the page cache.
-        let samples: Vec<f64> = samples[2..].iter().map(|d| d.as_secs_f64() * 1e3).collect();
-        let p50 = median(&samples).unwrap_or(0.0);
-        eprintln!("bench: [one-shot] {label}: p50 {p50:.2} ms");
-        rows.push(OneShot { label, p50_ms: p50 });
-        Ok(())
-    };
-    let dir = std::env::temp_dir();
-    for profile in profiles {
-        time(format!("executor run --profile {profile}"), &|| {
-            let mut c = Command::new(executor);
-            c.args(["run", "--profile", profile, "--cwd"])
-                .arg(&dir)
-                .args(["--", "true"]);
-            c
-        })?;
-    }
-    if let Some(bwrap) = bwrap {
-        if let Err(err) = time("bwrap (strict's namespaces)".into(), &|| {
-            bwrap.command("true")
-        }) {
-            eprintln!("bench: [one-shot] bwrap cannot run here, left out: {err:#}");
+        if let Some(at) = failed {
+            candidates.remove(at);
         }
     }
-    time("bash -c true, no isolation".into(), &|| {
-        Spawn::bare().command("true")
-    })?;
+    let rows = candidates
+        .into_iter()
+        .map(|c| {
+            let p50 = median(&c.samples).unwrap_or(0.0);
+            eprintln!("bench: [one-shot] {}: p50 {p50:.2} ms", c.label);
+            OneShot {
+                label: c.label,
+                p50_ms: p50,
+            }
+        })
+        .collect();
     Ok(OneShotReport { runs, rows })
 }

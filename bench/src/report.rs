@@ -532,7 +532,7 @@ pub fn markdown(r: &Report) -> String {
     if let Some(o) = &r.oneshot {
         let _ = writeln!(
             out,
-            "\n| one-shot `true`, start to exit, p50 of {} | ms |\n|---|---:|",
+            "\n| one-shot `true`, start to exit, p50 of {} (the rows take turns) | ms |\n|---|---:|",
             o.runs
         );
         for row in &o.rows {
