@@ -82,7 +82,15 @@ pub(crate) async fn setup(
     choice: ProfileChoice<'_>,
     spawner: Option<spawner::Spawner>,
 ) -> anyhow::Result<Setup> {
-    let mut profiles = builtin_profiles()?;
+    let mut profiles = match (&choice.default, choice.only_default) {
+        // The one profile used: parsing all the shipped ones costs a one-shot 0.1 ms.
+        (Some(name), true) => Profile::builtin(name)
+            .transpose()?
+            .map(|p| (p.name.clone(), p))
+            .into_iter()
+            .collect(),
+        _ => builtin_profiles()?,
+    };
     if let Some(dir) = choice.dir {
         for profile in Profile::load_dir(dir)? {
             profiles.insert(profile.name.clone(), profile);
