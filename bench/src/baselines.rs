@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use crate::daemon::{machine_cpu_ms, CpuTimes};
 use crate::report::{BareReport, CpuPerCommand, OneShot, OneShotReport, Settings, Throughput};
 use crate::stats::{median, summarize};
-use crate::{per_command_machine_ms, warmups, Progress, ECHO, ECHO_OUTPUT};
+use crate::{per_command_machine_ms, warmups, Progress, ALONE_AFTER, ECHO, ECHO_OUTPUT};
 
 /// A way to run `bash -c CMD` with no daemon: directly, or through bubblewrap.
 #[derive(Debug, Clone)]
@@ -114,6 +114,11 @@ pub fn measure(spawn: &Spawn, settings: &Settings) -> anyhow::Result<BareReport>
     }
     let elapsed = t0.elapsed();
     let machine_ms = per_command_machine_ms(machine0, settings.iterations);
+    let mut alone = Vec::with_capacity(settings.alone);
+    for _ in 0..settings.alone {
+        std::thread::sleep(ALONE_AFTER);
+        alone.push(spawn.once()?);
+    }
     let cpu = match (cpu0, CpuTimes::of(me)) {
         (Some(a), Some(b)) => {
             let per = b.per(a, settings.iterations);
@@ -168,6 +173,7 @@ pub fn measure(spawn: &Spawn, settings: &Settings) -> anyhow::Result<BareReport>
         cpu,
         seq_cmd_per_s: settings.iterations as f64 / elapsed.as_secs_f64(),
         sequential,
+        alone: summarize(&alone),
         concurrent,
     };
     eprintln!(
@@ -177,12 +183,17 @@ pub fn measure(spawn: &Spawn, settings: &Settings) -> anyhow::Result<BareReport>
     Ok(report)
 }
 
-/// One-shot runs of `true`, start to exit, each `runs` times: `executor run` per profile (it
-/// starts, probes only the profile it is given, runs the command and cleans up), bwrap, and
-/// a bare `bash -c true`. The candidates take turns, one run each per round, so that a drift
-/// of the machine (this VM's swings by several ms over a minute) falls on all of them alike.
+/// One-shot runs of `true`, start to exit, each `runs` times: `executor run` per profile and
+/// binary (`executors`: a label and a path; it starts, probes only the profile it is given,
+/// runs the command and cleans up), bwrap, and a bare `bash -c true`. Each is measured twice
+/// per round: in a loop (right after another row's run, as a script's loop runs them) and
+/// alone (after [`ALONE_AFTER`] of idleness, as a command typed by hand). The candidates take
+/// turns, one run each per round, so that a drift of the machine (this VM's swings by several
+/// ms over a minute) falls on all of them alike, and each round starts one row further on, so
+/// that no row always follows the same one (a row after an `executor run` finds the kernel's
+/// cgroup lock still in its fast mode; bench/README).
 pub fn oneshot(
-    executor: &std::path::Path,
+    executors: &[(String, std::path::PathBuf)],
     profiles: &[String],
     bwrap: Option<&Spawn>,
     runs: usize,
@@ -192,15 +203,16 @@ pub fn oneshot(
         make: Box<dyn Fn() -> Command + 'a>,
         /// bwrap may be unable to run here: then it is left out, not the whole phase.
         optional: bool,
-        samples: Vec<f64>,
+        looped: Vec<f64>,
+        alone: Vec<f64>,
     }
     let dir = std::env::temp_dir();
-    let mut candidates: Vec<Candidate> = profiles
-        .iter()
-        .map(|profile| {
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for (name, executor) in executors {
+        for profile in profiles {
             let dir = dir.clone();
-            Candidate {
-                label: format!("executor run --profile {profile}"),
+            candidates.push(Candidate {
+                label: format!("{name} run --profile {profile}"),
                 make: Box::new(move || {
                     let mut c = Command::new(executor);
                     c.args(["run", "--profile", profile, "--cwd"])
@@ -209,73 +221,93 @@ pub fn oneshot(
                     c
                 }),
                 optional: false,
-                samples: Vec::with_capacity(runs),
-            }
-        })
-        .collect();
+                looped: Vec::with_capacity(runs),
+                alone: Vec::with_capacity(runs),
+            });
+        }
+    }
     if let Some(bwrap) = bwrap {
         candidates.push(Candidate {
             label: "bwrap (strict's namespaces)".into(),
             make: Box::new(|| bwrap.command("true")),
             optional: true,
-            samples: Vec::with_capacity(runs),
+            looped: Vec::with_capacity(runs),
+            alone: Vec::with_capacity(runs),
         });
     }
     candidates.push(Candidate {
         label: "bash -c true, no isolation".into(),
         make: Box::new(|| Spawn::bare().command("true")),
         optional: false,
-        samples: Vec::with_capacity(runs),
+        looped: Vec::with_capacity(runs),
+        alone: Vec::with_capacity(runs),
     });
+    let mut progress = Progress::new(format!("[one-shot] {} rounds", runs + 2), Some(runs + 2));
     // The first two rounds warm the page cache.
     for round in 0..runs + 2 {
-        let mut failed = None;
-        for (at, candidate) in candidates.iter_mut().enumerate() {
-            let t0 = Instant::now();
-            let status = (candidate.make)()
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .with_context(|| format!("cannot run {}", candidate.label));
-            let elapsed = t0.elapsed();
-            match status {
-                Ok(status) if status.success() => {
-                    if round >= 2 {
-                        candidate.samples.push(elapsed.as_secs_f64() * 1e3);
+        for alone in [false, true] {
+            let n = candidates.len();
+            let mut failed = None;
+            for at in (0..n).map(|i| (i + round) % n) {
+                if alone {
+                    std::thread::sleep(ALONE_AFTER);
+                }
+                let candidate = &mut candidates[at];
+                match run_once(&candidate.make, &candidate.label) {
+                    Ok(ms) if round >= 2 => {
+                        if alone {
+                            candidate.alone.push(ms);
+                        } else {
+                            candidate.looped.push(ms);
+                        }
                     }
+                    Ok(_) => {}
+                    Err(err) if candidate.optional => {
+                        eprintln!(
+                            "bench: [one-shot] {} cannot run here, left out: {err:#}",
+                            candidate.label
+                        );
+                        failed = Some(at);
+                    }
+                    Err(err) => return Err(err),
                 }
-                Ok(status) if candidate.optional => {
-                    eprintln!(
-                        "bench: [one-shot] {} cannot run here, left out: {status}",
-                        candidate.label
-                    );
-                    failed = Some(at);
-                }
-                Ok(status) => bail!("{} failed: {status}", candidate.label),
-                Err(err) if candidate.optional => {
-                    eprintln!(
-                        "bench: [one-shot] {} cannot run here, left out: {err:#}",
-                        candidate.label
-                    );
-                    failed = Some(at);
-                }
-                Err(err) => return Err(err),
+            }
+            if let Some(at) = failed {
+                candidates.remove(at);
             }
         }
-        if let Some(at) = failed {
-            candidates.remove(at);
-        }
+        progress.tick(round + 1);
     }
     let rows = candidates
         .into_iter()
         .map(|c| {
-            let p50 = median(&c.samples).unwrap_or(0.0);
-            eprintln!("bench: [one-shot] {}: p50 {p50:.2} ms", c.label);
+            let p50 = median(&c.looped).unwrap_or(0.0);
+            let alone_p50 = median(&c.alone).unwrap_or(0.0);
+            eprintln!(
+                "bench: [one-shot] {}: p50 {p50:.2} ms in a loop, {alone_p50:.2} ms alone",
+                c.label
+            );
             OneShot {
                 label: c.label,
                 p50_ms: p50,
+                alone_p50_ms: alone_p50,
             }
         })
         .collect();
     Ok(OneShotReport { runs, rows })
+}
+
+/// One run, start to exit, in ms; an error when it cannot start or fails.
+fn run_once(make: &dyn Fn() -> Command, label: &str) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    let status = make()
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("cannot run {label}"))?;
+    let elapsed = t0.elapsed();
+    if !status.success() {
+        bail!("{label} failed: {status}");
+    }
+    Ok(elapsed.as_secs_f64() * 1e3)
 }

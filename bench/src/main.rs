@@ -72,6 +72,10 @@ struct Opts {
     /// Do not run `cargo build --release -p executor` before starting.
     #[arg(long)]
     no_build: bool,
+    /// A second executor binary run beside --executor in the one-shot phase, taking turns with
+    /// it: the static build (`.ci/build-static` prints its path), which is what ships.
+    #[arg(long, value_name = "PATH")]
+    static_executor: Option<PathBuf>,
     /// Benchmark only these profiles (repeatable; default: every profile in the hello).
     #[arg(long = "profile", value_name = "NAME")]
     profiles: Vec<String>,
@@ -104,6 +108,10 @@ struct Opts {
     /// Runs of each `unshare` variant in the steps phase [default: 200; quick: 20].
     #[arg(long, value_name = "N")]
     step_iterations: Option<usize>,
+    /// Round trips "alone" per profile and baseline, each after 100 ms of idleness, as an
+    /// agent's commands come [default: 30; quick: 5].
+    #[arg(long, value_name = "N")]
+    alone: Option<usize>,
     /// Size of the file uploaded and downloaded in the files phase, in MB (10^6 bytes)
     /// [default: 50; quick: 5].
     #[arg(long, value_name = "MB")]
@@ -158,6 +166,7 @@ impl Opts {
                 .unwrap_or(if q { 20 } else { 200 })
                 .max(1),
             file_mb: self.file_mb.unwrap_or(if q { 5.0 } else { 50.0 }).max(0.0),
+            alone: self.alone.unwrap_or(if q { 5 } else { 30 }),
         }
     }
 
@@ -426,8 +435,12 @@ async fn bench(
             .filter(|p| p.skipped.is_none() && p.failures.is_empty())
             .map(|p| p.name.clone())
             .collect();
+        let mut executors = vec![("executor".to_string(), executor.to_path_buf())];
+        if let Some(path) = &opts.static_executor {
+            executors.push(("executor (static)".to_string(), path.clone()));
+        }
         Some(baselines::oneshot(
-            executor,
+            &executors,
             &measured,
             bwrap.as_ref(),
             settings.repeats * 10,
@@ -549,6 +562,12 @@ pub(crate) async fn settle() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
+/// How long the machine is left idle before each round trip or run "alone": longer than the
+/// time a CPU takes to go idle, and than an RCU grace period here (8-24 ms), which a move
+/// through `cgroup.procs` waits for after a spell without one (bench/README, "A cgroup v1
+/// move waits for an RCU grace period" and "A v1 move without the wait").
+pub(crate) const ALONE_AFTER: Duration = Duration::from_millis(100);
+
 /// Prints a progress line at most once a second during long loops.
 pub(crate) struct Progress {
     what: String,
@@ -631,6 +650,12 @@ async fn latency(
     }
     let elapsed = t0.elapsed();
     let machine_ms = per_command_machine_ms(machine0, settings.iterations);
+    let mut alone = Vec::with_capacity(settings.alone);
+    for i in 0..settings.alone {
+        tokio::time::sleep(ALONE_AFTER).await;
+        alone.push(echo(client, format!("a{i}"), profile).await?);
+    }
+    report.alone = summarize(&alone);
     // Helpers are the daemon's reaped children, and the shells the helpers' reaped children.
     if let ((Some(d0), Some(c0)), Some(d1), Some(c1)) =
         (cpu0, CpuTimes::of(daemon.pid), CpuTimes::of(me))

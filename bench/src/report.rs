@@ -63,6 +63,8 @@ pub struct Settings {
     pub step_iterations: usize,
     /// Size of the file of the files phase, in MB of 10^6 bytes.
     pub file_mb: f64,
+    /// Round trips alone (after 100 ms of idleness each) per profile and baseline.
+    pub alone: usize,
 }
 
 /// Start-to-exit of one `true`, no daemon kept running.
@@ -75,12 +77,17 @@ pub struct OneShotReport {
 #[derive(Debug, Serialize)]
 pub struct OneShot {
     pub label: String,
+    /// In a loop: right after another row's run.
     pub p50_ms: f64,
+    /// Alone: after 100 ms of idleness.
+    pub alone_p50_ms: f64,
 }
 
 #[derive(Debug, Serialize)]
 pub struct BareReport {
     pub sequential: Summary,
+    /// The same command, each after 100 ms of idleness.
+    pub alone: Option<Summary>,
     /// CPU per spawn in the sequential loop (`children_ms` is bash).
     pub cpu: Option<CpuPerCommand>,
     pub seq_cmd_per_s: f64,
@@ -136,6 +143,8 @@ pub struct ProfileReport {
     pub failures: Vec<String>,
     /// Round trip of `echo hi`, one connection, one command at a time.
     pub sequential: Option<Summary>,
+    /// The same round trip, each after 100 ms of idleness (as an agent's commands come).
+    pub alone: Option<Summary>,
     pub seq_cmd_per_s: Option<f64>,
     pub cpu: Option<CpuPerCommand>,
     pub concurrent: Vec<Throughput>,
@@ -163,6 +172,7 @@ impl ProfileReport {
             skipped: None,
             failures: Vec::new(),
             sequential: None,
+            alone: None,
             seq_cmd_per_s: None,
             cpu: None,
             concurrent: Vec::new(),
@@ -366,8 +376,10 @@ pub fn markdown(r: &Report) -> String {
     );
 
     // Latency and throughput.
-    let mut header = "| `echo hi` round trip | p50 ms | p90 ms | p99 ms | seq cmd/s |".to_string();
-    let mut rule = "|---|---:|---:|---:|---:|".to_string();
+    let mut header =
+        "| `echo hi` round trip | p50 ms | p90 ms | p99 ms | alone p50 ms | seq cmd/s |"
+            .to_string();
+    let mut rule = "|---|---:|---:|---:|---:|---:|".to_string();
     for c in &s.concurrency {
         let _ = write!(header, " {c} conn cmd/s |");
         rule.push_str("---:|");
@@ -383,8 +395,12 @@ pub fn markdown(r: &Report) -> String {
     ] {
         let Some(b) = b else { continue };
         let mut row = format!(
-            "| {label} | {:.2} | {:.2} | {:.2} | {:.0} |",
-            b.sequential.p50_ms, b.sequential.p90_ms, b.sequential.p99_ms, b.seq_cmd_per_s
+            "| {label} | {:.2} | {:.2} | {:.2} | {} | {:.0} |",
+            b.sequential.p50_ms,
+            b.sequential.p90_ms,
+            b.sequential.p99_ms,
+            ms(b.alone.as_ref().map(|a| a.p50_ms)),
+            b.seq_cmd_per_s
         );
         for c in &s.concurrency {
             let _ = write!(row, " {} |", rate(throughput_at(&b.concurrent, *c)));
@@ -416,10 +432,11 @@ pub fn markdown(r: &Report) -> String {
             continue;
         };
         let mut row = format!(
-            "| {name} | {:.2} | {:.2} | {:.2} | {} |",
+            "| {name} | {:.2} | {:.2} | {:.2} | {} | {} |",
             q.p50_ms,
             q.p90_ms,
             q.p99_ms,
+            ms(p.alone.as_ref().map(|a| a.p50_ms)),
             rate(p.seq_cmd_per_s)
         );
         for c in &s.concurrency {
@@ -532,11 +549,15 @@ pub fn markdown(r: &Report) -> String {
     if let Some(o) = &r.oneshot {
         let _ = writeln!(
             out,
-            "\n| one-shot `true`, start to exit, p50 of {} (the rows take turns) | ms |\n|---|---:|",
+            "\n| one-shot `true`, start to exit, p50 of {} (the rows take turns) | in a loop, ms | alone (100 ms idle before), ms |\n|---|---:|---:|",
             o.runs
         );
         for row in &o.rows {
-            let _ = writeln!(out, "| {} | {:.2} |", row.label, row.p50_ms);
+            let _ = writeln!(
+                out,
+                "| {} | {:.2} | {:.2} |",
+                row.label, row.p50_ms, row.alone_p50_ms
+            );
         }
     }
 
