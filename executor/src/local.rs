@@ -140,15 +140,29 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     ))?;
     // One command: a worker kept warm for a next one would only be built and killed.
     engine.runner.warm_workers = false;
-    // `{home}`: a directory of this run's own, as the command's identity, gone afterwards.
-    let owner = engine
+    // `{home}`: a directory of this run's own, as the command's identity, gone afterwards;
+    // none where the profile gives its commands none (strict's HOME is its private /tmp).
+    let profile = engine
         .profiles
-        .get(valid.profile.as_deref().unwrap_or(&engine.default_profile))
-        .and_then(|p| p.user.as_ref())
-        .filter(|_| nix::unistd::geteuid().is_root())
-        .map(|u| (u.uid, u.gid));
-    let home = TempHome::create(owner)?;
-    engine.plan_settings.home = home.0.clone();
+        .get(valid.profile.as_deref().unwrap_or(&engine.default_profile));
+    let home = match profile.filter(|p| p.uses_home()) {
+        Some(p) => {
+            let owner = p
+                .user
+                .as_ref()
+                .filter(|_| nix::unistd::geteuid().is_root())
+                .map(|u| (u.uid, u.gid));
+            let home = TempHome::create(owner)?;
+            engine.plan_settings.home = home.0.clone();
+            Some(home)
+        }
+        None => {
+            // Fail closed: were `{home}` named after all, it names nothing (not the temporary
+            // directory, which every command shares).
+            engine.plan_settings.home = "/nonexistent".into();
+            None
+        }
+    };
     let kept = engine.limits.max_output_bytes;
     let code = rt.block_on(async move {
         let (tx, mut rx) = mpsc::channel::<ServerMessage>(16);

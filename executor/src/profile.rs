@@ -288,6 +288,25 @@ impl Profile {
             && (self.landlock.enabled() || self.namespaces.contains(&Namespace::Mount))
     }
 
+    /// Whether a command of this profile is given `{home}`: as its HOME (unless the profile's
+    /// environment sets one) or through a path or variable that names it. strict's commands
+    /// are not (their HOME is their private /tmp), nor task-container's (/root), so a one-shot
+    /// makes no home for them.
+    pub fn uses_home(&self) -> bool {
+        let names = |text: &str| text.contains("{home}");
+        let grants = self.filesystem.iter().flat_map(|fs| {
+            fs.read_only
+                .iter()
+                .chain(&fs.writable)
+                .chain(&fs.hidden)
+                .map(|g| g.path.as_str())
+                .chain(fs.tmpfs.iter().map(|t| t.path.as_str()))
+        });
+        !self.env.contains_key("HOME")
+            || self.env.values().any(|v| names(v))
+            || grants.into_iter().any(names)
+    }
+
     /// Whether commands see the host's own root in a mount namespace (task-container), where
     /// the loader's files are covered and pinned.
     pub fn shows_host_root(&self) -> bool {
@@ -520,6 +539,31 @@ pub(crate) mod tests {
             assert!(profile.threat_model.len() > 100, "{}", profile.name);
             assert_eq!(profile.env.get("PAGER").map(String::as_str), Some("cat"));
         }
+    }
+
+    #[test]
+    fn a_profile_uses_home_through_its_default_home_or_a_path_or_variable_naming_it() {
+        // strict's HOME is its private /tmp, task-container's /root, and neither names {home};
+        // landlock names it, trusted's HOME is it.
+        let uses = |name: &str| builtin(name).uses_home();
+        assert!(!uses("strict"));
+        assert!(!uses("task-container"));
+        assert!(uses("landlock"));
+        assert!(uses("trusted"));
+        let mut strict = builtin("strict");
+        strict.env.insert("CACHE".into(), "{home}/.cache".into());
+        assert!(strict.uses_home());
+        let mut strict = builtin("strict");
+        if let Some(fs) = strict.filesystem.as_mut() {
+            fs.writable.push(PathGrant {
+                path: "{home}".into(),
+                reason: "test".into(),
+            });
+        }
+        assert!(strict.uses_home());
+        let mut strict = builtin("strict");
+        strict.env.remove("HOME");
+        assert!(strict.uses_home());
     }
 
     #[test]

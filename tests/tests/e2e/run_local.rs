@@ -9,7 +9,8 @@ use executor_tests::{
     descendants, eventually, is_root, marked_sleep, marker, parent_of, require, sleepers, PATIENCE,
 };
 
-fn executor_run(profile: &str, extra: &[&str], command: &str) -> Command {
+/// `executor run --profile <profile> <extra> --cwd /tmp -- <command>`.
+pub(crate) fn executor_run(profile: &str, extra: &[&str], command: &str) -> Command {
     let mut run = Command::new(executor_tests::binary("executor"));
     run.args(["run", "--profile", profile])
         .args(extra)
@@ -267,5 +268,78 @@ async fn a_strict_run_has_a_network_namespace_of_its_own_and_its_fork_server_sta
         run.kill().unwrap();
         run.wait().unwrap();
         assert_all_gone(&m, &tree, profile).await;
+    }
+}
+
+/// The `executor-home-*` directories in `dir`.
+fn homes_in(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("executor-home-"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_run_makes_a_home_only_where_its_profile_gives_the_command_one_and_removes_it_after() {
+    if !require("root", is_root()) {
+        return;
+    }
+    use std::io::BufRead;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // landlock's HOME is the run's own home (the control); strict's is its private /tmp, so
+    // none is made for it.
+    for (profile, home_made) in [("landlock", true), ("strict", false)] {
+        // A temporary directory of this test's own: no other test's run makes homes in it.
+        let tmp = tempfile::tempdir_in("/tmp").unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let m = marker();
+        let mut run = executor_run(profile, &[], &format!("echo $HOME; {}", marked_sleep(&m)))
+            .env("TMPDIR", tmp.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut home = String::new();
+        std::io::BufReader::new(run.stdout.take().unwrap())
+            .read_line(&mut home)
+            .unwrap();
+        let home = home.trim().to_string();
+        assert!(
+            eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+            "{profile}: the command is not running"
+        );
+        // While the command runs, seen from the host.
+        let homes = homes_in(tmp.path());
+        if home_made {
+            assert_eq!(homes.len(), 1, "{profile}: {homes:?}");
+            assert_eq!(homes[0].to_string_lossy(), home, "{profile}");
+            let meta = std::fs::metadata(&homes[0]).unwrap();
+            assert_eq!(
+                meta.uid(),
+                65534,
+                "{profile}: the home is the command's own"
+            );
+            assert_eq!(meta.mode() & 0o777, 0o700, "{profile}");
+        } else {
+            assert!(homes.is_empty(), "{profile}: {homes:?}");
+            assert_eq!(home, "/tmp", "{profile}");
+        }
+        for pid in sleepers(&m) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        run.wait().unwrap();
+        assert!(
+            homes_in(tmp.path()).is_empty(),
+            "{profile}: the home outlived the run: {:?}",
+            homes_in(tmp.path())
+        );
     }
 }
