@@ -56,10 +56,6 @@ impl Controller {
 /// The hierarchies available on this host.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CgroupRoot {
-    /// Whether a cgroup hierarchy is mounted with `favordynmods` (Linux 6.0+), which keeps the
-    /// kernel's threadgroup rwsem ready for writers: a move into a cgroup then never waits
-    /// for an RCU grace period ([`warm_attach`]).
-    pub favor_dynmods: bool,
     /// cgroup v2: placement (and the controllers marked [`Controller::Unified`]).
     pub unified: Option<Hierarchy>,
     /// Whether the unified hierarchy has `cgroup.kill` (Linux 5.14); without it a cgroup is
@@ -96,13 +92,16 @@ impl CgroupRoot {
         all.into_iter()
     }
 
-    /// Whether a command's move into its cgroups may wait for an RCU grace period: v1
-    /// hierarchies need the move, and no mount favours it ([`warm_attach`]).
-    pub fn attach_may_wait(&self) -> bool {
+    /// Whether a command's move into its cgroups may wait for a normal RCU grace period: v1
+    /// hierarchies need the move, the kernel (`release`) is older than the one whose
+    /// self-moves skip the lock ([`join`]) and grace periods are not `expedited`
+    /// ([`grace_periods_expedited`], [`warm_attach`]). (cgroup2's `favordynmods`, which also
+    /// removes the wait, came later, in 6.0.)
+    pub fn attach_may_wait(&self, release: &str, expedited: bool) -> bool {
         let v1 = [&self.pids, &self.memory]
             .iter()
             .any(|c| matches!(c, Some(Controller::V1(_))));
-        v1 && !self.favor_dynmods
+        v1 && !self_moves_skip_the_lock(release) && !expedited
     }
 
     /// The host's shape as `executor check` and the hello name it.
@@ -195,10 +194,7 @@ pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
     let mountinfo = read("/proc/self/mountinfo");
     let own = read("/proc/self/cgroup");
-    let mut root = CgroupRoot {
-        favor_dynmods: favors_dynmods(&mountinfo),
-        ..CgroupRoot::default()
-    };
+    let mut root = CgroupRoot::default();
     let name = format!("executor-{daemon_pid}-ns{}", pid_namespace());
     match prepare_unified(&mountinfo, &own, &name, placement) {
         Ok(unified) => {
@@ -469,18 +465,10 @@ fn mount_point(mountinfo: &str, kind: Kind) -> Option<(PathBuf, PathBuf)> {
     })
 }
 
-/// Whether a cgroup or cgroup2 mount of /proc/self/mountinfo carries `favordynmods` in its
-/// super options (the kernel's rwsem is shared by every hierarchy, so one is enough).
-fn favors_dynmods(mountinfo: &str) -> bool {
-    mountinfo.lines().any(|line| {
-        let Some((_, right)) = line.split_once(" - ") else {
-            return false;
-        };
-        let mut fields = right.split_whitespace();
-        let fstype = fields.next().unwrap_or_default();
-        let options = fields.nth(1).unwrap_or_default();
-        matches!(fstype, "cgroup" | "cgroup2") && options.split(',').any(|o| o == "favordynmods")
-    })
+/// Whether `/sys/kernel/rcu_expedited` reads 1: every grace period the kernel waits for is an
+/// expedited one (tens of microseconds instead of 8-24 ms here), a move's included.
+pub fn grace_periods_expedited() -> bool {
+    std::fs::read_to_string("/sys/kernel/rcu_expedited").is_ok_and(|v| v.trim() == "1")
 }
 
 /// This process's path in a hierarchy, from /proc/self/cgroup (cgroups(7)): `0::<path>` for
@@ -569,27 +557,65 @@ pub fn counter(dir: &Path, file: &str, key: &str) -> u64 {
 }
 
 /// Move the calling process into `dir`.
+///
+/// A process with one thread moves itself through v1's `tasks` file: a thread that names
+/// itself ("0") there moves without the kernel's global cgroup threadgroup rwsem
+/// (`cgroup_procs_write_start`, "Optimize single thread migration", Linux 5.5). A
+/// `cgroup.procs` write takes that rwsem for writing, and after a quiet spell that waits for
+/// a full RCU grace period (`percpu_down_write` -> `rcu_sync_enter` -> `synchronize_rcu`):
+/// measured here (Linux 6.18, 2 cores, each move after 100 ms of idleness, 2026-12-02) 11.9 ms
+/// median against 0.04 through `tasks`; the writer holds the cgroup mutex meanwhile, so every
+/// cgroup `mkdir` waits too. With more threads, or in a cgroup2 directory (no `tasks`; a
+/// process moves whole there), `cgroup.procs`.
 pub fn join(dir: &Path) -> Result<(), CgroupError> {
+    if one_thread() {
+        let tasks = dir.join("tasks");
+        match std::fs::OpenOptions::new().write(true).open(&tasks) {
+            Ok(mut file) => {
+                return io::Write::write_all(&mut file, b"0").map_err(io_err(&tasks));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&tasks)(e)),
+        }
+    }
     let procs = dir.join("cgroup.procs");
     // "0" names the writing process itself (Documentation/admin-guide/cgroup-v2.rst).
     std::fs::write(&procs, "0").map_err(io_err(&procs))
 }
 
-/// Start, on a thread of its own, the wait that the first cgroup v1 attach of this process's
-/// commands would otherwise make on their critical path.
-///
-/// Every move into a cgroup (a write to `cgroup.procs` or to v1's `tasks`) takes the kernel's
-/// global cgroup threadgroup rwsem for writing; after a quiet spell that means waiting for a
-/// full RCU grace period first (`percpu_down_write` -> `rcu_sync_enter` ->
-/// `synchronize_rcu`), and for about one more grace period after the last writer the next
-/// one goes through at once. Measured here (Linux 6.18, 2 cores): 5-14 ms for the first
-/// write, tens of microseconds for those that follow. cgroup v2 commands need no move
-/// (clone3 `CLONE_INTO_CGROUP` places them at birth), but v1 hierarchies (the hybrid and v1
-/// shapes) do, in the helper, with the command waiting. So a one-shot run or a daemon that
-/// just started moves this thread into the cgroup it is already in, a move that changes
-/// nothing, as soon as it knows its hierarchies: the grace period then passes while the rest
-/// of its set-up runs. Errors are of no consequence and ignored.
+/// Whether the calling process has exactly one thread (so moving it moves the process).
+fn one_thread() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.take(2).count() == 1)
+}
+
+/// Whether this kernel moves a thread that names itself in v1's `tasks` without the global
+/// threadgroup rwsem, so that [`join`] never waits for a grace period (Linux 5.5+).
+pub fn self_moves_skip_the_lock(release: &str) -> bool {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    version >= (5, 5)
+}
+
+/// This kernel's release (`uname -r`), or "" where it cannot be read.
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// On a kernel before 5.5, start, on a thread of its own, the wait that the first cgroup v1
+/// move of this process's commands would otherwise make on their critical path ([`join`]):
+/// a move into the cgroup this thread is already in, which changes nothing, so that the
+/// grace period passes while the rest of the set-up runs (the kernel's rwsem then stays ready
+/// for writers for about one more grace period after the last). Errors are of no
+/// consequence and ignored. From 5.5 on the helpers' moves do not wait, and this move would
+/// only hold the cgroup mutex through a grace period while they `mkdir`.
 pub fn warm_attach(root: &CgroupRoot) {
+    if self_moves_skip_the_lock(&kernel_release()) {
+        return;
+    }
     let v1 = [&root.pids, &root.memory]
         .into_iter()
         .find_map(|c| match c {
@@ -674,17 +700,30 @@ mod tests {
     }
 
     #[test]
-    fn favordynmods_is_read_from_a_cgroup_mounts_super_options() {
-        let plain =
-            "36 24 0:31 / /sys/fs/cgroup/unified rw,relatime shared:13 - cgroup2 cgroup2 rw\n";
-        assert!(!favors_dynmods(plain));
-        assert!(favors_dynmods(
-            &plain.replace("cgroup2 rw", "cgroup2 rw,favordynmods")
-        ));
-        // Another file system's option of the same name does not count.
-        assert!(!favors_dynmods(
-            "1 2 0:3 / /x rw - tmpfs tmpfs rw,favordynmods\n"
-        ));
+    fn only_a_v1_move_on_a_kernel_before_5_5_without_expedited_grace_periods_may_wait() {
+        let h = |path: &str| Hierarchy {
+            parent: path.into(),
+            back: path.into(),
+        };
+        let v1 = CgroupRoot {
+            unified: Some(h("/cg2")),
+            pids: Some(Controller::V1(h("/cg1/pids"))),
+            memory: Some(Controller::Unified),
+            ..CgroupRoot::default()
+        };
+        let old = "5.4.0-216-generic";
+        assert!(v1.attach_may_wait(old, false));
+        assert!(!v1.attach_may_wait(old, true));
+        for newer in ["5.5.0", "5.10.0-33-amd64", "6.1.0-27-amd64", "6.18.0"] {
+            assert!(!v1.attach_may_wait(newer, false), "{newer}");
+        }
+        assert!(v1.attach_may_wait("4.18.0-553.el8_10.x86_64", false));
+        // cgroup v2 alone: commands are placed at birth, nothing moves.
+        let v2 = CgroupRoot {
+            pids: Some(Controller::Unified),
+            ..v1
+        };
+        assert!(!v2.attach_may_wait(old, false));
     }
 
     #[test]

@@ -750,7 +750,6 @@ mod tests {
                 swap: false,
                 pids: Some(Controller::V1(hierarchy("/cg1/pids"))),
                 memory: None,
-                favor_dynmods: false,
             },
             landlock_abi: 7,
         }

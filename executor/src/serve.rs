@@ -33,7 +33,8 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
             move_into_leaf: true,
         },
     );
-    // The start-up probes' first cgroup v1 move would wait for an RCU grace period.
+    // Before Linux 5.5 the start-up probes' first cgroup v1 move would wait for an RCU grace
+    // period.
     cgroup::warm_attach(&cgroups);
     // The fork server, from the main thread (which lives as long as the daemon). Without it,
     // helpers are started by exec.

@@ -4,6 +4,7 @@
 mod auth;
 mod basics;
 mod cgroup_parent;
+mod cgroup_placement;
 mod clients;
 mod daemon_life;
 mod files;

@@ -1,0 +1,201 @@
+//! Where a command's processes sit, read on the host from `/proc/<pid>/cgroup` while it runs:
+//! in a cgroup of the command's own in every hierarchy the host limits it by (the cgroup2 one,
+//! and the v1 `pids` and `memory` hierarchies where the controllers live there, which the
+//! helper joins through v1's `tasks` file, `executor/src/cgroup.rs` `join`), with the profile's
+//! limits written there; and the helper that made the command back in the daemon's (or the
+//! one-shot run's) own cgroups, so that killing the command's never kills it. Control: the
+//! daemon and the test itself are in none of the command's.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+
+use executor_tests::checks::{cancel, preq};
+use executor_tests::{
+    eventually, is_root, marked_sleep, marker, parent_of, require, sleepers, Daemon, PATIENCE,
+};
+use protocol::ClientMessage;
+
+/// The hierarchies a command is placed in on this host, each with where its files are: the
+/// cgroup2 mount (key "0") and v1 mounts of `pids` and `memory` (keyed by controller).
+fn hierarchies() -> BTreeMap<String, String> {
+    let mut found = BTreeMap::new();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mount_point = left.split_whitespace().nth(4).unwrap_or_default();
+        let mut fields = right.split_whitespace();
+        let (fstype, options) = (fields.next(), fields.nth(1).unwrap_or_default());
+        match fstype {
+            Some("cgroup2") => {
+                found.insert("0".to_string(), mount_point.to_string());
+            }
+            Some("cgroup") => {
+                for controller in ["pids", "memory"] {
+                    if options.split(',').any(|o| o == controller) {
+                        found.insert(controller.to_string(), mount_point.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+/// `pid`'s path in each hierarchy of [`hierarchies`] (keys as there).
+fn paths_of(pid: i32) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let mut paths = BTreeMap::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (id, controllers, path) = (parts.next(), parts.next(), parts.next());
+        let (Some(id), Some(controllers), Some(path)) = (id, controllers, path) else {
+            continue;
+        };
+        if id == "0" {
+            paths.insert("0".to_string(), path.to_string());
+        }
+        for c in controllers.split(',') {
+            if c == "pids" || c == "memory" {
+                paths.insert(c.to_string(), path.to_string());
+            }
+        }
+    }
+    paths
+}
+
+/// Check the placement of the command whose sleeper is `sleeper`, made by a daemon (or run)
+/// whose own process is `owner`, under `profile`.
+fn assert_placed(sleeper: i32, owner: i32, profile: &str) {
+    let places = hierarchies();
+    assert!(
+        places.contains_key("0") || places.contains_key("pids"),
+        "no cgroup hierarchy on this host"
+    );
+    let command = paths_of(sleeper);
+    let own = paths_of(owner);
+    let test = paths_of(std::process::id() as i32);
+    let limits: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("../sandbox-profiles/{profile}.json")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let processes = limits["limits"]["processes"].as_u64().unwrap();
+    let memory = limits["limits"]["memory_mb"].as_u64().unwrap() << 20;
+    for (key, mount) in &places {
+        let path = &command[key];
+        // Its own: below the daemon's (`executor-<pid>-ns<ns>/...`), not the daemon's nor
+        // the test's.
+        assert!(
+            path.contains(&format!("/executor-{owner}-ns")),
+            "[{profile}] hierarchy {key}: the command is in {path}, not one of the daemon's \
+             command cgroups (the daemon is in {:?})",
+            own.get(key)
+        );
+        assert_ne!(Some(path), own.get(key), "[{profile}] {key}");
+        assert_ne!(Some(path), test.get(key), "[{profile}] {key}");
+        let dir = format!("{mount}{path}");
+        let listed = std::fs::read_to_string(format!("{dir}/cgroup.procs")).unwrap();
+        assert!(
+            listed.lines().any(|l| l.trim() == sleeper.to_string()),
+            "[{profile}] {dir} does not list the command: {listed}"
+        );
+        // The limits, in whichever hierarchy holds each controller.
+        let read = |file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok();
+        if key == "pids" || (key == "0" && !places.contains_key("pids")) {
+            assert_eq!(
+                read("pids.max").as_deref().map(str::trim),
+                Some(processes.to_string().as_str()),
+                "[{profile}] {dir}"
+            );
+        }
+        if key == "memory" {
+            assert_eq!(
+                read("memory.limit_in_bytes").as_deref().map(str::trim),
+                Some(memory.to_string().as_str()),
+                "[{profile}] {dir}"
+            );
+        } else if key == "0" && !places.contains_key("memory") {
+            assert_eq!(
+                read("memory.max").as_deref().map(str::trim),
+                Some(memory.to_string().as_str()),
+                "[{profile}] {dir}"
+            );
+        }
+    }
+    // Up from the sleeper: the first process outside the command's cgroups is its helper,
+    // and it is back in the owner's own in every hierarchy.
+    let mut pid = sleeper;
+    let helper = loop {
+        let parent = parent_of(pid).unwrap();
+        assert_ne!(parent, 0, "[{profile}] no helper above the command");
+        if paths_of(parent).get("0") != command.get("0")
+            || paths_of(parent).get("pids") != command.get("pids")
+        {
+            break parent;
+        }
+        pid = parent;
+    };
+    for key in places.keys() {
+        assert_eq!(
+            paths_of(helper).get(key),
+            own.get(key),
+            "[{profile}] the helper {helper} is not back in the daemon's cgroup of {key}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_daemons_command_runs_in_cgroups_of_its_own_in_every_hierarchy_and_its_helper_does_not() {
+    if !require("root", is_root()) {
+        return;
+    }
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for profile in ["landlock", "strict"] {
+        let m = marker();
+        client
+            .send(&ClientMessage::Exec(preq(
+                Some(profile),
+                profile,
+                &marked_sleep(&m),
+                30.0,
+            )))
+            .await;
+        assert!(
+            eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+            "[{profile}] the command did not start"
+        );
+        assert_placed(sleepers(&m)[0], daemon.pid() as i32, profile);
+        cancel(&mut client, profile).await;
+        assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+    }
+}
+
+#[tokio::test]
+async fn a_one_shot_runs_its_command_in_cgroups_of_its_own_and_its_helper_does_not() {
+    if !require("root", is_root()) {
+        return;
+    }
+    for profile in ["landlock", "strict"] {
+        let m = marker();
+        let mut run = crate::run_local::executor_run(profile, &[], &marked_sleep(&m))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(
+            eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+            "[{profile}] the command did not start"
+        );
+        assert_placed(sleepers(&m)[0], run.id() as i32, profile);
+        run.kill().unwrap();
+        run.wait().unwrap();
+        assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+    }
+}
