@@ -433,7 +433,7 @@ impl<'t> Worker<'t> {
     pub fn dismiss(self) {
         let mut status = None;
         let swept = end::sweep(self.template, &self.name, self.child, &mut status);
-        release(self.template, &self.name, self.lease, &swept);
+        release(self.template, &self.name, self.lease, &swept, 0);
     }
 
     /// Run the command: hand it and the output pipe to the waiting payload, wait for the end,
@@ -498,7 +498,7 @@ impl<'t> Worker<'t> {
             // sweep would have to kill it) and the directories can be lent again.
             let _ = nix::sys::wait::waitpid(self.child, None);
             let swept = end::sweep(self.template, &self.name, self.child, &mut None);
-            release(self.template, &self.name, self.lease, &swept);
+            release(self.template, &self.name, self.lease, &swept, 0);
             return;
         }
         let (mut exit, stopped) = (ending.exit, ending.stopped);
@@ -532,17 +532,24 @@ impl<'t> Worker<'t> {
             },
         );
         drop(status);
-        release(self.template, &self.name, self.lease, &sweep);
+        release(self.template, &self.name, self.lease, &sweep, killed);
     }
 }
 
 /// The helper's last act, once the command has been reported: give back what the fork server
 /// lent if every process that was in it is gone (we have no child left: init is reaped, and
 /// the kernel empties a pid namespace before its init's exit completes), the cgroup
-/// directories only if they are clean and the sweep did not kill through them
+/// directories only if they are clean, the command left no process behind (`killed`, the
+/// count its result reports) and the sweep did not kill through them
 /// (`spawner::cgroup_pool`); remove the directories that are not given back. The helper exits
 /// next.
-fn release(template: &Template, name: &str, lease: Option<Lease>, swept: &end::Swept) {
+///
+/// `killed` decides, not only the sweep: under a pid namespace init kills what the payload
+/// left (its exit empties the namespace), and when init is gone before the sweep reads
+/// `cgroup.procs` the sweep finds nothing to kill, so whether the directories were lent
+/// again depended on that race (seen in CI: a command that left `sleep 100 &` had its
+/// directories lent to the next one).
+fn release(template: &Template, name: &str, lease: Option<Lease>, swept: &end::Swept, killed: u32) {
     let all_reaped = matches!(
         nix::sys::wait::waitpid(
             Pid::from_raw(-1),
@@ -552,6 +559,7 @@ fn release(template: &Template, name: &str, lease: Option<Lease>, swept: &end::S
     );
     let lease = lease.filter(|_| all_reaped);
     let clean = lease.as_ref().is_some_and(|l| l.cgroup.is_some())
+        && killed == 0
         && !swept.by_cgroup
         && end::cgroups_clean(template, name);
     if !clean {

@@ -16,8 +16,10 @@
 //!   with no capability and no_new_privs under a root daemon, so that no command can write a
 //!   file of its cgroup (they are root's): what a command could leave in the directory is
 //!   what the kernel counts, checked below.
-//! - **When it comes back**: once every process of the command is reaped, if the directories
-//!   hold no process, the command hit no limit (the counters `limits_hit` reads are all zero,
+//! - **When it comes back**: once every process of the command is reaped, if the command
+//!   left no process behind (its result's `killed_processes` is 0, however they died: by the
+//!   sweep, or by init's exit emptying its pid namespace), the directories hold no process,
+//!   the command hit no limit (the counters `limits_hit` reads are all zero,
 //!   so the next command's report starts from zero as in a new directory), and at most
 //!   [`MAX_CHARGED`] of memory is still charged to it (page cache of files it wrote, counted
 //!   against the next command's limit until reclaimed). Anything else, and the helper removes
