@@ -659,13 +659,23 @@ pub fn kill(dir: &Path) {
 /// its children are gone (`executor run`'s, while its helper finishes after the report), so
 /// retry for up to about 100 ms: every 50 µs for the first 2 ms (what a helper's last steps
 /// take), then every millisecond (a fixed 1 ms step cost a one-shot run most of a millisecond
-/// for a wait of a fraction of one). The next daemon start removes what is left.
+/// for a wait of a fraction of one). The next daemon start removes what is left. Only
+/// `EBUSY` (tasks or child directories still in it; `ENOTEMPTY` too, in case) is worth the
+/// wait: a directory we may not remove stays as it is (an unprivileged daemon sweeping a root
+/// daemon's stale ones at its start cost itself 100 ms per directory).
 pub fn remove(dir: &Path) {
     let started = std::time::Instant::now();
     while started.elapsed() < Duration::from_millis(100) {
         match std::fs::remove_dir(dir) {
             Ok(()) => return,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e)
+                if !matches!(
+                    nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+                    nix::errno::Errno::EBUSY | nix::errno::Errno::ENOTEMPTY
+                ) =>
+            {
+                return
+            }
             Err(_) if started.elapsed() < Duration::from_millis(2) => {
                 std::thread::sleep(Duration::from_micros(50));
             }
