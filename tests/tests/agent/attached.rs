@@ -160,9 +160,12 @@ async fn shell_on_a_terminal_runs_bash_follows_resizes_and_exits_with_its_code()
         .expect("agent shell did not end")
         .unwrap()
         .status;
-    let shown = String::from_utf8_lossy(&screen.lock().unwrap()).into_owned();
     // The answer on a line of its own (after bash's bracketed-paste switch), not the echo.
-    assert!(shown.contains("42\r\n"), "{shown}");
+    // The agent wrote it before it exited; our reader thread may take a moment to copy it
+    // from the terminal (CI read the screen once, at once, and missed the last lines).
+    let answered = eventually(PATIENCE, || shows(&screen, "42\r\n")).await;
+    let shown = String::from_utf8_lossy(&screen.lock().unwrap()).into_owned();
+    assert!(answered, "{status:?}: {shown}");
     assert_eq!(status.code(), Some(3), "{shown}");
     // The terminal is back in its own mode: canonical input and echo, as before raw mode.
     let mode = std::process::Command::new("stty")
