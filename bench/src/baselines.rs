@@ -19,6 +19,8 @@ pub struct Spawn {
     pub label: &'static str,
     /// Program and arguments before `bash -c CMD`.
     prefix: Vec<String>,
+    /// The environment beyond PATH (none: bash starts in the C locale).
+    env: Vec<(String, String)>,
 }
 
 impl Spawn {
@@ -26,7 +28,34 @@ impl Spawn {
         Self {
             label: "bare spawn",
             prefix: Vec::new(),
+            env: Vec::new(),
         }
+    }
+
+    /// A bare spawn in the environment the shipped landlock profile gives its commands
+    /// (`LANG`/`LC_ALL=C.UTF-8` among it, which makes bash load a dozen locale files), `{home}`
+    /// and `{workspace}` naming `dir`: what the same command costs outside the sandbox in the
+    /// same environment.
+    pub fn bare_in_profile_env(dir: &std::path::Path) -> anyhow::Result<Self> {
+        let profile: serde_json::Value =
+            serde_json::from_str(include_str!("../../sandbox-profiles/landlock.json"))
+                .context("the landlock profile")?;
+        let dir = dir.to_string_lossy();
+        let env = profile["env"]
+            .as_object()
+            .context("the landlock profile has no env")?
+            .iter()
+            .filter_map(|(name, value)| {
+                let value = value.as_str()?;
+                let value = value.replace("{home}", &dir).replace("{workspace}", &dir);
+                Some((name.clone(), value))
+            })
+            .collect();
+        Ok(Self {
+            label: "bare spawn, landlock's environment",
+            prefix: Vec::new(),
+            env,
+        })
     }
 
     /// bubblewrap with the namespaces strict creates (mount, pid, network, IPC, UTS, cgroup,
@@ -60,6 +89,7 @@ impl Spawn {
         Some(Self {
             label: "bubblewrap",
             prefix,
+            env: Vec::new(),
         })
     }
 
@@ -71,6 +101,7 @@ impl Spawn {
             .args(&argv[1..])
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stderr(Stdio::null());
         command
@@ -310,4 +341,30 @@ fn run_once(make: &dyn Fn() -> Command, label: &str) -> anyhow::Result<f64> {
         bail!("{label} failed: {status}");
     }
     Ok(elapsed.as_secs_f64() * 1e3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profile_environment_baseline_runs_bash_with_landlocks_locale_and_its_own_home() {
+        let home = tempfile::tempdir().unwrap();
+        let spawn = Spawn::bare_in_profile_env(home.path()).unwrap();
+        let out = spawn
+            .command("echo \"$LANG $LC_ALL $HOME\"")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("C.UTF-8 C.UTF-8 {}", home.path().display())
+        );
+        // The plain bare spawn (the control): no locale, no HOME.
+        let out = Spawn::bare()
+            .command("echo \"${LANG-none} ${HOME-none}\"")
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "none none");
+    }
 }

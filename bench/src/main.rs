@@ -290,6 +290,15 @@ async fn bench(
     } else {
         None
     };
+    // The same spawn in the profile's environment: the locale it sets costs bash a dozen
+    // file loads, which is the profile's choice, not the sandbox's mechanism.
+    let profile_env_home = tempfile::tempdir().context("a home for the profile's environment")?;
+    let bare_profile_env = if opts.runs("latency") {
+        let spawn = baselines::Spawn::bare_in_profile_env(profile_env_home.path())?;
+        Some(baselines::measure(&spawn, &settings)?)
+    } else {
+        None
+    };
     let bwrap = baselines::Spawn::bubblewrap();
     if bwrap.is_none() && (opts.runs("bubblewrap") || opts.runs("oneshot")) {
         eprintln!("bench: bwrap is not installed; the bubblewrap baselines are left out");
@@ -478,6 +487,7 @@ async fn bench(
         machine,
         settings,
         bare,
+        bare_profile_env,
         bubblewrap,
         profiles,
         cold,

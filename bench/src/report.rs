@@ -13,6 +13,8 @@ pub struct Report {
     pub settings: Settings,
     /// `bash -c 'echo hi'` spawned by the benchmark itself; absent when latency is skipped.
     pub bare: Option<BareReport>,
+    /// The same spawn in the environment landlock gives its commands (its locale among it).
+    pub bare_profile_env: Option<BareReport>,
     /// The same loop through bubblewrap with strict's namespaces; absent when latency is
     /// skipped or bwrap is not installed.
     pub bubblewrap: Option<BareReport>,
@@ -391,6 +393,10 @@ pub fn markdown(r: &Report) -> String {
     let rows_start = out.len();
     for (label, b) in [
         ("bare spawn, no daemon (threads for concurrency)", &r.bare),
+        (
+            "bare spawn in landlock's environment (its locale: LANG, LC_ALL)",
+            &r.bare_profile_env,
+        ),
         ("bubblewrap, strict's namespaces, no daemon", &r.bubblewrap),
     ] {
         let Some(b) = b else { continue };
@@ -460,7 +466,11 @@ pub fn markdown(r: &Report) -> String {
     // a helper's own time is not in the daemon's reaped children (the fork server lets the
     // kernel reap them), so it is not shown on its own.
     let mut cpu_rows = Vec::new();
-    for (label, b) in [("bare spawn", &r.bare), ("bubblewrap", &r.bubblewrap)] {
+    for (label, b) in [
+        ("bare spawn", &r.bare),
+        ("bare spawn, landlock's environment", &r.bare_profile_env),
+        ("bubblewrap", &r.bubblewrap),
+    ] {
         if let Some(c) = b.as_ref().and_then(|b| b.cpu.as_ref()) {
             cpu_rows.push((label.to_string(), c));
         }
