@@ -253,16 +253,29 @@ async fn waiting_reads_are_bounded_per_session() {
         grown < 20 * 1024,
         "{READS} reads grew the daemon by {grown} KiB"
     );
-    // Output wakes the parked reads: each is answered.
-    signal(&mut client, "quiet", "KILL", false).await;
-    let mut answered = 0;
-    while answered < WAITING {
+    // The end of the output wakes the parked reads: each is answered. They may be answered
+    // before the signal's own `done` (the kill ends the output at once), so both are counted.
+    client
+        .send(&ClientMessage::Signal(SignalRequest {
+            id: "quiet".into(),
+            signal: "KILL".into(),
+            foreground: false,
+        }))
+        .await;
+    let (mut answered, mut done) = (0, false);
+    while answered < WAITING || !done {
         match client.recv().await {
-            Some(ServerMessage::ProcessOutput(out)) if out.id == "quiet" => answered += 1,
+            Some(ServerMessage::ProcessOutput(out)) if out.id == "quiet" => {
+                assert!(out.eof, "{out:?}");
+                answered += 1;
+            }
+            Some(ServerMessage::Done(d)) if d.id == "quiet" => done = true,
+            Some(ServerMessage::Error(e)) if e.id.as_deref() == Some("quiet") => panic!("{e:?}"),
             Some(_) => {}
             None => panic!("closed"),
         }
     }
+    assert_eq!(answered, WAITING, "every parked read answered once");
 }
 
 #[tokio::test]
