@@ -260,18 +260,18 @@ pub fn loopback_up() -> io::Result<()> {
 /// Fail unless the calling process has exactly one thread: forking or changing credentials
 /// in a multi-threaded process would leave other threads behind with the old state.
 pub fn assert_single_threaded() -> io::Result<()> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let threads = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .map(str::trim);
-    if threads == Some("1") {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "the sandbox helper must be single-threaded, has {threads:?} threads"
-        )))
+    match threads()? {
+        1 => Ok(()),
+        n => Err(io::Error::other(format!(
+            "the sandbox helper must be single-threaded, has {n} threads"
+        ))),
     }
+}
+
+/// How many threads the calling process has: the entries of /proc/self/task (a third of the
+/// cost of generating /proc/self/status for its `Threads:` line, 8 against 22 us here).
+pub fn threads() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
 
 /// Give the payload the signal state a fresh process expects: every disposition back to its
