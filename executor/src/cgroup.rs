@@ -67,6 +67,8 @@ pub struct CgroupRoot {
     pub pids: Option<Controller>,
     /// The memory limit's controller, if any.
     pub memory: Option<Controller>,
+    /// Each parent is the cgroup of the one command there will be ([`Placement::one_command`]).
+    pub one_command: bool,
 }
 
 impl CgroupRoot {
@@ -185,6 +187,11 @@ pub struct Placement {
     /// process): needed where its cgroup must enable controllers for its children. `run` and
     /// `check` share their cgroup with the shell that started them and never move.
     pub move_into_leaf: bool,
+    /// One command only (`executor run`): its cgroups are the parents themselves, made
+    /// before the command's helper starts and removed after it is gone, so the command's path
+    /// makes and removes no directory of its own (a `mkdir` and an `rmdir` a hierarchy, each
+    /// the kernel's set-up or teardown of the controllers' state and files).
+    pub one_command: bool,
 }
 
 /// Find the hierarchies, create the daemon's parent cgroup in each, and remove what dead
@@ -194,7 +201,10 @@ pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
     let mountinfo = read("/proc/self/mountinfo");
     let own = read("/proc/self/cgroup");
-    let mut root = CgroupRoot::default();
+    let mut root = CgroupRoot {
+        one_command: placement.one_command,
+        ..CgroupRoot::default()
+    };
     let name = format!("executor-{daemon_pid}-ns{}", pid_namespace());
     match prepare_unified(&mountinfo, &own, &name, placement) {
         Ok(unified) => {
@@ -304,7 +314,14 @@ fn prepare_unified(
     let parent = home.join(name);
     create_parent(&parent, UNIFIED_FIX)?;
     // The parent holds no process: it can pass the controllers on to each command's cgroup.
-    let wanted = match enable(&parent, &wanted) {
+    // The one command's own cgroup passes nothing on: cgroup2 puts no process in a cgroup
+    // whose controllers are enabled for children, and its own come from `home`'s.
+    let enabled = if placement.one_command {
+        Ok(())
+    } else {
+        enable(&parent, &wanted)
+    };
+    let wanted = match enabled {
         Ok(()) => wanted,
         Err(err) => {
             tracing::warn!(%err, "cannot enable controllers below {}", parent.display());
@@ -585,7 +602,7 @@ pub fn join(dir: &Path) -> Result<(), CgroupError> {
 
 /// Whether the calling process has exactly one thread (so moving it moves the process).
 fn one_thread() -> bool {
-    std::fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.take(2).count() == 1)
+    crate::sys::threads().is_ok_and(|n| n == 1)
 }
 
 /// Whether this kernel moves a thread that names itself in v1's `tasks` without the global

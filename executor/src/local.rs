@@ -101,18 +101,34 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     // exec of our binary as its helper. Where it cannot be made, the helper is exec'd.
     // The fork server makes the command's network namespace while we set up, when the named
     // profile is one that makes one.
+    let named = valid
+        .profile
+        .as_deref()
+        .and_then(crate::profile::Profile::builtin)
+        .and_then(Result::ok);
     let ahead = crate::spawner::Ahead {
-        net: valid
-            .profile
-            .as_deref()
-            .and_then(crate::profile::Profile::builtin)
-            .and_then(Result::ok)
+        net: named
+            .as_ref()
             .is_some_and(|p| p.namespaces.contains(&crate::profile::Namespace::Net)),
     };
     let spawner = crate::spawner::fork_here(ahead)
         .map_err(|err| tracing::debug!(%err, "no forked fork server: the helper is exec'd"))
         .ok();
-    let cgroups = cgroup::prepare(std::process::id(), &cgroup::Placement::default());
+    // The home of a named built-in profile that gives one is made on a thread of its own
+    // while we set up (a `mkdir` of an ext4 directory and its `tmp` cost about 0.2 ms here).
+    let early_home = named.as_ref().and_then(home_owner).map(|owner| {
+        let thread = std::thread::Builder::new()
+            .name("home".into())
+            .spawn(move || TempHome::create(owner));
+        (owner, thread)
+    });
+    let cgroups = cgroup::prepare(
+        std::process::id(),
+        &cgroup::Placement {
+            one_command: true,
+            ..cgroup::Placement::default()
+        },
+    );
     // Before Linux 5.5 the helper's first cgroup v1 move would wait for an RCU grace period:
     // let it start now, beside the rest of the set-up.
     cgroup::warm_attach(&cgroups);
@@ -145,14 +161,20 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     let profile = engine
         .profiles
         .get(valid.profile.as_deref().unwrap_or(&engine.default_profile));
-    let home = match profile.filter(|p| p.uses_home()) {
-        Some(p) => {
-            let owner = p
-                .user
-                .as_ref()
-                .filter(|_| nix::unistd::geteuid().is_root())
-                .map(|u| (u.uid, u.gid));
-            let home = TempHome::create(owner)?;
+    let early_home = early_home.and_then(|(owner, thread)| match thread {
+        Ok(thread) => Some((owner, thread.join())),
+        Err(_) => None,
+    });
+    let owner = profile.and_then(home_owner);
+    // A home made ahead for another identity than the profile's (or where it wants none) goes.
+    let early_home = early_home.filter(|(early_owner, _)| Some(*early_owner) == owner);
+    let home = match owner {
+        Some(owner) => {
+            let home = match early_home {
+                Some((_, Ok(made))) => made?,
+                // Not made ahead, or its thread panicked: made now.
+                _ => TempHome::create(owner)?,
+            };
             engine.plan_settings.home = home.0.clone();
             Some(home)
         }
@@ -201,13 +223,29 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(exit_code(result.returncode, result.extra.ended))
     });
-    // The command's tree is gone: its home goes first, while the helper is still removing
-    // the command's cgroups (which the parents below wait for).
-    drop(home);
+    // The command's tree is gone: its home (an ext4 directory's removal waits for its blocks'
+    // discard here, 0.2 ms) and its cgroups go side by side.
+    let removing = home.map(|home| std::thread::Builder::new().spawn(move || drop(home)));
     for hierarchy in cgroups.all() {
         cgroup::remove(&hierarchy.parent);
     }
+    if let Some(Ok(thread)) = removing {
+        let _ = thread.join();
+    }
     code
+}
+
+/// Whose `{home}` a command of `profile` gets: `Some` where the profile gives its commands a
+/// home (strict's HOME is its private /tmp), with the owner it needs (the profile's user,
+/// when we are root and can hand it over).
+fn home_owner(profile: &crate::profile::Profile) -> Option<Option<(u32, u32)>> {
+    profile.uses_home().then(|| {
+        profile
+            .user
+            .as_ref()
+            .filter(|_| nix::unistd::geteuid().is_root())
+            .map(|u| (u.uid, u.gid))
+    })
 }
 
 /// `executor check`: which layers and profiles this host supports, and why not.

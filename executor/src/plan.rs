@@ -87,6 +87,21 @@ pub struct CgroupDir {
     pub settings: Vec<(String, String)>,
     /// Whether this is the cgroup2 directory whose `cgroup.kill` ends the command.
     pub kill: bool,
+    /// The command's directory is `parent` itself, made before the helper starts and removed
+    /// by its caller after the helper is gone (`executor run`: [`cgroup::Placement::one_command`]).
+    #[serde(default)]
+    pub is_parent: bool,
+}
+
+impl CgroupDir {
+    /// The command's directory, for the helper whose directories are named `name`.
+    pub fn dir(&self, name: &str) -> PathBuf {
+        if self.is_parent {
+            self.parent.clone()
+        } else {
+            self.parent.join(name)
+        }
+    }
 }
 
 /// The isolation part of a plan.
@@ -527,6 +542,7 @@ fn plan_cgroups(profile: &Profile, root: &CgroupRoot) -> Vec<CgroupDir> {
             home: h.back.clone(),
             settings,
             kill: true,
+            is_parent: root.one_command,
         });
     }
     if let (Some(Controller::V1(h)), Some(max)) = (&root.pids, limits.processes) {
@@ -535,6 +551,7 @@ fn plan_cgroups(profile: &Profile, root: &CgroupRoot) -> Vec<CgroupDir> {
             home: h.back.clone(),
             settings: vec![("pids.max".into(), max.to_string())],
             kill: false,
+            is_parent: root.one_command,
         });
     }
     if let (Some(Controller::V1(h)), Some(mb)) = (&root.memory, limits.memory_mb) {
@@ -543,6 +560,7 @@ fn plan_cgroups(profile: &Profile, root: &CgroupRoot) -> Vec<CgroupDir> {
             home: h.back.clone(),
             settings: vec![("memory.limit_in_bytes".into(), (mb * MIB).to_string())],
             kill: false,
+            is_parent: root.one_command,
         });
     }
     dirs
@@ -750,6 +768,7 @@ mod tests {
                 swap: false,
                 pids: Some(Controller::V1(hierarchy("/cg1/pids"))),
                 memory: None,
+                one_command: false,
             },
             landlock_abi: 7,
         }
@@ -782,6 +801,7 @@ mod tests {
                         home: "/cg2".into(),
                         settings: vec![],
                         kill: true,
+                        is_parent: false,
                     }],
                     sandbox: SandboxPlan::default(),
                     layers: vec!["session".into(), "subreaper".into(), "cgroup".into()],
@@ -1014,6 +1034,7 @@ mod tests {
                     ("memory.oom.group".into(), "1".into()),
                 ],
                 kill: true,
+                is_parent: false,
             }]
         );
         // No rlimit stands in for a limit a controller enforces.

@@ -31,6 +31,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         &cgroup::Placement {
             parent_of_parent: args.cgroup_parent.clone(),
             move_into_leaf: true,
+            one_command: false,
         },
     );
     // Before Linux 5.5 the start-up probes' first cgroup v1 move would wait for an RCU grace

@@ -143,7 +143,7 @@ pub fn count(template: &Template, name: &str, pid_ns: bool, child: Pid) -> Optio
         .cgroups
         .iter()
         .find(|c| c.kill)
-        .map(|c| cgroup::procs(&c.parent.join(name)).len() as u32)
+        .map(|c| cgroup::procs(&c.dir(name)).len() as u32)
         .or_else(|| pid_ns.then(|| descendants(child) + 1))
 }
 
@@ -193,7 +193,7 @@ pub fn sweep(
     let mut by_cgroup = false;
     loop {
         for cg in template.cgroups.iter().filter(|c| c.kill) {
-            let dir = cg.parent.join(name);
+            let dir = cg.dir(name);
             let procs = cgroup::procs(&dir);
             if !procs.is_empty() {
                 killed.extend(procs);
@@ -232,9 +232,10 @@ pub fn sweep(
     }
 }
 
+/// Remove the command's cgroups (not those that are the caller's own: it removes them).
 pub fn remove_cgroups(template: &Template, name: &str) {
-    for cg in &template.cgroups {
-        cgroup::remove(&cg.parent.join(name));
+    for cg in template.cgroups.iter().filter(|c| !c.is_parent) {
+        cgroup::remove(&cg.dir(name));
     }
 }
 
@@ -251,7 +252,7 @@ pub fn cgroups_clean(template: &Template, name: &str) -> bool {
     };
     limits_hit(template, name).is_empty()
         && template.cgroups.iter().all(|cg| {
-            let dir = cg.parent.join(name);
+            let dir = cg.dir(name);
             dir.is_dir()
                 && cgroup::procs(&dir).is_empty()
                 && charged(&dir).is_some_and(|c| c <= crate::spawner::MAX_CHARGED)
@@ -267,7 +268,7 @@ pub fn limits_hit(template: &Template, name: &str) -> Vec<String> {
         }
     };
     for cg in &template.cgroups {
-        let dir = cg.parent.join(name);
+        let dir = cg.dir(name);
         for (file, _) in &cg.settings {
             match file.as_str() {
                 // v1 and v2 alike: forks refused at the limit.

@@ -588,8 +588,8 @@ fn enter_cgroups(
     placed: &mut Placed,
 ) -> Result<(), SetupError> {
     for cg in &template.cgroups {
-        let dir = cg.parent.join(name);
-        if !(existing && dir.is_dir()) {
+        let dir = cg.dir(name);
+        if !cg.is_parent && !(existing && dir.is_dir()) {
             create_fresh(&dir)?;
         }
         for (file, value) in &cg.settings {
@@ -641,7 +641,7 @@ fn fork_placed(template: &Template, name: &str, placed: &mut Placed) -> Result<F
             {
                 placed.into = None;
                 if let Some(cg) = template.cgroups.iter().find(|c| c.kill) {
-                    cgroup::join(&cg.parent.join(name)).map_err(SetupError::Cgroup)?;
+                    cgroup::join(&cg.dir(name)).map_err(SetupError::Cgroup)?;
                     placed.joined.push(cg.home.clone());
                 }
             }

@@ -367,15 +367,16 @@ impl Runner {
                 .template
                 .cgroups
                 .iter()
-                .map(|c| (c.parent.join(&name), c.kill))
+                .map(|c| (c.dir(&name), c.kill, c.is_parent))
                 .collect();
             tokio::task::spawn_blocking(move || {
-                for (dir, kill) in &dirs {
+                for (dir, kill, _) in &dirs {
                     if *kill {
                         cgroup::kill(dir);
                     }
                 }
-                for (dir, _) in &dirs {
+                // A caller's own directory is its caller's to remove.
+                for (dir, _, _) in dirs.iter().filter(|(_, _, is_parent)| !is_parent) {
                     cgroup::remove(dir);
                 }
             });

@@ -97,7 +97,7 @@ impl Cgroups {
         let Ok(parsed) = serde_json::from_slice::<Template>(template) else {
             return;
         };
-        let dirs: Vec<PathBuf> = parsed.cgroups.iter().map(|c| c.parent.join(name)).collect();
+        let dirs: Vec<PathBuf> = parsed.cgroups.iter().map(|c| c.dir(name)).collect();
         let ours = name
             .strip_prefix(PREFIX)
             .and_then(|n| n.parse::<u64>().ok())
@@ -154,6 +154,7 @@ mod tests {
                 home: "/nonexistent-cgroup-home".into(),
                 settings: vec![],
                 kill: true,
+                is_parent: false,
             }],
             sandbox: crate::plan::SandboxPlan {
                 user: Some((uid, uid)),

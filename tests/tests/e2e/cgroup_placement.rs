@@ -67,8 +67,10 @@ fn paths_of(pid: i32) -> BTreeMap<String, String> {
 }
 
 /// Check the placement of the command whose sleeper is `sleeper`, made by a daemon (or run)
-/// whose own process is `owner`, under `profile`.
-fn assert_placed(sleeper: i32, owner: i32, profile: &str) {
+/// whose own process is `owner`, under `profile`. `one_command`: the owner is a one-shot
+/// run, whose own directory (`executor-<pid>-ns<ns>`) is its one command's; a daemon's
+/// commands each have one below it.
+fn assert_placed(sleeper: i32, owner: i32, profile: &str, one_command: bool) {
     let places = hierarchies();
     assert!(
         places.contains_key("0") || places.contains_key("pids"),
@@ -97,6 +99,22 @@ fn assert_placed(sleeper: i32, owner: i32, profile: &str) {
              command cgroups (the daemon is in {:?})",
             own.get(key)
         );
+        let run_dir = format!("executor-{owner}-ns");
+        let mut up = path.rsplit('/');
+        let (last, above) = (up.next().unwrap_or_default(), up.next().unwrap_or_default());
+        if one_command {
+            assert!(
+                last.starts_with(&run_dir),
+                "[{profile}] hierarchy {key}: the one-shot's command is in {path}, not in the \
+                 run's own directory"
+            );
+        } else {
+            assert!(
+                above.starts_with(&run_dir) && !last.is_empty(),
+                "[{profile}] hierarchy {key}: the daemon's command is in {path}, not in a \
+                 directory of its own below the daemon's"
+            );
+        }
         assert_ne!(Some(path), own.get(key), "[{profile}] {key}");
         assert_ne!(Some(path), test.get(key), "[{profile}] {key}");
         let dir = format!("{mount}{path}");
@@ -171,7 +189,7 @@ async fn a_daemons_command_runs_in_cgroups_of_its_own_in_every_hierarchy_and_its
             eventually(PATIENCE, || sleepers(&m).len() == 1).await,
             "[{profile}] the command did not start"
         );
-        assert_placed(sleepers(&m)[0], daemon.pid() as i32, profile);
+        assert_placed(sleepers(&m)[0], daemon.pid() as i32, profile, false);
         cancel(&mut client, profile).await;
         assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
     }
@@ -193,9 +211,75 @@ async fn a_one_shot_runs_its_command_in_cgroups_of_its_own_and_its_helper_does_n
             eventually(PATIENCE, || sleepers(&m).len() == 1).await,
             "[{profile}] the command did not start"
         );
-        assert_placed(sleepers(&m)[0], run.id() as i32, profile);
+        assert_placed(sleepers(&m)[0], run.id() as i32, profile, true);
         run.kill().unwrap();
         run.wait().unwrap();
         assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
     }
+}
+
+#[tokio::test]
+async fn a_one_shot_leaves_no_cgroup_directory_behind() {
+    if !require("root", is_root()) {
+        return;
+    }
+    let own = paths_of(std::process::id() as i32);
+    let places = hierarchies();
+    // The directories of the run `pid`: below the test's own cgroups, which the run shares.
+    let dirs_of = |pid: u32| -> Vec<String> {
+        let mut found = Vec::new();
+        for (key, mount) in &places {
+            let home = format!("{mount}{}", own.get(key).map_or("", String::as_str));
+            for entry in std::fs::read_dir(&home).unwrap().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&format!("executor-{pid}-ns")) {
+                    found.push(format!("{home}/{name}"));
+                }
+            }
+        }
+        found
+    };
+    for profile in ["landlock", "strict"] {
+        let mut run = crate::run_local::executor_run(profile, &[], "exit 3")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = run.id();
+        assert_eq!(run.wait().unwrap().code(), Some(3), "[{profile}]");
+        assert_eq!(
+            dirs_of(pid),
+            Vec::<String>::new(),
+            "[{profile}] left behind"
+        );
+    }
+    // Control: a run whose command still runs has one in every hierarchy; interrupted, it
+    // removes them too.
+    let m = marker();
+    let mut run = crate::run_local::executor_run("landlock", &[], &marked_sleep(&m))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = run.id();
+    assert!(
+        eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+        "control: the command did not start"
+    );
+    assert_eq!(
+        dirs_of(pid).len(),
+        places.len(),
+        "control: {:?}",
+        dirs_of(pid)
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    run.wait().unwrap();
+    assert!(
+        sleepers(&m).is_empty(),
+        "control: the command outlived its run"
+    );
+    assert_eq!(dirs_of(pid), Vec::<String>::new(), "control: left behind");
 }
