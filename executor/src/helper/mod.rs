@@ -589,7 +589,9 @@ fn enter_cgroups(
 ) -> Result<(), SetupError> {
     for cg in &template.cgroups {
         let dir = cg.dir(name);
-        if !cg.is_parent && !(existing && dir.is_dir()) {
+        // The caller's own directory is there already; one lent again, unless it is gone.
+        let there = cg.is_parent || (existing && dir.is_dir());
+        if !there {
             create_fresh(&dir)?;
         }
         for (file, value) in &cg.settings {

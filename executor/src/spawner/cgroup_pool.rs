@@ -29,7 +29,8 @@
 //!   their directories removed by the fork server.
 //!
 //! A one-shot `executor run` (there is no next command) and the exec'd helper do not pool:
-//! their directories are named after the helper's pid, as before.
+//! the exec'd helper's directories are named after its pid, and a one-shot's command runs in
+//! the run's own (`cgroup::Placement::one_command`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
