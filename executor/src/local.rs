@@ -24,7 +24,7 @@ use crate::{
 struct TempHome(std::path::PathBuf);
 
 impl TempHome {
-    fn create(owner: Option<(u32, u32)>) -> anyhow::Result<Self> {
+    fn create(owner: Owner) -> anyhow::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
         for _ in 0..16 {
             let mut bytes = [0u8; 8];
@@ -115,13 +115,9 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         .map_err(|err| tracing::debug!(%err, "no forked fork server: the helper is exec'd"))
         .ok();
     // The home of a named built-in profile that gives one is made on a thread of its own
-    // while we set up (a `mkdir` of an ext4 directory and its `tmp` cost about 0.2 ms here).
-    let early_home = named.as_ref().and_then(home_owner).map(|owner| {
-        let thread = std::thread::Builder::new()
-            .name("home".into())
-            .spawn(move || TempHome::create(owner));
-        (owner, thread)
-    });
+    // while we set up: two `mkdir`s on `$TMPDIR`, 0.2 ms on a fresh ext4 file system and over
+    // a millisecond in this machine's much-used /tmp.
+    let early_home = named.as_ref().and_then(home_owner).map(HomeAhead::start);
     let cgroups = cgroup::prepare(
         std::process::id(),
         &cgroup::Placement {
@@ -161,24 +157,24 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     let profile = engine
         .profiles
         .get(valid.profile.as_deref().unwrap_or(&engine.default_profile));
-    let early_home = early_home.and_then(|(owner, thread)| match thread {
-        Ok(thread) => Some((owner, thread.join())),
-        Err(_) => None,
-    });
-    let owner = profile.and_then(home_owner);
-    // A home made ahead for another identity than the profile's (or where it wants none) goes.
-    let early_home = early_home.filter(|(early_owner, _)| Some(*early_owner) == owner);
-    let home = match owner {
+    let early_home = early_home.and_then(HomeAhead::take);
+    let home = match profile.and_then(home_owner) {
         Some(owner) => {
             let home = match early_home {
-                Some((_, Ok(made))) => made?,
-                // Not made ahead, or its thread panicked: made now.
-                _ => TempHome::create(owner)?,
+                Some((made_for, Some(made))) if made_for == owner => made?,
+                // Not made ahead (or for another identity: removed here), or its thread
+                // could not start or panicked: made now.
+                other => {
+                    drop(other);
+                    TempHome::create(owner)?
+                }
             };
             engine.plan_settings.home = home.0.clone();
             Some(home)
         }
         None => {
+            // One made ahead for a profile that gives none (it cannot be: the same built-in).
+            drop(early_home);
             // Fail closed: were `{home}` named after all, it names nothing (not the temporary
             // directory, which every command shares).
             engine.plan_settings.home = "/nonexistent".into();
@@ -223,8 +219,8 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(exit_code(result.returncode, result.extra.ended))
     });
-    // The command's tree is gone: its home (an ext4 directory's removal waits for its blocks'
-    // discard here, 0.2 ms) and its cgroups go side by side.
+    // The command's tree is gone: its home (on ext4, mounted with `discard` here, an rmdir
+    // waits for its block's discard) and its cgroups go side by side.
     let removing = home.map(|home| std::thread::Builder::new().spawn(move || drop(home)));
     for hierarchy in cgroups.all() {
         cgroup::remove(&hierarchy.parent);
@@ -235,10 +231,45 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     code
 }
 
+/// Who a home is made for: a uid and gid to hand it to, or ourselves.
+type Owner = Option<(u32, u32)>;
+
+/// The home being made on a thread of its own while the run sets up, for the identity
+/// `owner`. Dropped untaken (the run failed first), it waits for the thread, so that the
+/// home is removed, not left half made by a process that exits meanwhile.
+struct HomeAhead {
+    owner: Owner,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<TempHome>>>,
+}
+
+impl HomeAhead {
+    fn start(owner: Owner) -> Self {
+        let thread = std::thread::Builder::new()
+            .name("home".into())
+            .spawn(move || TempHome::create(owner))
+            .ok();
+        Self { owner, thread }
+    }
+
+    /// For whom it was made, and what came of it (`None`: the thread did not start or panicked).
+    fn take(mut self) -> Option<(Owner, Option<anyhow::Result<TempHome>>)> {
+        let made = self.thread.take()?.join().ok();
+        Some((self.owner, made))
+    }
+}
+
+impl Drop for HomeAhead {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Whose `{home}` a command of `profile` gets: `Some` where the profile gives its commands a
 /// home (strict's HOME is its private /tmp), with the owner it needs (the profile's user,
 /// when we are root and can hand it over).
-fn home_owner(profile: &crate::profile::Profile) -> Option<Option<(u32, u32)>> {
+fn home_owner(profile: &crate::profile::Profile) -> Option<Owner> {
     profile.uses_home().then(|| {
         profile
             .user
