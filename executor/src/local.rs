@@ -20,16 +20,25 @@ use crate::{
 };
 
 /// The home directory of one `executor run`: private to the command's identity, removed when
-/// the run ends.
+/// the run ends. Named `executor-home-<pid>-ns<pid namespace>-<random>`, so that a later run
+/// can tell when its run died without removing it ([`remove_stale_homes`]).
 struct TempHome(std::path::PathBuf);
+
+/// What every home's name starts with.
+const HOME_PREFIX: &str = "executor-home-";
 
 impl TempHome {
     fn create(owner: Owner) -> anyhow::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
+        let ours = format!(
+            "{HOME_PREFIX}{}-ns{}",
+            std::process::id(),
+            cgroup::pid_namespace()
+        );
         for _ in 0..16 {
             let mut bytes = [0u8; 8];
             getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no random bytes: {e}"))?;
-            let dir = std::env::temp_dir().join(format!("executor-home-{}", hex::encode(bytes)));
+            let dir = std::env::temp_dir().join(format!("{ours}-{}", hex::encode(bytes)));
             match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -58,6 +67,34 @@ impl TempHome {
         }
         bail!("cannot find a free name for a home directory in the temporary directory")
     }
+}
+
+/// Remove the homes in `dir` of runs of our pid namespace that are gone (a run killed by
+/// SIGKILL cannot remove its own). Those of other pid namespaces are not ours to judge (their
+/// pids mean nothing here), nor names of another shape; what cannot be removed (another
+/// user's) stays, silently: it is not this run's.
+fn remove_stale_homes(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let ns = format!("-ns{}-", cgroup::pid_namespace());
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| home_run(n, &ns)) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = workspaces::remove(&entry.path());
+        }
+    }
+}
+
+/// The pid of the run a home named `name` is of, when it is of our pid namespace (`ns`:
+/// `-ns<inode>-`).
+fn home_run(name: &str, ns: &str) -> Option<u32> {
+    let (pid, random) = name.strip_prefix(HOME_PREFIX)?.split_once(ns)?;
+    let random_ok = random.len() == 16 && random.bytes().all(|b| b.is_ascii_hexdigit());
+    random_ok.then(|| pid.parse().ok()).flatten()
 }
 
 impl Drop for TempHome {
@@ -220,8 +257,18 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         Ok(exit_code(result.returncode, result.extra.ended))
     });
     // The command's tree is gone: its home (on ext4, mounted with `discard` here, an rmdir
-    // waits for its block's discard) and its cgroups go side by side.
-    let removing = home.map(|home| std::thread::Builder::new().spawn(move || drop(home)));
+    // waits for its block's discard) and its cgroups go side by side, and so do the homes of
+    // runs killed before they could remove theirs (the cgroup removal waits for the helper
+    // to go: time this thread has).
+    let removing = home.map(|home| {
+        std::thread::Builder::new().spawn(move || {
+            let dir = home.0.parent().map(std::path::Path::to_path_buf);
+            drop(home);
+            if let Some(dir) = dir {
+                remove_stale_homes(&dir);
+            }
+        })
+    });
     for hierarchy in cgroups.all() {
         cgroup::remove(&hierarchy.parent);
     }
@@ -408,4 +455,31 @@ fn exit_code(returncode: i32, ended: Ending) -> ExitCode {
         Ending::Exited => (returncode & 0xff) as u8,
     };
     ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_home_names_its_run_only_in_our_pid_namespace_and_in_the_shape_we_make() {
+        let ns = "-ns4026531836-";
+        let random = "0123456789abcdef";
+        assert_eq!(
+            home_run(&format!("executor-home-4242-ns4026531836-{random}"), ns),
+            Some(4242)
+        );
+        // Another pid namespace's, an older version's, someone else's files: not ours.
+        assert_eq!(
+            home_run(&format!("executor-home-4242-ns4026532000-{random}"), ns),
+            None
+        );
+        assert_eq!(home_run(&format!("executor-home-{random}"), ns), None);
+        assert_eq!(home_run("executor-home-4242-ns4026531836-x", ns), None);
+        assert_eq!(
+            home_run(&format!("executor-home-me-ns4026531836-{random}"), ns),
+            None
+        );
+        assert_eq!(home_run("executor-4242-ns4026531836", ns), None);
+    }
 }

@@ -343,3 +343,68 @@ async fn a_run_makes_a_home_only_where_its_profile_gives_the_command_one_and_rem
         );
     }
 }
+
+#[tokio::test]
+async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_ones_is_kept() {
+    if !require("root", is_root()) {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    // A temporary directory of this test's own: no other test's run makes homes in it.
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let start = |m: &str| {
+        executor_run("landlock", &[], &marked_sleep(m))
+            .env("TMPDIR", tmp.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // A run killed outright: its command dies with it, its home stays (it could not remove
+    // it); the command wrote into it meanwhile.
+    let killed = marker();
+    let mut run = start(&killed);
+    assert!(eventually(PATIENCE, || sleepers(&killed).len() == 1).await);
+    let left = homes_in(tmp.path());
+    assert_eq!(left.len(), 1, "{left:?}");
+    std::fs::write(left[0].join("tmp").join("notes"), "the command's").unwrap();
+    run.kill().unwrap();
+    run.wait().unwrap();
+    assert!(eventually(PATIENCE, || sleepers(&killed).is_empty()).await);
+    assert_eq!(
+        homes_in(tmp.path()),
+        left,
+        "a killed run cannot remove its home"
+    );
+    // A run that is still going (the control): the next run leaves its home alone.
+    let running = marker();
+    let mut alive = start(&running);
+    assert!(eventually(PATIENCE, || sleepers(&running).len() == 1).await);
+    let alive_home: Vec<_> = homes_in(tmp.path())
+        .into_iter()
+        .filter(|h| !left.contains(h))
+        .collect();
+    assert_eq!(alive_home.len(), 1, "{alive_home:?}");
+    // The next run: its own home and the killed run's are gone after it, the running one's
+    // is not.
+    let status = executor_run("landlock", &[], "true")
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(homes_in(tmp.path()), alive_home);
+    for pid in sleepers(&running) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    alive.wait().unwrap();
+    assert!(
+        homes_in(tmp.path()).is_empty(),
+        "{:?}",
+        homes_in(tmp.path())
+    );
+}
