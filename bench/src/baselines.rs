@@ -93,6 +93,15 @@ impl Spawn {
         })
     }
 
+    /// This spawn in `other`'s environment (bubblewrap with the profile's locale).
+    pub fn in_env_of(&self, other: &Spawn, label: &'static str) -> Self {
+        Self {
+            label,
+            prefix: self.prefix.clone(),
+            env: other.env.clone(),
+        }
+    }
+
     fn command(&self, shell_command: &str) -> Command {
         let mut argv: Vec<&str> = self.prefix.iter().map(String::as_str).collect();
         argv.extend(["bash", "-c", shell_command]);
@@ -216,7 +225,8 @@ pub fn measure(spawn: &Spawn, settings: &Settings) -> anyhow::Result<BareReport>
 
 /// One-shot runs of `true`, start to exit, each `runs` times: `executor run` per profile and
 /// binary (`executors`: a label and a path; it starts, probes only the profile it is given,
-/// runs the command and cleans up), bwrap, and a bare `bash -c true`. Each is measured twice
+/// runs the command and cleans up), bwrap (with PATH alone, and in landlock's environment),
+/// and a bare `bash -c true`. Each is measured twice
 /// per round: in a loop (right after another row's run, as a script's loop runs them) and
 /// alone (after [`ALONE_AFTER`] of idleness, as a command typed by hand). The candidates take
 /// turns, one run each per round, so that a drift of the machine (this VM's swings by several
@@ -238,6 +248,19 @@ pub fn oneshot(
         alone: Vec<f64>,
     }
     let dir = std::env::temp_dir();
+    // bwrap twice: as the latency phase runs it (PATH alone: bash in the C locale), and in
+    // landlock's environment, which `executor run`'s command gets (its `C.UTF-8` makes bash
+    // load a dozen locale files): the same command as ours, environment and all.
+    let profile_env = Spawn::bare_in_profile_env(&dir)?;
+    let bwraps: Vec<Spawn> = bwrap
+        .into_iter()
+        .flat_map(|b| {
+            [
+                b.in_env_of(b, "bwrap (strict's namespaces)"),
+                b.in_env_of(&profile_env, "bwrap, landlock's environment"),
+            ]
+        })
+        .collect();
     let mut candidates: Vec<Candidate> = Vec::new();
     for (name, executor) in executors {
         for profile in profiles {
@@ -257,10 +280,10 @@ pub fn oneshot(
             });
         }
     }
-    if let Some(bwrap) = bwrap {
+    for spawn in &bwraps {
         candidates.push(Candidate {
-            label: "bwrap (strict's namespaces)".into(),
-            make: Box::new(|| bwrap.command("true")),
+            label: spawn.label.into(),
+            make: Box::new(move || spawn.command("true")),
             optional: true,
             looped: Vec::with_capacity(runs),
             alone: Vec::with_capacity(runs),
@@ -359,6 +382,16 @@ mod tests {
         assert_eq!(
             String::from_utf8_lossy(&out.stdout).trim(),
             format!("C.UTF-8 C.UTF-8 {}", home.path().display())
+        );
+        // Another spawn in that environment (bubblewrap's, in the one-shot phase).
+        let out = Spawn::bare()
+            .in_env_of(&spawn, "again")
+            .command("echo \"$LANG $HOME\"")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("C.UTF-8 {}", home.path().display())
         );
         // The plain bare spawn (the control): no locale, no HOME.
         let out = Spawn::bare()
