@@ -301,7 +301,7 @@ pub fn oneshot(
     for round in 0..runs + 2 {
         for alone in [false, true] {
             let n = candidates.len();
-            let mut failed = None;
+            let mut failed = Vec::new();
             for at in (0..n).map(|i| (i + round) % n) {
                 if alone {
                     std::thread::sleep(ALONE_AFTER);
@@ -321,12 +321,14 @@ pub fn oneshot(
                             "bench: [one-shot] {} cannot run here, left out: {err:#}",
                             candidate.label
                         );
-                        failed = Some(at);
+                        failed.push(at);
                     }
                     Err(err) => return Err(err),
                 }
             }
-            if let Some(at) = failed {
+            // Highest first, so that the indices left are still right.
+            failed.sort_unstable();
+            for at in failed.into_iter().rev() {
                 candidates.remove(at);
             }
         }

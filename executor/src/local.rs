@@ -20,12 +20,62 @@ use crate::{
 };
 
 /// The home directory of one `executor run`: private to the command's identity, removed when
-/// the run ends. Named `executor-home-<pid>-ns<pid namespace>-<random>`, so that a later run
-/// can tell when its run died without removing it ([`remove_stale_homes`]).
-struct TempHome(std::path::PathBuf);
+/// the run ends. Made in [`homes_dir`], named `executor-home-<pid>-ns<pid namespace>-<random>`,
+/// so that a later run can tell when its run died without removing it
+/// ([`remove_stale_homes`]).
+struct TempHome {
+    dir: std::path::PathBuf,
+    /// The [`homes_dir`] it is in; `None` where that could not be trusted.
+    homes: Option<std::path::PathBuf>,
+}
 
 /// What every home's name starts with.
 const HOME_PREFIX: &str = "executor-home-";
+/// How long a run waits at its end for the removal of killed runs' homes: a dead command's
+/// tree may be large, and it is not this run's to wait for (the next run goes on).
+const STALE_SWEEP_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// `$TMPDIR/executor-homes-<euid>`, where this user's runs make their homes: made if missing,
+/// mode 0711 (a command of another uid reaches its own home in it, lists nothing, creates
+/// nothing). `None` where it is not a directory of ours that only we may write (someone made
+/// it first): homes then go straight into `$TMPDIR`, and no killed run's is removed, since
+/// only in a directory of ours is every entry one a run made.
+fn homes_dir() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let euid = nix::unistd::geteuid().as_raw();
+    let dir = std::env::temp_dir().join(format!("executor-homes-{euid}"));
+    match std::fs::DirBuilder::new().mode(0o711).create(&dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(_) => return None,
+    }
+    // Checked and given its mode through one descriptor that follows no symlink (the umask
+    // may have narrowed the mode at creation).
+    let fd = nix::fcntl::open(
+        &dir,
+        nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    );
+    let ours = fd.ok().and_then(|fd| {
+        let meta = std::fs::File::from(fd);
+        let st = meta.metadata().ok()?;
+        (st.uid() == euid && st.mode() & 0o022 == 0)
+            .then(|| nix::sys::stat::fchmod(&meta, nix::sys::stat::Mode::from_bits_truncate(0o711)))
+            .and_then(Result::ok)
+    });
+    if ours.is_none() {
+        eprintln!(
+            "executor: {} is not this user's own directory: the home goes into {} and homes of killed runs are not removed",
+            dir.display(),
+            std::env::temp_dir().display()
+        );
+        return None;
+    }
+    Some(dir)
+}
 
 impl TempHome {
     fn create(owner: Owner) -> anyhow::Result<Self> {
@@ -35,10 +85,12 @@ impl TempHome {
             std::process::id(),
             cgroup::pid_namespace()
         );
+        let homes = homes_dir();
+        let parent = homes.clone().unwrap_or_else(std::env::temp_dir);
         for _ in 0..16 {
             let mut bytes = [0u8; 8];
             getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no random bytes: {e}"))?;
-            let dir = std::env::temp_dir().join(format!("{ours}-{}", hex::encode(bytes)));
+            let dir = parent.join(format!("{ours}-{}", hex::encode(bytes)));
             match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -46,15 +98,18 @@ impl TempHome {
                     return Err(err).with_context(|| format!("cannot create {}", dir.display()))
                 }
             }
-            let home = Self(dir);
+            let home = Self {
+                dir,
+                homes: homes.clone(),
+            };
             // `{home}/tmp`: TMPDIR in profiles that use it.
-            let tmp = home.0.join("tmp");
+            let tmp = home.dir.join("tmp");
             std::fs::DirBuilder::new()
                 .mode(0o700)
                 .create(&tmp)
                 .with_context(|| format!("cannot create {}", tmp.display()))?;
             if let Some((uid, gid)) = owner {
-                for dir in [&home.0, &tmp] {
+                for dir in [&home.dir, &tmp] {
                     nix::unistd::chown(
                         dir,
                         Some(nix::unistd::Uid::from_raw(uid)),
@@ -69,10 +124,11 @@ impl TempHome {
     }
 }
 
-/// Remove the homes in `dir` of runs of our pid namespace that are gone (a run killed by
-/// SIGKILL cannot remove its own). Those of other pid namespaces are not ours to judge (their
-/// pids mean nothing here), nor names of another shape; what cannot be removed (another
-/// user's) stays, silently: it is not this run's.
+/// Remove the homes in `dir` (our [`homes_dir`]) of runs of our pid namespace that are gone
+/// (a run killed by SIGKILL cannot remove its own). Those of other pid namespaces are not ours
+/// to judge (their pids mean nothing here), nor names of another shape. A dead command may
+/// have shaped its home, so nothing beneath one is unmounted: a home with a mount beneath it
+/// stays.
 fn remove_stale_homes(dir: &std::path::Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -83,8 +139,11 @@ fn remove_stale_homes(dir: &std::path::Path) {
         let Some(pid) = name.to_str().and_then(|n| home_run(n, &ns)) else {
             continue;
         };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = workspaces::remove(&entry.path());
+        // Asked of the kernel, in our pid namespace (a /proc mounted for another namespace
+        // would answer for its own pids).
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+        if nix::sys::signal::kill(pid, None) == Err(nix::errno::Errno::ESRCH) {
+            let _ = workspaces::remove_unmounting_nothing(&entry.path());
         }
     }
 }
@@ -99,8 +158,8 @@ fn home_run(name: &str, ns: &str) -> Option<u32> {
 
 impl Drop for TempHome {
     fn drop(&mut self) {
-        if let Err(err) = workspaces::remove(&self.0) {
-            eprintln!("executor: cannot remove {}: {err}", self.0.display());
+        if let Err(err) = workspaces::remove(&self.dir) {
+            eprintln!("executor: cannot remove {}: {err}", self.dir.display());
         }
     }
 }
@@ -206,7 +265,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
                     TempHome::create(owner)?
                 }
             };
-            engine.plan_settings.home = home.0.clone();
+            engine.plan_settings.home = home.dir.clone();
             Some(home)
         }
         None => {
@@ -259,21 +318,24 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The command's tree is gone: its home (on ext4, mounted with `discard` here, an rmdir
     // waits for its block's discard) and its cgroups go side by side, and so do the homes of
     // runs killed before they could remove theirs (the cgroup removal waits for the helper
-    // to go: time this thread has).
-    let removing = home.map(|home| {
-        std::thread::Builder::new().spawn(move || {
-            let dir = home.0.parent().map(std::path::Path::to_path_buf);
-            drop(home);
-            if let Some(dir) = dir {
-                remove_stale_homes(&dir);
-            }
-        })
+    // to go: time that thread has), waited for only so long.
+    let swept = home.as_ref().and_then(|h| h.homes.clone()).map(|dir| {
+        let (done, swept) = std::sync::mpsc::channel::<()>();
+        let _ = std::thread::Builder::new().spawn(move || {
+            remove_stale_homes(&dir);
+            let _ = done.send(());
+        });
+        swept
     });
+    let removing = home.map(|home| std::thread::Builder::new().spawn(move || drop(home)));
     for hierarchy in cgroups.all() {
         cgroup::remove(&hierarchy.parent);
     }
     if let Some(Ok(thread)) = removing {
         let _ = thread.join();
+    }
+    if let Some(swept) = swept {
+        let _ = swept.recv_timeout(STALE_SWEEP_WAIT);
     }
     code
 }

@@ -2,8 +2,8 @@
 //!
 //! Follows bubblewrap's order: make every mount private, mount a staging tmpfs on /tmp and
 //! pivot into it so the host's tree sits at /oldroot (bind sources are read from there, so a
-//! new mount can never hide a source), build the new root at /newroot, detach /oldroot, and
-//! pivot into /newroot. Paths that do not exist on the host are skipped: a profile may list
+//! new mount can never hide a source), build the new root at /newroot, pivot into it, and
+//! detach the staging tmpfs with the host's tree below it in one lazy unmount. Paths that do not exist on the host are skipped: a profile may list
 //! toolchain directories that only some hosts have.
 //!
 //! The same plan can be built in two halves ([`build_template`], [`finish_root`]): the part

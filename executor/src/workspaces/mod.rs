@@ -5,7 +5,7 @@
 
 mod removal;
 
-pub use removal::remove;
+pub use removal::{remove, remove_unmounting_nothing};
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};

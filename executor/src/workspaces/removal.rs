@@ -47,11 +47,27 @@ pub enum RemoveError {
     Mounts(#[source] std::io::Error),
     #[error("{0} keeps changing while it is removed")]
     Unstable(PathBuf),
+    #[error("{0} has a mount beneath it")]
+    Mounted(PathBuf),
 }
 
 /// Remove `dir` and everything in it without touching anything outside it. A missing `dir` is
 /// not an error.
 pub fn remove(dir: &Path) -> Result<(), RemoveError> {
+    remove_tree(dir, true)
+}
+
+/// [`remove`] for a tree that someone other than its commands could have shaped (a home in a
+/// shared temporary directory): one with a mount beneath it is refused, never unmounted. An
+/// unmount goes by path, and a path under a tree others may write can be turned into a
+/// symlink between reading the mount table and the unmount, which would then detach a host
+/// mount. A mount that appears after the check is one its maker could make (FUSE, on a
+/// directory of its own): what the removal deletes there is that maker's.
+pub fn remove_unmounting_nothing(dir: &Path) -> Result<(), RemoveError> {
+    remove_tree(dir, false)
+}
+
+fn remove_tree(dir: &Path, unmount: bool) -> Result<(), RemoveError> {
     let sys = |op, source| RemoveError::Sys {
         op,
         path: dir.to_path_buf(),
@@ -65,7 +81,11 @@ pub fn remove(dir: &Path) -> Result<(), RemoveError> {
         }
         Ok(_) => {}
     }
-    for mount in mounts_beneath(dir)? {
+    let mounts = mounts_beneath(dir)?;
+    if !unmount && !mounts.is_empty() {
+        return Err(RemoveError::Mounted(dir.to_path_buf()));
+    }
+    for mount in mounts {
         umount2(&mount, MntFlags::MNT_DETACH).map_err(|source| RemoveError::Sys {
             op: "detach the mount",
             path: mount.clone(),

@@ -271,17 +271,26 @@ async fn a_strict_run_has_a_network_namespace_of_its_own_and_its_fork_server_sta
     }
 }
 
-/// The `executor-home-*` directories in `dir`.
+/// Where runs of ours (root) make their homes in the temporary directory `dir`.
+fn homes_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("executor-homes-0")
+}
+
+/// The `executor-home-*` directories in `dir`'s homes directory, and in `dir` itself.
 fn homes_in(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    std::fs::read_dir(dir)
-        .unwrap()
+    let mut homes: Vec<_> = [dir.to_path_buf(), homes_dir(dir)]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| {
             p.file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with("executor-home-"))
         })
-        .collect()
+        .collect();
+    homes.sort();
+    homes
 }
 
 #[tokio::test]
@@ -325,6 +334,10 @@ async fn a_run_makes_a_home_only_where_its_profile_gives_the_command_one_and_rem
                 "{profile}: the home is the command's own"
             );
             assert_eq!(meta.mode() & 0o777, 0o700, "{profile}");
+            // In a directory of root's that others may only pass through.
+            assert_eq!(homes[0].parent(), Some(homes_dir(tmp.path()).as_path()));
+            let parent = std::fs::metadata(homes_dir(tmp.path())).unwrap();
+            assert_eq!((parent.uid(), parent.mode() & 0o777), (0, 0o711));
         } else {
             assert!(homes.is_empty(), "{profile}: {homes:?}");
             assert_eq!(home, "/tmp", "{profile}");
@@ -361,22 +374,39 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
             .spawn()
             .unwrap()
     };
-    // A run killed outright: its command dies with it, its home stays (it could not remove
-    // it); the command wrote into it meanwhile.
-    let killed = marker();
-    let mut run = start(&killed);
-    assert!(eventually(PATIENCE, || sleepers(&killed).len() == 1).await);
-    let left = homes_in(tmp.path());
-    assert_eq!(left.len(), 1, "{left:?}");
-    std::fs::write(left[0].join("tmp").join("notes"), "the command's").unwrap();
-    run.kill().unwrap();
-    run.wait().unwrap();
-    assert!(eventually(PATIENCE, || sleepers(&killed).is_empty()).await);
+    // Two runs killed outright: their commands die with them, their homes stay (they could
+    // not remove them). Into one, a mount (as a dead command's home might hold one that its
+    // maker put there): a home is never unmounted to be removed.
+    let mut left = Vec::new();
+    for _ in 0..2 {
+        let killed = marker();
+        let mut run = start(&killed);
+        assert!(eventually(PATIENCE, || sleepers(&killed).len() == 1).await);
+        let new: Vec<_> = homes_in(tmp.path())
+            .into_iter()
+            .filter(|h| !left.contains(h))
+            .collect();
+        assert_eq!(new.len(), 1, "{new:?}");
+        left.extend(new);
+        run.kill().unwrap();
+        run.wait().unwrap();
+        assert!(eventually(PATIENCE, || sleepers(&killed).is_empty()).await);
+    }
     assert_eq!(
         homes_in(tmp.path()),
         left,
         "a killed run cannot remove its home"
     );
+    let mounted = left[1].join("tmp");
+    nix::mount::mount(
+        Some("tmpfs"),
+        &mounted,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    std::fs::write(mounted.join("kept"), "on the mount").unwrap();
     // A run that is still going (the control): the next run leaves its home alone.
     let running = marker();
     let mut alive = start(&running);
@@ -386,15 +416,22 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
         .filter(|h| !left.contains(h))
         .collect();
     assert_eq!(alive_home.len(), 1, "{alive_home:?}");
-    // The next run: its own home and the killed run's are gone after it, the running one's
-    // is not.
+    // The next run: its own home and the first killed run's are gone after it; the running
+    // one's is not, nor the one with a mount beneath it, whose mount is still there.
     let status = executor_run("landlock", &[], "true")
         .env("TMPDIR", tmp.path())
         .stdout(Stdio::null())
         .status()
         .unwrap();
     assert!(status.success());
-    assert_eq!(homes_in(tmp.path()), alive_home);
+    let mut expected = vec![left[1].clone(), alive_home[0].clone()];
+    expected.sort();
+    assert_eq!(homes_in(tmp.path()), expected);
+    assert_eq!(
+        std::fs::read_to_string(mounted.join("kept")).unwrap(),
+        "on the mount"
+    );
+    nix::mount::umount(&mounted).unwrap();
     for pid in sleepers(&running) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
@@ -402,6 +439,13 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
         );
     }
     alive.wait().unwrap();
+    // Without the mount, the next run removes it too.
+    let status = executor_run("landlock", &[], "true")
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
     assert!(
         homes_in(tmp.path()).is_empty(),
         "{:?}",
