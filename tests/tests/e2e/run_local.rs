@@ -366,28 +366,42 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
     // A temporary directory of this test's own: no other test's run makes homes in it.
     let tmp = tempfile::tempdir_in("/tmp").unwrap();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let start = |m: &str| {
-        executor_run("landlock", &[], &marked_sleep(m))
+    // A run of a sleeper, once it runs: the run, its marker and the one home that is new.
+    let start = |known: Vec<std::path::PathBuf>| {
+        let m = marker();
+        let run = executor_run("landlock", &[], &marked_sleep(&m))
             .env("TMPDIR", tmp.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap()
+            .unwrap();
+        let dir = tmp.path().to_path_buf();
+        async move {
+            assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+            let new: Vec<_> = homes_in(&dir)
+                .into_iter()
+                .filter(|h| !known.contains(h))
+                .collect();
+            assert_eq!(new.len(), 1, "{new:?}");
+            (run, m, new[0].clone())
+        }
+    };
+    // A run of `true` to its end.
+    let next_run = || {
+        let status = executor_run("landlock", &[], "true")
+            .env("TMPDIR", tmp.path())
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
     };
     // Two runs killed outright: their commands die with them, their homes stay (they could
     // not remove them). Into one, a mount (as a dead command's home might hold one that its
     // maker put there): a home is never unmounted to be removed.
     let mut left = Vec::new();
     for _ in 0..2 {
-        let killed = marker();
-        let mut run = start(&killed);
-        assert!(eventually(PATIENCE, || sleepers(&killed).len() == 1).await);
-        let new: Vec<_> = homes_in(tmp.path())
-            .into_iter()
-            .filter(|h| !left.contains(h))
-            .collect();
-        assert_eq!(new.len(), 1, "{new:?}");
-        left.extend(new);
+        let (mut run, killed, home) = start(left.clone()).await;
+        left.push(home);
         run.kill().unwrap();
         run.wait().unwrap();
         assert!(eventually(PATIENCE, || sleepers(&killed).is_empty()).await);
@@ -408,23 +422,11 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
     .unwrap();
     std::fs::write(mounted.join("kept"), "on the mount").unwrap();
     // A run that is still going (the control): the next run leaves its home alone.
-    let running = marker();
-    let mut alive = start(&running);
-    assert!(eventually(PATIENCE, || sleepers(&running).len() == 1).await);
-    let alive_home: Vec<_> = homes_in(tmp.path())
-        .into_iter()
-        .filter(|h| !left.contains(h))
-        .collect();
-    assert_eq!(alive_home.len(), 1, "{alive_home:?}");
+    let (mut alive, running, alive_home) = start(left.clone()).await;
     // The next run: its own home and the first killed run's are gone after it; the running
     // one's is not, nor the one with a mount beneath it, whose mount is still there.
-    let status = executor_run("landlock", &[], "true")
-        .env("TMPDIR", tmp.path())
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let mut expected = vec![left[1].clone(), alive_home[0].clone()];
+    next_run();
+    let mut expected = vec![left[1].clone(), alive_home];
     expected.sort();
     assert_eq!(homes_in(tmp.path()), expected);
     assert_eq!(
@@ -440,12 +442,7 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
     }
     alive.wait().unwrap();
     // Without the mount, the next run removes it too.
-    let status = executor_run("landlock", &[], "true")
-        .env("TMPDIR", tmp.path())
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    next_run();
     assert!(
         homes_in(tmp.path()).is_empty(),
         "{:?}",
