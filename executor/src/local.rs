@@ -27,6 +27,9 @@ struct TempHome {
     dir: std::path::PathBuf,
     /// The [`homes_dir`] it is in; `None` where that could not be trusted.
     homes: Option<std::path::PathBuf>,
+    /// Handed to another uid (the profile's user): processes of that uid outside the sandbox
+    /// may have shaped it too.
+    handed: bool,
 }
 
 /// What every home's name starts with.
@@ -101,6 +104,7 @@ impl TempHome {
             let home = Self {
                 dir,
                 homes: homes.clone(),
+                handed: owner.is_some(),
             };
             // `{home}/tmp`: TMPDIR in profiles that use it.
             let tmp = home.dir.join("tmp");
@@ -158,7 +162,15 @@ fn home_run(name: &str, ns: &str) -> Option<u32> {
 
 impl Drop for TempHome {
     fn drop(&mut self) {
-        if let Err(err) = workspaces::remove(&self.dir) {
+        // A home handed to another uid is removed as a killed run's is, unmounting nothing:
+        // its command cannot mount, but a process of that uid outside the sandbox might
+        // (FUSE), and turn a path into a symlink before the unmount (`workspaces`).
+        let removed = if self.handed {
+            workspaces::remove_unmounting_nothing(&self.dir)
+        } else {
+            workspaces::remove(&self.dir)
+        };
+        if let Err(err) = removed {
             eprintln!("executor: cannot remove {}: {err}", self.dir.display());
         }
     }

@@ -271,6 +271,50 @@ async fn a_strict_run_has_a_network_namespace_of_its_own_and_its_fork_server_sta
     }
 }
 
+/// A temporary directory of the test's own under /tmp (mode 0755, as /tmp's runs need to pass
+/// through): no other test's run makes homes in it.
+fn private_tmpdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    tmp
+}
+
+/// SIGKILL every sleeper of `marker` (its run then ends as if the command had been killed).
+fn kill_sleepers(marker: &str) {
+    for pid in sleepers(marker) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// A tmpfs mounted on `dir` with a file `kept` in it, as a process outside a sandbox might
+/// mount into a home of its uid; the file's path.
+fn mount_with_a_file(dir: &std::path::Path) -> std::path::PathBuf {
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("kept"), "on the mount").unwrap();
+    dir.join("kept")
+}
+
+/// `executor run --profile landlock -- true` with `$TMPDIR` at `tmp`, to its end.
+fn run_true_in(tmp: &std::path::Path) {
+    let status = executor_run("landlock", &[], "true")
+        .env("TMPDIR", tmp)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 /// Where runs of ours (root) make their homes in the temporary directory `dir`.
 fn homes_dir(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("executor-homes-0")
@@ -299,13 +343,11 @@ async fn a_run_makes_a_home_only_where_its_profile_gives_the_command_one_and_rem
         return;
     }
     use std::io::BufRead;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::MetadataExt;
     // landlock's HOME is the run's own home (the control); strict's is its private /tmp, so
     // none is made for it.
     for (profile, home_made) in [("landlock", true), ("strict", false)] {
-        // A temporary directory of this test's own: no other test's run makes homes in it.
-        let tmp = tempfile::tempdir_in("/tmp").unwrap();
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let tmp = private_tmpdir();
         let m = marker();
         let mut run = executor_run(profile, &[], &format!("echo $HOME; {}", marked_sleep(&m)))
             .env("TMPDIR", tmp.path())
@@ -342,12 +384,7 @@ async fn a_run_makes_a_home_only_where_its_profile_gives_the_command_one_and_rem
             assert!(homes.is_empty(), "{profile}: {homes:?}");
             assert_eq!(home, "/tmp", "{profile}");
         }
-        for pid in sleepers(&m) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        kill_sleepers(&m);
         run.wait().unwrap();
         assert!(
             homes_in(tmp.path()).is_empty(),
@@ -362,10 +399,7 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
     if !require("root", is_root()) {
         return;
     }
-    use std::os::unix::fs::PermissionsExt;
-    // A temporary directory of this test's own: no other test's run makes homes in it.
-    let tmp = tempfile::tempdir_in("/tmp").unwrap();
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tmp = private_tmpdir();
     // A run of a sleeper, once it runs: the run, its marker and the one home that is new.
     let start = |known: Vec<std::path::PathBuf>| {
         let m = marker();
@@ -386,15 +420,6 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
             (run, m, new[0].clone())
         }
     };
-    // A run of `true` to its end.
-    let next_run = || {
-        let status = executor_run("landlock", &[], "true")
-            .env("TMPDIR", tmp.path())
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
     // Two runs killed outright: their commands die with them, their homes stay (they could
     // not remove them). Into one, a mount (as a dead command's home might hold one that its
     // maker put there): a home is never unmounted to be removed.
@@ -412,37 +437,66 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
         "a killed run cannot remove its home"
     );
     let mounted = left[1].join("tmp");
-    nix::mount::mount(
-        Some("tmpfs"),
-        &mounted,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1m"),
-    )
-    .unwrap();
-    std::fs::write(mounted.join("kept"), "on the mount").unwrap();
+    let kept = mount_with_a_file(&mounted);
     // A run that is still going (the control): the next run leaves its home alone.
     let (mut alive, running, alive_home) = start(left.clone()).await;
     // The next run: its own home and the first killed run's are gone after it; the running
     // one's is not, nor the one with a mount beneath it, whose mount is still there.
-    next_run();
+    run_true_in(tmp.path());
     let mut expected = vec![left[1].clone(), alive_home];
     expected.sort();
     assert_eq!(homes_in(tmp.path()), expected);
-    assert_eq!(
-        std::fs::read_to_string(mounted.join("kept")).unwrap(),
-        "on the mount"
-    );
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "on the mount");
     nix::mount::umount(&mounted).unwrap();
-    for pid in sleepers(&running) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    kill_sleepers(&running);
     alive.wait().unwrap();
     // Without the mount, the next run removes it too.
-    next_run();
+    run_true_in(tmp.path());
+    assert!(
+        homes_in(tmp.path()).is_empty(),
+        "{:?}",
+        homes_in(tmp.path())
+    );
+}
+
+#[tokio::test]
+async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remove_it() {
+    if !require("root", is_root()) {
+        return;
+    }
+    use std::io::BufRead;
+    let tmp = private_tmpdir();
+    // landlock hands its command's home to uid 65534, whose processes outside the sandbox
+    // could mount into it (FUSE). Mounted while the command runs (here by the test, as root):
+    // the run leaves that home and the mount, and says why.
+    let m = marker();
+    let mut run = executor_run(
+        "landlock",
+        &[],
+        &format!("echo $HOME; {}", marked_sleep(&m)),
+    )
+    .env("TMPDIR", tmp.path())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut home = String::new();
+    std::io::BufReader::new(run.stdout.take().unwrap())
+        .read_line(&mut home)
+        .unwrap();
+    let home = std::path::PathBuf::from(home.trim());
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    let mounted = home.join("tmp");
+    let kept = mount_with_a_file(&mounted);
+    kill_sleepers(&m);
+    let out = run.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("has a mount beneath it"), "{stderr}");
+    assert_eq!(homes_in(tmp.path()), vec![home.clone()]);
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "on the mount");
+    // Control: once the mount is gone, the next run removes the home.
+    nix::mount::umount(&mounted).unwrap();
+    run_true_in(tmp.path());
     assert!(
         homes_in(tmp.path()).is_empty(),
         "{:?}",
