@@ -20,6 +20,7 @@
 //! `executor check` and the hello say which shape was found and what it gives.
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -565,12 +566,26 @@ pub fn get(dir: &Path, file: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The counter `key` of a flat keyed file such as `pids.events` or `memory.events`.
-pub fn counter(dir: &Path, file: &str, key: &str) -> u64 {
-    get(dir, file)
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0)
+/// Open a counter file of `dir` to read it later with [`read_counter`].
+pub fn open_counter(dir: &Path, file: &str) -> io::Result<OwnedFd> {
+    Ok(std::fs::File::open(dir.join(file))?.into())
+}
+
+/// A counter opened by [`open_counter`], read from its start: the value of `key` in a flat
+/// keyed file, or the file's one number; 0 if unreadable (its cgroup removed).
+pub fn read_counter(file: &OwnedFd, key: Option<&str>) -> u64 {
+    let mut buf = [0u8; 1024];
+    let Ok(n) = nix::sys::uio::pread(file, &mut buf, 0) else {
+        return 0;
+    };
+    let text = String::from_utf8_lossy(&buf[..n]);
+    match key {
+        Some(key) => text
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0),
+        None => text.trim().parse().unwrap_or(0),
+    }
 }
 
 /// Move the calling process into `dir`.
@@ -704,6 +719,23 @@ pub fn remove(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_open_counter_is_read_again_from_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pids.events"), "max 0\n").unwrap();
+        std::fs::write(dir.path().join("memory.failcnt"), "0\n").unwrap();
+        let events = open_counter(dir.path(), "pids.events").unwrap();
+        let failcnt = open_counter(dir.path(), "memory.failcnt").unwrap();
+        assert_eq!(read_counter(&events, Some("max")), 0);
+        assert_eq!(read_counter(&failcnt, None), 0);
+        // Rewritten in place, as the kernel's counters change: the same descriptors see it.
+        std::fs::write(dir.path().join("pids.events"), "max 3\n").unwrap();
+        std::fs::write(dir.path().join("memory.failcnt"), "12\n").unwrap();
+        assert_eq!(read_counter(&events, Some("max")), 3);
+        assert_eq!(read_counter(&events, Some("oom_kill")), 0);
+        assert_eq!(read_counter(&failcnt, None), 12);
+    }
 
     #[test]
     fn finds_cgroup2_and_v1_controller_mounts() {

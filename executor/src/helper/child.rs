@@ -136,6 +136,16 @@ pub struct InitStatus {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     pub leftover: u32,
+    /// Init wrote the command's report on the daemon's status pipe itself.
+    #[serde(default)]
+    pub reported: bool,
+}
+
+/// What init needs to report a command that left nothing behind: the socket the helper sends
+/// the daemon's status pipe on (once `started` is written on it), and the limits' counters.
+pub struct InitReport {
+    pub status: OwnedFd,
+    pub counters: super::end::Counters,
 }
 
 /// pid 1 of the sandbox: build the world, fork the payload, reap until it exits, report.
@@ -148,6 +158,7 @@ pub fn init_main(
     channel: OwnedFd,
     net: Option<OwnedFd>,
     root: Option<OwnedFd>,
+    report: InitReport,
 ) -> ! {
     // If the helper dies, init dies, and the kernel kills the whole pid namespace with it.
     if let Err(err) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
@@ -167,17 +178,29 @@ pub fn init_main(
     // The payload holds the setup pipe and the command socket; the helper reads the pipe to
     // its end: we must not keep either open.
     drop((setup_w, channel));
+    // The daemon's status pipe comes once the command has started (none if the helper gave
+    // up first); an early exit of the payload waits as a zombie meanwhile.
+    let InitReport { status, counters } = report;
+    let daemon = receive_fd(&status);
+    drop(status);
     // Reap every process of the namespace (orphans are reparented to us) until the payload
     // exits; then report, and exit: the kernel kills whatever is left.
     loop {
         match waitpid(Pid::from_raw(-1), None) {
             Ok(status) if status.pid() == Some(payload) => {
                 let (code, signal) = super::end::decode(Some(status));
-                let leftover = count_processes().saturating_sub(1);
+                let leftover = leftovers();
+                // Nothing left of the command: its result is whole, and ours to give.
+                let reported = leftover == 0
+                    && daemon.as_ref().is_some_and(|fd| {
+                        super::report_line(fd, &super::finished(template, code, signal, &counters))
+                    });
+                drop(daemon);
                 let report = InitStatus {
                     code,
                     signal,
                     leftover,
+                    reported,
                 };
                 if let Ok(text) = serde_json::to_vec(&report) {
                     let _ = nix::unistd::write(&status_w, &text);
@@ -186,6 +209,24 @@ pub fn init_main(
             }
             Ok(_) | Err(Errno::EINTR) => continue,
             Err(_) => sys::exit_child(0),
+        }
+    }
+}
+
+/// Processes of the command still in our pid namespace once the payload is reaped. With no
+/// child left there are none (every process of the namespace descends from init: orphans
+/// are reparented to it), which one `waitpid` tells without reading /proc.
+fn leftovers() -> u32 {
+    loop {
+        match waitpid(
+            Pid::from_raw(-1),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+        ) {
+            Err(Errno::ECHILD) => return 0,
+            // A zombie reaped: look again.
+            Ok(status) if status.pid().is_some() => {}
+            Err(Errno::EINTR) => {}
+            _ => return count_processes().saturating_sub(1),
         }
     }
 }
@@ -341,6 +382,50 @@ pub fn send_command(
         }
     }
     Ok(())
+}
+
+/// Hand init the daemon's status pipe (`started` is on it): init reports a command that left
+/// nothing behind itself.
+pub fn send_status(socket: &OwnedFd, status: &OwnedFd) -> Result<(), Errno> {
+    let fds = [status.as_raw_fd()];
+    sendmsg::<()>(
+        socket.as_raw_fd(),
+        &[IoSlice::new(&[0])],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map(|_| ())
+}
+
+/// The descriptor [`send_status`] sent, or none when the helper closed the socket first.
+fn receive_fd(socket: &OwnedFd) -> Option<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    loop {
+        let mut iov = [IoSliceMut::new(&mut byte)];
+        match recvmsg::<()>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(Errno::EINTR) => continue,
+            Err(_) => return None,
+            Ok(msg) => {
+                let mut fd = None;
+                for cmsg in msg.cmsgs().ok()? {
+                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                        for raw in raw {
+                            let owned = sys::own_received_fd(raw);
+                            fd.get_or_insert(owned);
+                        }
+                    }
+                }
+                return fd;
+            }
+        }
+    }
 }
 
 fn receive_command(channel: &OwnedFd) -> Result<(OwnedFd, CommandPlan), SetupError> {

@@ -147,19 +147,19 @@ pub fn count(template: &Template, name: &str, pid_ns: bool, child: Pid) -> Optio
         .or_else(|| pid_ns.then(|| descendants(child) + 1))
 }
 
-/// Init's report of the payload's end (`read` when it came while we waited, else from its
-/// pipe), or a kill when it wrote none.
-pub fn init_status(
-    read: Option<InitStatus>,
-    fd: OwnedFd,
-    swept: u32,
-) -> (Option<i32>, Option<i32>, u32) {
-    let report = read.or_else(|| {
+/// What init said of the payload's end: `read` when it came while we waited, else from its
+/// pipe (init is gone: this does not block).
+pub fn init_said(read: Option<InitStatus>, fd: OwnedFd) -> Option<InitStatus> {
+    read.or_else(|| {
         let mut text = String::new();
         let _ = std::fs::File::from(fd).read_to_string(&mut text);
         serde_json::from_str::<InitStatus>(&text).ok()
-    });
-    match report {
+    })
+}
+
+/// The payload's end as init said it, or a kill when it said nothing.
+pub fn init_status(said: Option<InitStatus>, swept: u32) -> (Option<i32>, Option<i32>, u32) {
+    match said {
         Some(s) => (s.code, s.signal, s.leftover),
         None => (None, Some(Signal::SIGKILL as i32), swept),
     }
@@ -240,9 +240,9 @@ pub fn remove_cgroups(template: &Template, name: &str) {
 }
 
 /// Whether the command's cgroups may be lent to the template's next command: no process in
-/// them, no limit hit (the counters [`limits_hit`] reads are zero, as in new directories),
+/// them, no limit hit (the counters [`Counters`] reads are zero, as in new directories),
 /// and little memory still charged to them (`spawner::cgroup_pool`).
-pub fn cgroups_clean(template: &Template, name: &str) -> bool {
+pub fn cgroups_clean(template: &Template, name: &str, counters: &Counters) -> bool {
     let charged = |dir: &std::path::Path| {
         ["memory.current", "memory.usage_in_bytes"]
             .iter()
@@ -250,7 +250,7 @@ pub fn cgroups_clean(template: &Template, name: &str) -> bool {
             .find(|v| !v.is_empty())
             .map_or(Some(0), |v| v.parse::<u64>().ok())
     };
-    limits_hit(template, name).is_empty()
+    counters.hit().is_empty()
         && template.cgroups.iter().all(|cg| {
             let dir = cg.dir(name);
             dir.is_dir()
@@ -259,41 +259,76 @@ pub fn cgroups_clean(template: &Template, name: &str) -> bool {
         })
 }
 
-/// Limits the command ran into, read from its cgroups before they are removed.
-pub fn limits_hit(template: &Template, name: &str) -> Vec<String> {
-    let mut hit = Vec::new();
-    let mut note = |limit: &str| {
-        if !hit.iter().any(|h| h == limit) {
-            hit.push(limit.to_string());
-        }
-    };
-    for cg in &template.cgroups {
-        let dir = cg.dir(name);
-        for (file, _) in &cg.settings {
-            match file.as_str() {
-                // v1 and v2 alike: forks refused at the limit.
-                "pids.max" if cgroup::counter(&dir, "pids.events", "max") > 0 => note("processes"),
-                // v2: the limit was reached (and reclaim ran), or the OOM killer acted.
-                "memory.max"
-                    if cgroup::counter(&dir, "memory.events", "max") > 0
-                        || cgroup::counter(&dir, "memory.events", "oom_kill") > 0 =>
-                {
-                    note("memory")
+/// The counter files that say which limits a command ran into, opened once when its cgroups
+/// are entered: read at its end without a path lookup, and by init, whose root no longer
+/// shows the host's cgroup directories (it reports a command that left nothing behind).
+#[derive(Default)]
+pub struct Counters {
+    files: Vec<Counter>,
+}
+
+struct Counter {
+    /// The limit it tells of, as the report names it.
+    limit: &'static str,
+    file: OwnedFd,
+    /// The key of a flat keyed file (`pids.events`), or none for a bare number.
+    key: Option<&'static str>,
+}
+
+impl Counters {
+    /// Open the counters of the limits `template` sets on the cgroups `name`; one that cannot
+    /// be opened counts as never hit (a file this kernel does not have).
+    pub fn open(template: &Template, name: &str) -> Self {
+        let mut files = Vec::new();
+        for cg in &template.cgroups {
+            let dir = cg.dir(name);
+            for (setting, _) in &cg.settings {
+                let watched: &[(&str, Option<&str>)] = match setting.as_str() {
+                    // v1 and v2 alike: forks refused at the limit.
+                    "pids.max" => &[("pids.events", Some("max"))],
+                    // v2: the limit was reached (and reclaim ran), or the OOM killer acted.
+                    "memory.max" => &[
+                        ("memory.events", Some("max")),
+                        ("memory.events", Some("oom_kill")),
+                    ],
+                    "memory.limit_in_bytes" => &[
+                        ("memory.oom_control", Some("oom_kill")),
+                        ("memory.failcnt", None),
+                    ],
+                    _ => &[],
+                };
+                let limit = if setting.starts_with("pids.") {
+                    "processes"
+                } else {
+                    "memory"
+                };
+                for (file, key) in watched {
+                    if let Ok(file) = cgroup::open_counter(&dir, file) {
+                        files.push(Counter {
+                            limit,
+                            file,
+                            key: *key,
+                        });
+                    }
                 }
-                "memory.limit_in_bytes"
-                    if cgroup::counter(&dir, "memory.oom_control", "oom_kill") > 0
-                        || cgroup::get(&dir, "memory.failcnt")
-                            .parse::<u64>()
-                            .unwrap_or(0)
-                            > 0 =>
-                {
-                    note("memory")
-                }
-                _ => {}
             }
         }
+        Self { files }
     }
-    hit
+
+    /// The limits the command ran into, each named once.
+    pub fn hit(&self) -> Vec<String> {
+        let mut hit: Vec<String> = Vec::new();
+        for counter in &self.files {
+            if hit.iter().any(|h| h == counter.limit) {
+                continue;
+            }
+            if cgroup::read_counter(&counter.file, counter.key) > 0 {
+                hit.push(counter.limit.to_string());
+            }
+        }
+        hit
+    }
 }
 
 pub fn decode(status: Option<WaitStatus>) -> (Option<i32>, Option<i32>) {

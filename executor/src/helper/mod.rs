@@ -22,7 +22,8 @@
 //! - the output pipe, handed to the payload as its stdout and stderr (for a process a client
 //!   talks to, a socket or a terminal that is its stdin too).
 //! - the status pipe: a `started` line once the payload has exec'd, one [`HelperReport`]
-//!   JSON line at the end.
+//!   JSON line at the end (with a pid namespace, from init when the command left nothing
+//!   behind: ARCHITECTURE.md, decision "Init reports").
 //!
 //! The process tree of a command:
 //!
@@ -271,12 +272,18 @@ fn read_line(fd: &OwnedFd) -> Result<(Vec<u8>, Vec<u8>), SetupError> {
 
 fn write_report(status: &OwnedFd, report: &HelperReport) {
     // If the daemon is gone there is nobody to tell; the tree is dead either way.
-    if let Ok(mut line) = serde_json::to_vec(report) {
-        line.push(b'\n');
-        if let Ok(fd) = status.try_clone() {
-            let _ = std::fs::File::from(fd).write_all(&line);
-        }
-    }
+    let _ = report_line(status, report);
+}
+
+/// Write `report` as one line on the status pipe; whether all of it went.
+fn report_line(status: &OwnedFd, report: &HelperReport) -> bool {
+    let Ok(mut line) = serde_json::to_vec(report) else {
+        return false;
+    };
+    line.push(b'\n');
+    status
+        .try_clone()
+        .is_ok_and(|fd| std::fs::File::from(fd).write_all(&line).is_ok())
 }
 
 /// A sandbox built and waiting for its command.
@@ -292,8 +299,14 @@ pub struct Worker<'t> {
     setup: child::SetupReader,
     /// From init: the payload's exit status.
     init_status: OwnedFd,
+    /// To init (with a pid namespace): the status pipe, once `started` is on it, so that init
+    /// reports a command that left nothing behind itself (one hand-off fewer on the result's
+    /// path; decision "Init reports").
+    reporter: Option<OwnedFd>,
     /// To the payload: the output descriptor and the command.
     channel: OwnedFd,
+    /// The limits' counters of its cgroups.
+    counters: end::Counters,
     /// What the fork server lent (cgroup directories, a network namespace), to give back at
     /// the end.
     lease: Option<Lease>,
@@ -325,10 +338,14 @@ impl<'t> Worker<'t> {
         nix::sys::prctl::set_child_subreaper(true).map_err(SetupError::Subreaper)?;
 
         // 5. SIGCHLD arrives on a signalfd, so one poll waits for "child exited" and "daemon
-        //    closed the lifeline" together, without signal handlers. Children reset the mask.
+        //    closed the lifeline" together, without signal handlers. SIGPIPE is blocked too:
+        //    a report to a daemon that stopped reading fails with EPIPE instead of killing
+        //    us (or init) before the sweep. The payload resets the mask.
         let mut mask = SigSet::empty();
         mask.add(Signal::SIGCHLD);
-        mask.thread_block().map_err(SetupError::Signals)?;
+        let mut blocked = mask;
+        blocked.add(Signal::SIGPIPE);
+        blocked.thread_block().map_err(SetupError::Signals)?;
         let sigchld = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
             .map_err(SetupError::Signals)?;
 
@@ -357,6 +374,10 @@ impl<'t> Worker<'t> {
             end::remove_cgroups(template, &name);
             return Err(err);
         }
+        // The limits' counters, open before the fork: init reads them too. Read-only files,
+        // not the directory (nothing can be opened or written through them), and closed on
+        // exec: the command never holds them.
+        let counters = end::Counters::open(template, &name);
 
         // 8. Fork the child: init (which builds the sandbox and forks the payload) or the
         //    payload itself. It says on the setup pipe when it is confined and waiting.
@@ -371,27 +392,35 @@ impl<'t> Worker<'t> {
             )
             .map_err(|e| SetupError::Process(e.into()))
         };
-        let made = pipe().and_then(|setup| Ok((setup, pipe()?, channel()?)));
+        // Init's way to the daemon's status pipe (decision "Init reports").
+        let reporting = || pid_ns.then(channel).transpose();
+        let made = pipe().and_then(|setup| Ok((setup, pipe()?, channel()?, reporting()?)));
         let forked = made.and_then(|ends| Ok((ends, fork_placed(template, &name, &mut placed)?)));
-        let (((setup_r, setup_w), (status_r, status_w), (ours, theirs)), forked) = match forked {
-            Ok(done) => done,
-            Err(err) => {
-                let _ = leave_cgroups(&placed);
-                end::remove_cgroups(template, &name);
-                return Err(err);
-            }
-        };
+        let (((setup_r, setup_w), (status_r, status_w), (ours, theirs), reporting), forked) =
+            match forked {
+                Ok(done) => done,
+                Err(err) => {
+                    let _ = leave_cgroups(&placed);
+                    end::remove_cgroups(template, &name);
+                    return Err(err);
+                }
+            };
+        let (reporter, init_end) = reporting.unzip();
         let child = match forked {
             Forked::Child => {
                 // The cgroup directory stays the helper's: nothing in the sandbox may hold it.
                 drop(placed);
-                drop((setup_r, status_r, ours, sigchld));
+                drop((setup_r, status_r, ours, sigchld, reporter));
                 // The way back to the pool stays with the helper.
                 let net = lease.and_then(Lease::into_namespace).or(net_made);
-                if pid_ns {
-                    child::init_main(template, setup_w, status_w, theirs, net, root);
+                if let Some(init_end) = init_end {
+                    let report = child::InitReport {
+                        status: init_end,
+                        counters,
+                    };
+                    child::init_main(template, setup_w, status_w, theirs, net, root, report);
                 }
-                drop((net, root));
+                drop((net, root, counters));
                 drop(status_w);
                 child::payload_main(template, setup_w, theirs);
             }
@@ -399,7 +428,7 @@ impl<'t> Worker<'t> {
         };
         // The root template and a namespace made ahead are init's to enter; nothing of ours
         // uses them.
-        drop((setup_w, status_w, theirs, root, net_made));
+        drop((setup_w, status_w, theirs, root, net_made, init_end));
 
         // 9. Back out of the cgroups we joined, so that killing them never kills us.
         let left = leave_cgroups(&placed);
@@ -419,7 +448,9 @@ impl<'t> Worker<'t> {
             sigchld,
             setup,
             init_status: status_r,
+            reporter,
             channel: ours,
+            counters,
             lease,
         };
         if let Err(err) = left.and(ready) {
@@ -433,7 +464,14 @@ impl<'t> Worker<'t> {
     pub fn dismiss(self) {
         let mut status = None;
         let swept = end::sweep(self.template, &self.name, self.child, &mut status);
-        release(self.template, &self.name, self.lease, &swept, 0);
+        release(
+            self.template,
+            &self.name,
+            self.lease,
+            &self.counters,
+            &swept,
+            0,
+        );
     }
 
     /// Run the command: hand it and the output pipe to the waiting payload, wait for the end,
@@ -470,6 +508,10 @@ impl<'t> Worker<'t> {
             return;
         }
         write_report(&status, &HelperReport::Started);
+        // Init may report from here on (`started` is written); if it is gone, we report.
+        if let Some(reporter) = self.reporter.take() {
+            let _ = child::send_status(&reporter, &status);
+        }
 
         // 13. Wait for the payload (or init) to exit, or for the daemon to close the lifeline;
         //     pass on the signals it asks for meanwhile.
@@ -478,27 +520,28 @@ impl<'t> Worker<'t> {
         if let Some(init) = ending.init.as_ref().filter(|init| init.leftover == 0) {
             // Init reaped the payload and found nothing else in its pid namespace: nothing of
             // the command is left (no process of it was alive to fork another), only init,
-            // which exits now. Report at once; init's exit takes the namespaces down (the
-            // mount tree, an RCU grace period or two) off the result's path, and the sweep
-            // below still waits for it before the cgroups go.
-            let limits_hit = end::limits_hit(self.template, &self.name);
-            write_report(
-                &status,
-                &HelperReport::Finished {
-                    code: init.code,
-                    signal: init.signal,
-                    killed: 0,
-                    stopped: false,
-                    layers: self.template.layers.clone(),
-                    limits_hit,
-                },
-            );
+            // which exits now. It reported already, or we do at once; init's exit takes the
+            // namespaces down (the mount tree, an RCU grace period or two) off the result's
+            // path, and the sweep below still waits for it before the cgroups go.
+            if !init.reported {
+                write_report(
+                    &status,
+                    &finished(self.template, init.code, init.signal, &self.counters),
+                );
+            }
             drop(status);
             // Init is on its way out: reaped first, it is not found in the cgroup (where the
             // sweep would have to kill it) and the directories can be lent again.
             let _ = nix::sys::wait::waitpid(self.child, None);
             let swept = end::sweep(self.template, &self.name, self.child, &mut None);
-            release(self.template, &self.name, self.lease, &swept, 0);
+            release(
+                self.template,
+                &self.name,
+                self.lease,
+                &self.counters,
+                &swept,
+                0,
+            );
             return;
         }
         let (mut exit, stopped) = (ending.exit, ending.stopped);
@@ -507,10 +550,17 @@ impl<'t> Worker<'t> {
         // 14. Kill whatever the command left behind and note the limits it hit.
         let sweep = end::sweep(self.template, &self.name, self.child, &mut exit);
         let swept = sweep.killed;
-        let limits_hit = end::limits_hit(self.template, &self.name);
+        let limits_hit = self.counters.hit();
+        // What init said, now that it is gone: a stop that raced with init's own report of
+        // the command's end leaves that report the result (the daemon takes the first).
+        let init_said = self
+            .pid_ns
+            .then(|| end::init_said(ending.init, self.init_status))
+            .flatten();
+        let init_reported = init_said.as_ref().is_some_and(|s| s.reported);
         let (code, signal, killed) = if self.pid_ns && !stopped {
             // Init reported the payload's status and how many processes it left behind.
-            end::init_status(ending.init, self.init_status, swept)
+            end::init_status(init_said, swept)
         } else {
             let (code, signal) = end::decode(exit);
             // With a pid namespace, init itself is not one of the command's processes.
@@ -520,19 +570,46 @@ impl<'t> Worker<'t> {
             (code, signal, killed)
         };
         // 15. Report first (the daemon's result waits for it), then remove the cgroups.
-        write_report(
-            &status,
-            &HelperReport::Finished {
-                code,
-                signal,
-                killed,
-                stopped,
-                layers: self.template.layers.clone(),
-                limits_hit,
-            },
-        );
+        if !init_reported {
+            write_report(
+                &status,
+                &HelperReport::Finished {
+                    code,
+                    signal,
+                    killed,
+                    stopped,
+                    layers: self.template.layers.clone(),
+                    limits_hit,
+                },
+            );
+        }
         drop(status);
-        release(self.template, &self.name, self.lease, &sweep, killed);
+        release(
+            self.template,
+            &self.name,
+            self.lease,
+            &self.counters,
+            &sweep,
+            killed,
+        );
+    }
+}
+
+/// The report of a command that exited (`code`) or was killed (`signal`) and left nothing
+/// behind: written by init, or by us when init could not.
+fn finished(
+    template: &Template,
+    code: Option<i32>,
+    signal: Option<i32>,
+    counters: &end::Counters,
+) -> HelperReport {
+    HelperReport::Finished {
+        code,
+        signal,
+        killed: 0,
+        stopped: false,
+        layers: template.layers.clone(),
+        limits_hit: counters.hit(),
     }
 }
 
@@ -549,7 +626,14 @@ impl<'t> Worker<'t> {
 /// `cgroup.procs` the sweep finds nothing to kill, so whether the directories were lent
 /// again depended on that race (seen in CI: a command that left `sleep 100 &` had its
 /// directories lent to the next one).
-fn release(template: &Template, name: &str, lease: Option<Lease>, swept: &end::Swept, killed: u32) {
+fn release(
+    template: &Template,
+    name: &str,
+    lease: Option<Lease>,
+    counters: &end::Counters,
+    swept: &end::Swept,
+    killed: u32,
+) {
     let all_reaped = matches!(
         nix::sys::wait::waitpid(
             Pid::from_raw(-1),
@@ -561,7 +645,7 @@ fn release(template: &Template, name: &str, lease: Option<Lease>, swept: &end::S
     let clean = lease.as_ref().is_some_and(|l| l.cgroup.is_some())
         && killed == 0
         && !swept.by_cgroup
-        && end::cgroups_clean(template, name);
+        && end::cgroups_clean(template, name, counters);
     if !clean {
         end::remove_cgroups(template, name);
     }

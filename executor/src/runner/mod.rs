@@ -535,15 +535,16 @@ fn fork_helper(
     Ok((helper, written))
 }
 
-/// Read the helper's status pipe: `started` (passed on to `started`), then its report, the
-/// last line it wrote before closing the pipe.
+/// Read the helper's status pipe: `started` (passed on to `started`), then the report, the
+/// first line after it (from init, decision "Init reports", or the helper), or nothing when
+/// the pipe closes without one. The pipe's end is not awaited: with a pid namespace, init
+/// reports while the helper still holds its copy.
 async fn read_status(
     pipe: impl AsyncRead + Unpin,
     mut started: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> Option<HelperReport> {
     use tokio::io::AsyncBufReadExt;
     let mut lines = tokio::io::BufReader::new(pipe.take(MAX_REPORT_BYTES)).lines();
-    let mut last = None;
     while let Ok(Some(line)) = lines.next_line().await {
         if line.trim().is_empty() {
             continue;
@@ -554,14 +555,13 @@ async fn read_status(
                     let _ = tx.send(());
                 }
             }
-            Ok(report) => last = Some(report),
+            Ok(report) => return Some(report),
             Err(err) => {
                 tracing::warn!(%err, output = %line, "unreadable report from the sandbox helper");
-                last = None;
             }
         }
     }
-    last
+    None
 }
 
 /// Copy the output pipe into a head-and-tail buffer until end-of-file or `stop`, streaming
