@@ -29,6 +29,7 @@ mod places;
 mod report;
 mod stats;
 mod steps;
+mod versus;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -133,6 +134,12 @@ struct Opts {
     /// Trivial instances per batch for --deployments.
     #[arg(long, default_value_t = 16)]
     batch_instances: usize,
+    /// Instead of the usual phases: --executor (the base) and this binary (the new build)
+    /// serve side by side, and `echo hi` round trips take turns between them, 5 ms apart,
+    /// --iterations pairs per profile: for changes smaller than this machine's drift between
+    /// runs.
+    #[arg(long, value_name = "PATH")]
+    versus: Option<PathBuf>,
 }
 
 impl Opts {
@@ -225,6 +232,16 @@ fn run(opts: Opts) -> anyhow::Result<()> {
             anyhow::Ok(deployments::markdown(&overheads, &throughputs))
         })?;
         println!("{table}");
+        return Ok(());
+    }
+    if let Some(new) = &opts.versus {
+        let base = find_executor(opts.executor.clone(), !opts.no_build)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let compared = rt.block_on(versus::run(&base, new, &opts.profiles, settings.iterations))?;
+        println!("{}", versus::markdown(&base, new, &compared));
         return Ok(());
     }
     // Checked first: a host without unshare(1) should not lose a whole run to it.
