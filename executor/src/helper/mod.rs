@@ -460,7 +460,8 @@ impl<'t> Worker<'t> {
         Ok(worker)
     }
 
-    /// Take the sandbox down without running anything.
+    /// Take the sandbox down without running anything, or once its command is reported and
+    /// nothing of it is left: sweep, then give back or remove what it used.
     pub fn dismiss(self) {
         let mut status = None;
         let swept = end::sweep(self.template, &self.name, self.child, &mut status);
@@ -533,15 +534,7 @@ impl<'t> Worker<'t> {
             // Init is on its way out: reaped first, it is not found in the cgroup (where the
             // sweep would have to kill it) and the directories can be lent again.
             let _ = nix::sys::wait::waitpid(self.child, None);
-            let swept = end::sweep(self.template, &self.name, self.child, &mut None);
-            release(
-                self.template,
-                &self.name,
-                self.lease,
-                &self.counters,
-                &swept,
-                0,
-            );
+            self.dismiss();
             return;
         }
         let (mut exit, stopped) = (ending.exit, ending.stopped);
