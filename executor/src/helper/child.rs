@@ -180,9 +180,11 @@ pub fn init_main(
     drop((setup_w, channel));
     // The daemon's status pipe comes once the command has started (none if the helper gave
     // up first); an early exit of the payload waits as a zombie meanwhile.
-    let InitReport { status, counters } = report;
-    let daemon = receive_fd(&status);
-    drop(status);
+    let InitReport {
+        status: socket,
+        counters,
+    } = report;
+    let daemon = receive_fd(&socket);
     // Reap every process of the namespace (orphans are reparented to us) until the payload
     // exits; then report, and exit: the kernel kills whatever is left.
     loop {
@@ -191,9 +193,16 @@ pub fn init_main(
                 let (code, signal) = super::end::decode(Some(status));
                 let leftover = leftovers();
                 // Nothing left of the command: its result is whole, and ours to give.
+                // The claim comes first, on a socket the helper does not wait on (no wake-up on
+                // the result's path): the daemon closes the lifeline once it has the report,
+                // and the helper, seeing that, must know the end was not a stop.
                 let reported = leftover == 0
                     && daemon.as_ref().is_some_and(|fd| {
-                        super::report_line(fd, &super::finished(template, code, signal, &counters))
+                        claim(&socket)
+                            && super::report_line(
+                                fd,
+                                &super::finished(template, code, signal, &counters),
+                            )
                     });
                 drop(daemon);
                 let report = InitStatus {
@@ -396,6 +405,20 @@ pub fn send_status(socket: &OwnedFd, status: &OwnedFd) -> Result<(), Errno> {
         None,
     )
     .map(|_| ())
+}
+
+/// Init's claim of the report, before it writes it.
+fn claim(socket: &OwnedFd) -> bool {
+    nix::sys::socket::send(socket.as_raw_fd(), b"r", MsgFlags::MSG_NOSIGNAL).is_ok()
+}
+
+/// Whether init has claimed the command's report (it reports, or is about to).
+pub fn init_claimed(socket: &OwnedFd) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        nix::sys::socket::recv(socket.as_raw_fd(), &mut byte, MsgFlags::MSG_DONTWAIT),
+        Ok(1)
+    )
 }
 
 /// The descriptor [`send_status`] sent, or none when the helper closed the socket first.

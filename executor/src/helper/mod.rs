@@ -301,7 +301,7 @@ pub struct Worker<'t> {
     init_status: OwnedFd,
     /// To init (with a pid namespace): the status pipe, once `started` is on it, so that init
     /// reports a command that left nothing behind itself (one hand-off fewer on the result's
-    /// path; decision "Init reports").
+    /// path; decision "Init reports"); then where init claims the report before writing it.
     reporter: Option<OwnedFd>,
     /// To the payload: the output descriptor and the command.
     channel: OwnedFd,
@@ -510,14 +510,24 @@ impl<'t> Worker<'t> {
         }
         write_report(&status, &HelperReport::Started);
         // Init may report from here on (`started` is written); if it is gone, we report.
-        if let Some(reporter) = self.reporter.take() {
-            let _ = child::send_status(&reporter, &status);
+        // The socket stays: init claims the report on it before writing it.
+        if let Some(reporter) = &self.reporter {
+            let _ = child::send_status(reporter, &status);
         }
 
         // 13. Wait for the payload (or init) to exit, or for the daemon to close the lifeline;
         //     pass on the signals it asks for meanwhile.
         let init_status = self.pid_ns.then_some(&self.init_status);
         let ending = end::wait_for_end(self.child, init_status, &self.sigchld, &lifeline, rest);
+        if ending.stopped && self.reporter.as_ref().is_some_and(child::init_claimed) {
+            // The lifeline closed because the daemon has init's report (or a stop raced with
+            // it, which the report wins): nothing of the command is left. Killing init now,
+            // through the cgroup, would keep the directories from being lent again.
+            drop(status);
+            let _ = nix::sys::wait::waitpid(self.child, None);
+            self.dismiss();
+            return;
+        }
         if let Some(init) = ending.init.as_ref().filter(|init| init.leftover == 0) {
             // Init reaped the payload and found nothing else in its pid namespace: nothing of
             // the command is left (no process of it was alive to fork another), only init,
