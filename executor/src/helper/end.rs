@@ -1,7 +1,7 @@
-//! How a command ends, from the helper: wait for the payload or the lifeline, count and kill
-//! what is left, read the limits it hit, remove its cgroups.
+//! How a helper's command ends: wait for the payload or the lifeline, count and kill what is
+//! left, read the limits it hit, remove its cgroups. (With a pid namespace, init does this
+//! itself: `init`.)
 
-use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,6 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::child::InitStatus;
 use crate::cgroup;
 use crate::plan::Template;
 
@@ -21,31 +20,22 @@ const SWEEP_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How the wait for a command's end came out.
 pub struct Ending {
-    /// The child's (init's or the payload's) exit status, when it was reaped.
+    /// The payload's exit status, when it was reaped.
     pub exit: Option<WaitStatus>,
     /// The lifeline closed (the daemon asked for the stop) or waiting failed.
     pub stopped: bool,
-    /// Init's report of the payload's end, when it came before init itself was reaped.
-    pub init: Option<InitStatus>,
 }
 
-/// Block until the child exits, init reports the payload's end (`init_status`, with a pid
-/// namespace) or the lifeline closes. Lines the daemon writes on the lifeline meanwhile
-/// (`pending` holds what came with the command) ask for signals: `signal <number>` goes to
-/// every process of the command's tree.
+/// Block until the payload exits or the lifeline closes. Lines the daemon writes on the
+/// lifeline meanwhile (`pending` holds what came with the command) ask for signals:
+/// `signal <number>` goes to every process of the command's tree.
 pub fn wait_for_end(
     child: Pid,
-    mut init_status: Option<&OwnedFd>,
     sigchld: &SignalFd,
     lifeline: &OwnedFd,
     mut pending: Vec<u8>,
 ) -> Ending {
-    let pid_ns = init_status.is_some();
-    let ending = |exit, stopped, init| Ending {
-        exit,
-        stopped,
-        init,
-    };
+    let ending = |exit, stopped| Ending { exit, stopped };
     loop {
         while let Some(end) = pending.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = pending.drain(..=end).collect();
@@ -55,52 +45,32 @@ pub fn wait_for_end(
                 .and_then(|n| n.trim().parse::<i32>().ok())
                 .and_then(|n| Signal::try_from(n).ok())
             {
-                signal_tree(child, pid_ns, signal);
+                signal_tree(signal);
             }
         }
         if pending.len() > 4096 {
             pending.clear();
         }
         if let Some(status) = reap_ready(child) {
-            return ending(Some(status), false, None);
+            return ending(Some(status), false);
         }
-        let mut fds = vec![
+        let mut fds = [
             PollFd::new(sigchld.as_fd(), PollFlags::POLLIN),
             PollFd::new(lifeline.as_fd(), PollFlags::POLLIN),
         ];
-        if let Some(fd) = init_status {
-            fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-        }
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(Errno::EINTR) => continue,
             // Cannot wait any more: treat it as a stop so the tree is still killed.
-            Err(_) => return ending(None, true, None),
+            Err(_) => return ending(None, true),
         }
-        let ready = |fd: &PollFd| !fd.revents().unwrap_or(PollFlags::empty()).is_empty();
-        if ready(&fds[1]) {
+        if fds[1].any().unwrap_or(true) {
             let mut chunk = [0u8; 512];
             match nix::unistd::read(lifeline, &mut chunk) {
-                Ok(0) => return ending(None, true, None),
+                Ok(0) => return ending(None, true),
                 Ok(n) => pending.extend_from_slice(&chunk[..n]),
                 Err(Errno::EINTR | Errno::EAGAIN) => {}
-                Err(_) => return ending(None, true, None),
-            }
-        }
-        if let Some(fd) = init_status.filter(|_| fds.get(2).is_some_and(ready)) {
-            // Init writes its report in one write (far below PIPE_BUF) and then exits; the
-            // pipe at end-of-file without one means init died some other way: its exit
-            // status will tell, so stop watching the pipe.
-            let mut text = [0u8; 512];
-            match nix::unistd::read(fd, &mut text) {
-                Ok(n) if n > 0 => {
-                    if let Ok(report) = serde_json::from_slice::<InitStatus>(&text[..n]) {
-                        return ending(None, false, Some(report));
-                    }
-                    init_status = None;
-                }
-                Err(Errno::EINTR | Errno::EAGAIN) => {}
-                _ => init_status = None,
+                Err(_) => return ending(None, true),
             }
         }
         while let Ok(Some(_)) = sigchld.read_signal() {}
@@ -108,13 +78,10 @@ pub fn wait_for_end(
 }
 
 /// Send `signal` to every process of the command: everything below us (orphans come to us,
-/// the subreaper), but init, which is not the command's and ignores it anyway.
-fn signal_tree(child: Pid, pid_ns: bool, signal: Signal) {
+/// the subreaper).
+fn signal_tree(signal: Signal) {
     let me = Pid::this().as_raw();
     for pid in descendant_pids(me) {
-        if pid_ns && pid == child.as_raw() {
-            continue;
-        }
         let _ = kill(Pid::from_raw(pid), signal);
     }
 }
@@ -135,34 +102,14 @@ fn reap_ready(child: Pid) -> Option<WaitStatus> {
     }
 }
 
-/// How many processes the command has now, before the kill: from its cgroup, or else (no
-/// writable cgroups, an unprivileged container) with a pid namespace, init and every process
-/// below it (orphans in a pid namespace are reparented to its init).
-pub fn count(template: &Template, name: &str, pid_ns: bool, child: Pid) -> Option<u32> {
+/// How many processes the command has now, before the kill: from its cgroup, where there is
+/// one (else the sweep's count stands).
+pub fn count(template: &Template, name: &str) -> Option<u32> {
     template
         .cgroups
         .iter()
         .find(|c| c.kill)
         .map(|c| cgroup::procs(&c.dir(name)).len() as u32)
-        .or_else(|| pid_ns.then(|| descendants(child) + 1))
-}
-
-/// What init said of the payload's end: `read` when it came while we waited, else from its
-/// pipe (init is gone: this does not block).
-pub fn init_said(read: Option<InitStatus>, fd: OwnedFd) -> Option<InitStatus> {
-    read.or_else(|| {
-        let mut text = String::new();
-        let _ = std::fs::File::from(fd).read_to_string(&mut text);
-        serde_json::from_str::<InitStatus>(&text).ok()
-    })
-}
-
-/// The payload's end as init said it, or a kill when it said nothing.
-pub fn init_status(said: Option<InitStatus>, swept: u32) -> (Option<i32>, Option<i32>, u32) {
-    match said {
-        Some(s) => (s.code, s.signal, s.leftover),
-        None => (None, Some(Signal::SIGKILL as i32), swept),
-    }
 }
 
 /// What a [`sweep`] did.
@@ -355,11 +302,6 @@ fn children() -> Vec<i32> {
     dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| parent_of(*pid) == Some(me))
         .collect()
-}
-
-/// How many processes descend from `pid`.
-fn descendants(pid: Pid) -> u32 {
-    u32::try_from(descendant_pids(pid.as_raw()).len()).unwrap_or(u32::MAX)
 }
 
 /// The processes that descend from `pid`, from the kernel's children lists

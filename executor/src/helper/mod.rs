@@ -1,52 +1,58 @@
-//! The sandbox helper: one process per command, forked by the fork server (or, where there is
-//! none, the executor binary exec'd as `executor __sandbox-helper`).
+//! A command's supervisors, and the sandbox's first steps.
 //!
 //! The daemon is a multi-threaded tokio process, where forking and changing process-wide state
 //! (session, subreaper, cgroups, namespaces, credentials) is unsafe or impossible. So each
-//! command gets a helper: a single-threaded process that builds the sandbox and watches the
-//! command. Its work has two halves:
+//! command is built and watched by single-threaded processes the fork server forks (or, where
+//! there is none, the executor binary exec'd as `executor __sandbox-helper`):
 //!
-//! 1. [`Worker::prepare`]: everything the template (the sandbox part of the plan) decides:
-//!    session, subreaper, cgroups, namespaces, the new root, identity, landlock, seccomp. It
-//!    ends with a confined process waiting for its command. A warm worker of the fork server
-//!    does this before any command arrives, so none of it is on a command's critical path.
-//! 2. [`Worker::run`]: the command and its three descriptors arrive; the waiting process
-//!    enters the working directory and execs; the helper waits for the end, kills what is
-//!    left and reports.
+//! - With a pid namespace (`strict`, `task-container`), the namespace's init is the command's
+//!   supervisor (`init`): it builds the sandbox, starts the payload, watches it, reports and
+//!   takes everything down by exiting.
+//! - Without one (`landlock`, `trusted`), a helper (here) does, from outside: a subreaper in
+//!   a session of its own, which forks the payload into the command's cgroups, watches it,
+//!   sweeps what it left (`end`), reports and gives back what it was lent.
+//!
+//! Either way the work has two halves: everything the template (the sandbox part of the plan)
+//! decides, which a warm worker of the fork server does before any command arrives, ending
+//! with a confined payload waiting for its command (`payload`); and the command itself, which
+//! only has to enter its working directory and exec.
 //!
 //! The descriptors of a command:
 //! - the lifeline: the command line (JSON), then kept open. The daemon writes to it again
 //!   only to ask for a signal to the command's tree (`signal <n>` lines, for a process a
 //!   client talks to); when the daemon closes it (timeout, cancel, disconnect, shutdown) or dies (even by
-//!   SIGKILL, the kernel closes it), the helper sees end-of-file and kills the command's tree.
+//!   SIGKILL, the kernel closes it), the supervisor sees end-of-file and kills the command's tree.
 //! - the output pipe, handed to the payload as its stdout and stderr (for a process a client
 //!   talks to, a socket or a terminal that is its stdin too).
 //! - the status pipe: a `started` line once the payload has exec'd, one [`HelperReport`]
-//!   JSON line at the end (with a pid namespace, from init when the command left nothing
-//!   behind: ARCHITECTURE.md, decision "Init reports").
+//!   JSON line at the end.
 //!
 //! The process tree of a command:
 //!
 //! ```text
-//! helper (host pid namespace; session leader, subreaper)
-//!   `- init (pid 1 of a new pid namespace; builds the root)   only with a pid namespace
-//!        `- payload: bash -c COMMAND (confined, waits for its command, then exec)
+//! fork server
+//!   |- init (pid 1 of a new pid namespace)            with a pid namespace
+//!   |    `- payload: bash -c COMMAND
+//!   `- helper (session leader, subreaper)              without one
+//!        `- payload: bash -c COMMAND
 //! ```
 //!
-//! The setup order is in [`Worker::prepare`] (helper), `child::init_main` and
-//! `child::payload_main`; how a command ends is in `end.rs`.
+//! The setup order is in `init::prepare`, [`Worker::prepare`] (helper) and
+//! `payload::payload_main`; how a helper's command ends is in `end.rs`.
 
-mod child;
 mod end;
+mod init;
+mod payload;
 
-use std::io::{Read, Write};
+pub use init::{birth_cgroup, serve as serve_init, verdict, Loans as InitLoans, Place};
+
+use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
-use nix::sched::CloneFlags;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
@@ -148,9 +154,9 @@ pub struct Stdio {
     pub status: OwnedFd,
 }
 
-/// Exec mode (`executor run`, or a daemon without its fork server): the plan line and then
-/// the lifeline on stdin, the output pipe on stdout, the status pipe on stderr. Always exits
-/// 0: the outcome travels in the report.
+/// Exec mode (a daemon without its fork server): the plan line and then the lifeline on
+/// stdin, the output pipe on stdout, the status pipe on stderr. Always exits 0: the outcome
+/// travels in the report.
 pub fn main() -> ExitCode {
     let stdio = (|| {
         Ok::<_, std::io::Error>(Stdio {
@@ -170,7 +176,7 @@ pub fn main() -> ExitCode {
         write_report(&stdio.status, &SetupError::Process(err).report());
         return ExitCode::SUCCESS;
     }
-    let (plan, rest) = match read_line(&stdio.lifeline).and_then(|(line, rest)| {
+    let (plan, rest) = match read_line(stdio.lifeline.as_fd()).and_then(|(line, rest)| {
         let plan = serde_json::from_slice::<Plan>(&line).map_err(SetupError::ParsePlan)?;
         Ok((plan, rest))
     }) {
@@ -180,40 +186,34 @@ pub fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    match Worker::prepare(&plan.template, Loans::default()) {
+    if leads(&plan.template) {
+        init::exec_mode(&plan.template, &plan.command, stdio, rest);
+        return ExitCode::SUCCESS;
+    }
+    match Worker::prepare(&plan.template, None) {
         Ok(worker) => worker.run(stdio, Some((plan.command, rest))),
         Err(err) => write_report(&stdio.status, &err.report()),
     }
     ExitCode::SUCCESS
 }
 
-/// What the fork server lends a worker it forks, where it pools (`spawner::net_pool`,
-/// `spawner::root_pool`).
-#[derive(Default)]
-pub struct Loans {
-    /// A network namespace to run in (and to give back).
-    pub net: Option<Lease>,
-    /// The mount namespace of the template's shared root, to copy.
-    pub root: Option<OwnedFd>,
-    /// A network namespace made ahead for this one command (`spawner::Ahead`), to enter.
-    pub net_made: Option<OwnedFd>,
+/// Whether the commands of `template` are supervised by their pid namespace's init (`init`)
+/// rather than by a helper.
+pub fn leads(template: &Template) -> bool {
+    template.sandbox.namespaces.contains(&Namespace::Pid)
 }
 
-/// Pool mode (forked by the fork server, `control` its end of a socket to us): prepare the
-/// sandbox at once (with what the fork server lends), then serve the command whose
-/// descriptors arrive on `control`, or, if `control` closes first (the worker was not
-/// needed), take the sandbox down and exit.
-pub fn serve_worker(template: &Template, control: OwnedFd, loans: Loans) -> ! {
+/// Pool mode (forked by the fork server, `control` its end of a socket to us), for a template
+/// without a pid namespace: prepare the sandbox at once (in the cgroup directories `lease`
+/// names), then serve the command whose descriptors arrive on `control`, or, if `control`
+/// closes first (the worker was not needed), take the sandbox down and exit.
+pub fn serve_worker(template: &Template, control: OwnedFd, lease: Option<Lease>) -> ! {
     // fds 0, 1 and 2 of the helper itself: /dev/null (the command's descriptors are apart).
     sys::devnull_stdio(true);
     // No PR_SET_PDEATHSIG: killed with the fork server, we could not sweep the command's tree
     // (its processes outside a pid namespace would live on). An idle worker sees `control`
     // close when the fork server dies; a busy one sees its lifeline close, as a cold helper.
-    // The fork server ignores SIGCHLD (so the kernel reaps its helpers); we wait for ours.
-    if let Err(err) = sys::default_sigchld() {
-        serve_failure(&control, &SetupError::Process(err))
-    }
-    let prepared = Worker::prepare(template, loans);
+    let prepared = Worker::prepare(template, lease);
     let stdio = match crate::spawner::receive_stdio(&control) {
         Ok(Some(stdio)) => stdio,
         // Not needed: take the sandbox down.
@@ -236,22 +236,16 @@ pub fn serve_worker(template: &Template, control: OwnedFd, loans: Loans) -> ! {
     sys::exit_child(0)
 }
 
-/// A worker that could not even reset its signals: wait for its command and report.
-fn serve_failure(control: &OwnedFd, err: &SetupError) -> ! {
-    if let Ok(Some(stdio)) = crate::spawner::receive_stdio(control) {
-        write_report(&stdio.status, &err.report());
-    }
-    sys::exit_child(0)
-}
+/// How much of the lifeline one read takes: the most that can follow a line in the same read.
+const LINE_CHUNK: usize = 16 * 1024;
 
 /// One line, and whatever followed it in the same read (the daemon may write signal
 /// requests after the command): read in chunks, not a byte per syscall (a plan is kilobytes).
-fn read_line(fd: &OwnedFd) -> Result<(Vec<u8>, Vec<u8>), SetupError> {
+fn read_line(fd: std::os::fd::BorrowedFd<'_>) -> Result<(Vec<u8>, Vec<u8>), SetupError> {
     let mut line = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    let mut file = std::fs::File::from(fd.try_clone().map_err(SetupError::ReadPlan)?);
+    let mut chunk = vec![0u8; LINE_CHUNK];
     loop {
-        match file.read(&mut chunk) {
+        match nix::unistd::read(fd, &mut chunk) {
             Ok(0) => break,
             Ok(n) => {
                 if let Some(end) = chunk[..n].iter().position(|b| *b == b'\n') {
@@ -260,8 +254,8 @@ fn read_line(fd: &OwnedFd) -> Result<(Vec<u8>, Vec<u8>), SetupError> {
                 }
                 line.extend_from_slice(&chunk[..n]);
             }
-            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(err) => return Err(SetupError::ReadPlan(err)),
+            Err(Errno::EINTR) => {}
+            Err(err) => return Err(SetupError::ReadPlan(err.into())),
         }
         if line.len() > MAX_PLAN_BYTES {
             return Err(SetupError::ReadPlan(std::io::Error::other("plan too long")));
@@ -272,56 +266,38 @@ fn read_line(fd: &OwnedFd) -> Result<(Vec<u8>, Vec<u8>), SetupError> {
 
 fn write_report(status: &OwnedFd, report: &HelperReport) {
     // If the daemon is gone there is nobody to tell; the tree is dead either way.
-    let _ = report_line(status, report);
-}
-
-/// Write `report` as one line on the status pipe; whether all of it went.
-fn report_line(status: &OwnedFd, report: &HelperReport) -> bool {
     let Ok(mut line) = serde_json::to_vec(report) else {
-        return false;
+        return;
     };
     line.push(b'\n');
-    status
+    let _ = status
         .try_clone()
-        .is_ok_and(|fd| std::fs::File::from(fd).write_all(&line).is_ok())
+        .map(|fd| std::fs::File::from(fd).write_all(&line));
 }
 
-/// A sandbox built and waiting for its command.
+/// A sandbox without a pid namespace built and waiting for its command.
 pub struct Worker<'t> {
     template: &'t Template,
-    /// Its cgroup directories' name (`w-<our pid>`).
+    /// Its cgroup directories' name (`w-<our pid>`, or the one the fork server lent).
     name: String,
-    pid_ns: bool,
-    /// Init (with a pid namespace) or the payload.
+    /// The payload.
     child: Pid,
     sigchld: SignalFd,
     /// From the payload: `Failed`, or end-of-file once it has exec'd.
-    setup: child::SetupReader,
-    /// From init: the payload's exit status.
-    init_status: OwnedFd,
-    /// To init (with a pid namespace): the status pipe, once `started` is on it, so that init
-    /// reports a command that left nothing behind itself (one hand-off fewer on the result's
-    /// path; decision "Init reports"); then where init claims the report before writing it.
-    reporter: Option<OwnedFd>,
+    setup: payload::SetupReader,
     /// To the payload: the output descriptor and the command.
     channel: OwnedFd,
     /// The limits' counters of its cgroups.
     counters: end::Counters,
-    /// What the fork server lent (cgroup directories, a network namespace), to give back at
-    /// the end.
+    /// What the fork server lent (cgroup directories), to give back at the end.
     lease: Option<Lease>,
 }
 
 impl<'t> Worker<'t> {
-    /// Build the sandbox of `template` and leave its payload waiting for a command; its init
-    /// enters the network namespace and copies the root template `loans` lends instead of
-    /// making them. The order matters; each step says why.
-    pub fn prepare(template: &'t Template, loans: Loans) -> Result<Self, SetupError> {
-        let Loans {
-            net: mut lease,
-            root,
-            net_made,
-        } = loans;
+    /// Build the sandbox of `template` (which has no pid namespace: `leads`) and leave its
+    /// payload waiting for a command, in the cgroup directories `lease` names or in new ones.
+    /// The order matters; each step says why.
+    pub fn prepare(template: &'t Template, lease: Option<Lease>) -> Result<Self, SetupError> {
         // 1. Forking and credential changes below assume one thread: check, do not hope.
         sys::assert_single_threaded().map_err(SetupError::Process)?;
 
@@ -340,7 +316,7 @@ impl<'t> Worker<'t> {
         // 5. SIGCHLD arrives on a signalfd, so one poll waits for "child exited" and "daemon
         //    closed the lifeline" together, without signal handlers. SIGPIPE is blocked too:
         //    a report to a daemon that stopped reading fails with EPIPE instead of killing
-        //    us (or init) before the sweep. The payload resets the mask.
+        //    us before the sweep. The payload resets the mask.
         let mut mask = SigSet::empty();
         mask.add(Signal::SIGCHLD);
         let mut blocked = mask;
@@ -355,100 +331,69 @@ impl<'t> Worker<'t> {
         //    directory is entered by the child at its birth (clone3 CLONE_INTO_CGROUP, no
         //    attach for us to make and undo); v1 hierarchies, or a kernel before 5.7, need us
         //    to join first.
-        // 7. A pid namespace applies to the children of the process that creates it: our next
-        //    child becomes its init, pid 1, whose death kills everything in it.
         let lent = lease.as_ref().and_then(|l| l.cgroup.clone());
         let existing = lent.as_ref().is_some_and(|c| c.existing);
         let name = lent.map_or_else(|| cgroup_name(std::process::id()), |c| c.name);
-        let pid_ns = template.sandbox.namespaces.contains(&Namespace::Pid);
         let mut placed = Placed::default();
-        let entered = enter_cgroups(template, &name, existing, &mut placed).and_then(|()| {
-            if pid_ns {
-                nix::sched::unshare(CloneFlags::CLONE_NEWPID).map_err(SetupError::PidNamespace)?;
-            }
-            Ok(())
-        });
-        if let Err(err) = entered {
+        if let Err(err) = enter_cgroups(template, &name, existing, &mut placed) {
             // Leave nothing behind for a command that never ran.
             let _ = leave_cgroups(&placed);
             end::remove_cgroups(template, &name);
             return Err(err);
         }
-        // The limits' counters, open before the fork: init reads them too. Read-only files,
-        // not the directory (nothing can be opened or written through them), and closed on
-        // exec: the command never holds them.
+        // The limits' counters, open before the fork: read-only files, not the directory
+        // (nothing can be opened or written through them), and closed on exec: the command
+        // never holds them.
         let counters = end::Counters::open(template, &name);
 
-        // 8. Fork the child: init (which builds the sandbox and forks the payload) or the
-        //    payload itself. It says on the setup pipe when it is confined and waiting.
-        let pipe =
-            || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| SetupError::Process(e.into()));
-        let channel = || {
-            nix::sys::socket::socketpair(
-                nix::sys::socket::AddressFamily::Unix,
-                nix::sys::socket::SockType::Stream,
-                None,
-                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-            )
-            .map_err(|e| SetupError::Process(e.into()))
-        };
-        // Init's way to the daemon's status pipe (decision "Init reports").
-        let reporting = || pid_ns.then(channel).transpose();
-        let made = pipe().and_then(|setup| Ok((setup, pipe()?, channel()?, reporting()?)));
+        // 7. Fork the payload. It says on the setup pipe when it is confined and waiting.
+        let made = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+            .and_then(|setup| {
+                let channel = nix::sys::socket::socketpair(
+                    nix::sys::socket::AddressFamily::Unix,
+                    nix::sys::socket::SockType::Stream,
+                    None,
+                    nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+                )?;
+                Ok((setup, channel))
+            })
+            .map_err(|e| SetupError::Process(e.into()));
         let forked = made.and_then(|ends| Ok((ends, fork_placed(template, &name, &mut placed)?)));
-        let (((setup_r, setup_w), (status_r, status_w), (ours, theirs), reporting), forked) =
-            match forked {
-                Ok(done) => done,
-                Err(err) => {
-                    let _ = leave_cgroups(&placed);
-                    end::remove_cgroups(template, &name);
-                    return Err(err);
-                }
-            };
-        let (reporter, init_end) = reporting.unzip();
+        let (((setup_r, setup_w), (ours, theirs)), forked) = match forked {
+            Ok(done) => done,
+            Err(err) => {
+                let _ = leave_cgroups(&placed);
+                end::remove_cgroups(template, &name);
+                return Err(err);
+            }
+        };
         let child = match forked {
             Forked::Child => {
                 // The cgroup directory stays the helper's: nothing in the sandbox may hold it.
-                drop(placed);
-                drop((setup_r, status_r, ours, sigchld, reporter));
-                // The way back to the pool stays with the helper.
-                let net = lease.and_then(Lease::into_namespace).or(net_made);
-                if let Some(init_end) = init_end {
-                    let report = child::InitReport {
-                        status: init_end,
-                        counters,
-                    };
-                    child::init_main(template, setup_w, status_w, theirs, net, root, report);
-                }
-                drop((net, root, counters));
-                drop(status_w);
-                child::payload_main(template, setup_w, theirs);
+                drop((placed, setup_r, ours, sigchld, lease, counters));
+                payload::payload_main(
+                    template,
+                    setup_w.as_fd(),
+                    payload::Source::Helper(theirs.as_fd()),
+                );
             }
             Forked::Parent(child) => child,
         };
-        // The root template and a namespace made ahead are init's to enter; nothing of ours
-        // uses them.
-        drop((setup_w, status_w, theirs, root, net_made, init_end));
+        drop((setup_w, theirs));
 
-        // 9. Back out of the cgroups we joined, so that killing them never kills us.
+        // 8. Back out of the cgroups we joined, so that killing them never kills us.
         let left = leave_cgroups(&placed);
 
-        // 10. Wait for the child to be confined and waiting (no step waits on anything
-        //     outside the machine, so this is short).
-        let mut setup = child::SetupReader::new(setup_r);
+        // 9. Wait for the payload to be confined and waiting (no step waits on anything
+        //    outside the machine, so this is short).
+        let mut setup = payload::SetupReader::new(setup_r);
         let ready = setup.ready();
-        if let Some(lease) = &mut lease {
-            lease.adopt(child);
-        }
         let worker = Self {
             template,
             name,
-            pid_ns,
             child,
             sigchld,
             setup,
-            init_status: status_r,
-            reporter,
             channel: ours,
             counters,
             lease,
@@ -460,8 +405,8 @@ impl<'t> Worker<'t> {
         Ok(worker)
     }
 
-    /// Take the sandbox down without running anything, or once its command is reported and
-    /// nothing of it is left: sweep, then give back or remove what it used.
+    /// Take the sandbox down without running anything: sweep, then give back or remove what
+    /// it used.
     pub fn dismiss(self) {
         let mut status = None;
         let swept = end::sweep(self.template, &self.name, self.child, &mut status);
@@ -485,7 +430,7 @@ impl<'t> Worker<'t> {
             status,
         } = stdio;
         let (command, rest) = match command.map(Ok).unwrap_or_else(|| {
-            read_line(&lifeline).and_then(|(line, rest)| {
+            read_line(lifeline.as_fd()).and_then(|(line, rest)| {
                 let command =
                     serde_json::from_slice::<CommandPlan>(&line).map_err(SetupError::ParsePlan)?;
                 Ok((command, rest))
@@ -498,10 +443,10 @@ impl<'t> Worker<'t> {
                 return;
             }
         };
-        // 11. The payload takes the output pipe and the command; we drop our copy of the
+        // 10. The payload takes the output pipe and the command; we drop our copy of the
         //     pipe, so the daemon sees end-of-file exactly when the last process of the
-        //     command's tree is gone. 12. It enters the working directory and execs.
-        let handed = child::send_command(&self.channel, output, &command)
+        //     command's tree is gone. 11. It enters the working directory and execs.
+        let handed = payload::send_command(&self.channel, output, &command)
             .and_then(|()| self.setup.exec_done(&lifeline));
         if let Err(err) = handed {
             write_report(&status, &err.report());
@@ -509,83 +454,30 @@ impl<'t> Worker<'t> {
             return;
         }
         write_report(&status, &HelperReport::Started);
-        // Init may report from here on (`started` is written); if it is gone, we report.
-        // The socket stays: init claims the report on it before writing it.
-        if let Some(reporter) = &self.reporter {
-            let _ = child::send_status(reporter, &status);
-        }
 
-        // 13. Wait for the payload (or init) to exit, or for the daemon to close the lifeline;
-        //     pass on the signals it asks for meanwhile.
-        let init_status = self.pid_ns.then_some(&self.init_status);
-        let ending = end::wait_for_end(self.child, init_status, &self.sigchld, &lifeline, rest);
-        if ending.stopped && self.reporter.as_ref().is_some_and(child::init_claimed) {
-            // The lifeline closed because the daemon has init's report (or a stop raced with
-            // it, which the report wins): nothing of the command is left. Killing init now,
-            // through the cgroup, would keep the directories from being lent again.
-            drop(status);
-            let _ = nix::sys::wait::waitpid(self.child, None);
-            self.dismiss();
-            return;
-        }
-        if let Some(init) = ending.init.as_ref().filter(|init| init.leftover == 0) {
-            // Init reaped the payload and found nothing else in its pid namespace: nothing of
-            // the command is left (no process of it was alive to fork another), only init,
-            // which exits now. It reported already, or we do at once; init's exit takes the
-            // namespaces down (the mount tree, an RCU grace period or two) off the result's
-            // path, and the sweep below still waits for it before the cgroups go.
-            if !init.reported {
-                write_report(
-                    &status,
-                    &finished(self.template, init.code, init.signal, &self.counters),
-                );
-            }
-            drop(status);
-            // Init is on its way out: reaped first, it is not found in the cgroup (where the
-            // sweep would have to kill it) and the directories can be lent again.
-            let _ = nix::sys::wait::waitpid(self.child, None);
-            self.dismiss();
-            return;
-        }
+        // 12. Wait for the payload to exit, or for the daemon to close the lifeline; pass on
+        //     the signals it asks for meanwhile.
+        let ending = end::wait_for_end(self.child, &self.sigchld, &lifeline, rest);
         let (mut exit, stopped) = (ending.exit, ending.stopped);
-        let counted = end::count(self.template, &self.name, self.pid_ns, self.child);
+        let counted = end::count(self.template, &self.name);
 
-        // 14. Kill whatever the command left behind and note the limits it hit.
+        // 13. Kill whatever the command left behind and note the limits it hit.
         let sweep = end::sweep(self.template, &self.name, self.child, &mut exit);
-        let swept = sweep.killed;
         let limits_hit = self.counters.hit();
-        // What init said, now that it is gone: a stop that raced with init's own report of
-        // the command's end leaves that report the result (the daemon takes the first).
-        let init_said = self
-            .pid_ns
-            .then(|| end::init_said(ending.init, self.init_status))
-            .flatten();
-        let init_reported = init_said.as_ref().is_some_and(|s| s.reported);
-        let (code, signal, killed) = if self.pid_ns && !stopped {
-            // Init reported the payload's status and how many processes it left behind.
-            end::init_status(init_said, swept)
-        } else {
-            let (code, signal) = end::decode(exit);
-            // With a pid namespace, init itself is not one of the command's processes.
-            let killed = counted
-                .unwrap_or(swept)
-                .saturating_sub(u32::from(self.pid_ns));
-            (code, signal, killed)
-        };
-        // 15. Report first (the daemon's result waits for it), then remove the cgroups.
-        if !init_reported {
-            write_report(
-                &status,
-                &HelperReport::Finished {
-                    code,
-                    signal,
-                    killed,
-                    stopped,
-                    layers: self.template.layers.clone(),
-                    limits_hit,
-                },
-            );
-        }
+        let (code, signal) = end::decode(exit);
+        let killed = counted.unwrap_or(sweep.killed);
+        // 14. Report first (the daemon's result waits for it), then remove the cgroups.
+        write_report(
+            &status,
+            &HelperReport::Finished {
+                code,
+                signal,
+                killed,
+                stopped,
+                layers: self.template.layers.clone(),
+                limits_hit,
+            },
+        );
         drop(status);
         release(
             self.template,
@@ -598,37 +490,11 @@ impl<'t> Worker<'t> {
     }
 }
 
-/// The report of a command that exited (`code`) or was killed (`signal`) and left nothing
-/// behind: written by init, or by us when init could not.
-fn finished(
-    template: &Template,
-    code: Option<i32>,
-    signal: Option<i32>,
-    counters: &end::Counters,
-) -> HelperReport {
-    HelperReport::Finished {
-        code,
-        signal,
-        killed: 0,
-        stopped: false,
-        layers: template.layers.clone(),
-        limits_hit: counters.hit(),
-    }
-}
-
-/// The helper's last act, once the command has been reported: give back what the fork server
-/// lent if every process that was in it is gone (we have no child left: init is reaped, and
-/// the kernel empties a pid namespace before its init's exit completes), the cgroup
-/// directories only if they are clean, the command left no process behind (`killed`, the
-/// count its result reports) and the sweep did not kill through them
-/// (`spawner::cgroup_pool`); remove the directories that are not given back. The helper exits
-/// next.
-///
-/// `killed` decides, not only the sweep: under a pid namespace init kills what the payload
-/// left (its exit empties the namespace), and when init is gone before the sweep reads
-/// `cgroup.procs` the sweep finds nothing to kill, so whether the directories were lent
-/// again depended on that race (seen in CI: a command that left `sleep 100 &` had its
-/// directories lent to the next one).
+/// The helper's last act, once the command has been reported: give back the cgroup
+/// directories the fork server lent if every process that was in them is gone (we have no
+/// child left), they are clean, the command left no process behind (`killed`, the count its
+/// result reports) and the sweep did not kill through them (`spawner::cgroup_pool`); remove
+/// the directories that are not given back. The helper exits next.
 fn release(
     template: &Template,
     name: &str,
@@ -702,7 +568,7 @@ fn enter_cgroups(
 }
 
 /// Create `dir`; one left by a dead helper of the same pid is emptied and made anew.
-fn create_fresh(dir: &std::path::Path) -> Result<(), SetupError> {
+pub fn create_fresh(dir: &std::path::Path) -> Result<(), SetupError> {
     match cgroup::create(dir) {
         Err(cgroup::CgroupError::Io { source, .. })
             if source.kind() == std::io::ErrorKind::AlreadyExists =>

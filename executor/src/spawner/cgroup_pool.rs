@@ -47,6 +47,8 @@ const MAX_FREE: usize = 16;
 pub const MAX_CHARGED: u64 = 8 << 20;
 /// What every name the pool makes starts with (a helper's own directories are `w-<pid>`).
 const PREFIX: &str = "c-";
+/// What a name made for one worker only starts with ([`Cgroups::name_once`]).
+const ONCE: &str = "n-";
 
 /// Whether workers of `template` may run in directories a worker before them used.
 pub fn eligible(template: &Template) -> bool {
@@ -92,6 +94,13 @@ impl Cgroups {
         })
     }
 
+    /// A name for the directories of a worker whose template does not pool them: never lent
+    /// again (the pool takes back only what it lent).
+    pub fn name_once(&mut self) -> String {
+        self.made += 1;
+        format!("{ONCE}{}", self.made)
+    }
+
     /// Take back `name`, given back clean for `template`; its directories are removed where
     /// the pool is full or the name is not one of ours.
     pub fn receive(&mut self, template: &[u8], name: &str) {
@@ -99,6 +108,11 @@ impl Cgroups {
             return;
         };
         let dirs: Vec<PathBuf> = parsed.cgroups.iter().map(|c| c.dir(name)).collect();
+        self.take_back(template, name, dirs);
+    }
+
+    /// [`Self::receive`], with the directories known.
+    pub fn take_back(&mut self, template: &[u8], name: &str, dirs: Vec<PathBuf>) {
         let ours = name
             .strip_prefix(PREFIX)
             .and_then(|n| n.parse::<u64>().ok())
@@ -134,6 +148,24 @@ impl Cgroups {
             remove(&free.dirs);
         }
     }
+}
+
+/// Whether directories a command ran in may be lent again, as the kernel sees them: no
+/// process in them and at most [`MAX_CHARGED`] of memory still charged (an init checks its
+/// counters itself: `helper::verdict`).
+pub fn clean(dirs: &[PathBuf]) -> bool {
+    let charged = |dir: &std::path::Path| {
+        ["memory.current", "memory.usage_in_bytes"]
+            .iter()
+            .map(|file| cgroup::get(dir, file))
+            .find(|v| !v.is_empty())
+            .map_or(Some(0), |v| v.parse::<u64>().ok())
+    };
+    dirs.iter().all(|dir| {
+        dir.is_dir()
+            && cgroup::procs(dir).is_empty()
+            && charged(dir).is_some_and(|c| c <= MAX_CHARGED)
+    })
 }
 
 /// Remove a free name's directories (empty: nothing runs in them).

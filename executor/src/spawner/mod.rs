@@ -48,11 +48,14 @@ mod net_pool;
 mod root_pool;
 
 pub use cgroup_pool::MAX_CHARGED;
+use lease::CgroupName;
 pub use lease::Lease;
 
-use crate::helper::{Loans, Stdio};
+use crate::helper::{InitLoans, Place, Stdio};
 use crate::plan::{SandboxPlan, Template};
 use crate::sys::{self, Forked};
+
+pub use net_pool::settles_empty;
 
 /// How long an idle worker waits for a command before it is dismissed.
 const IDLE_FOR: Duration = Duration::from_secs(60);
@@ -261,8 +264,8 @@ impl Spawner {
     }
 }
 
-/// A helper that is building, or has built, the sandbox of `template` and waits for its
-/// command on `control`.
+/// A worker (a helper, or an init: `Leader`) that is building, or has built, the sandbox of
+/// `template` and waits for its command on `control`.
 struct Idle {
     template: Vec<u8>,
     control: OwnedFd,
@@ -270,6 +273,33 @@ struct Idle {
     since: Instant,
     /// Built at [`AHEAD_NICE`]: to be set back to 0 when its command comes.
     niced: bool,
+}
+
+impl Drop for Idle {
+    /// Given its command, or dismissed: either way nothing more comes on `control`. An init
+    /// reads end-of-file there once dismissed (our copy of the socket in its `Leader` stays
+    /// open for its verdict).
+    fn drop(&mut self) {
+        let _ =
+            nix::sys::socket::shutdown(self.control.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+    }
+}
+
+/// A worker whose init leads (a template with a pid namespace, `helper::leads`), from its fork
+/// until its init is reaped: what it was lent, and where its init says, as its last act, what
+/// of it may be lent again (`helper::verdict`).
+struct Leader {
+    template: Vec<u8>,
+    /// Our copy of its control socket.
+    control: OwnedFd,
+    /// Its cgroup directories' name, and the directories (not the caller's own).
+    name: String,
+    dirs: Vec<std::path::PathBuf>,
+    /// The name came from the cgroup pool and may go back to it.
+    pooled: bool,
+    /// The template's network namespaces are pooled; the one lent, if any (our copy).
+    net_pooled: bool,
+    ns: Option<OwnedFd>,
 }
 
 /// Whether a template's commands run unprivileged: a uid other than 0, no capability,
@@ -293,12 +323,23 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
     // Our stdin is the socket (`sock` is our own copy) and nothing reads our stdout: point
     // both at /dev/null, so that no helper inherits the socket through them.
     sys::devnull_stdio(false);
-    // Give every helper the default signal state once: we were started by the daemon, whose
-    // runtime ignores SIGPIPE. Then let the kernel reap helpers: nobody here waits for them
-    // (each helper sets SIGCHLD back to the default for its own children).
-    if sys::reset_signals().is_err() || sys::ignore_children().is_err() {
+    // Give every worker the default signal state once: we were started by the daemon, whose
+    // runtime ignores SIGPIPE. Our children's ends come on a signalfd: an init's end is when
+    // what it was lent comes back (`Leader`); a helper's is only reaped.
+    let mut chld = nix::sys::signal::SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    let children = sys::reset_signals().ok().and_then(|()| {
+        chld.thread_block().ok()?;
+        nix::sys::signalfd::SignalFd::with_flags(
+            &chld,
+            nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+        )
+        .ok()
+    });
+    let Some(children) = children else {
         sys::exit_child(1);
-    }
+    };
+    let mut leaders: std::collections::HashMap<Pid, Leader> = std::collections::HashMap::new();
     // Workers built ahead are niced only where their priority can be given back (root, or
     // CAP_SYS_NICE): a command must never run at less than the normal priority.
     let nice_ahead = caps::has_cap(
@@ -332,7 +373,10 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
                     PollTimeout::try_from(d.as_millis().min(60_000) as u64 + 1)
                         .unwrap_or(PollTimeout::MAX)
                 });
-        let mut fds = vec![PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![
+            PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+            PollFd::new(children.as_fd(), PollFlags::POLLIN),
+        ];
         if let Some(pools) = &pools {
             fds.push(PollFd::new(
                 pools.returns.socket().as_fd(),
@@ -345,9 +389,14 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => sys::exit_child(1),
         }
-        let returned = fds.get(1).and_then(PollFd::revents);
+        let returned = fds.get(2).and_then(PollFd::revents);
+        let ended = fds[1].revents();
         let asked = fds[0].revents();
         drop(fds);
+        if ended.is_some_and(|r| !r.is_empty()) {
+            while let Ok(Some(_)) = children.read_signal() {}
+            reap(&mut leaders, &mut pools);
+        }
         if returned.is_some_and(|r| !r.is_empty()) {
             if let Some(pools) = &mut pools {
                 pools.receive(&mut buf);
@@ -378,8 +427,13 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
                 continue;
             }
         };
-        let pid =
-            dispatch(&sock, &mut idle, &mut pools, &mut net_ahead, &request).map_or(0, Pid::as_raw);
+        let mut workers = Workers {
+            idle: &mut idle,
+            leaders: &mut leaders,
+            pools: &mut pools,
+            net_ahead: &mut net_ahead,
+        };
+        let pid = dispatch(&sock, &mut workers, &request).map_or(0, Pid::as_raw);
         let _ = nix::unistd::write(&sock, &pid.to_le_bytes());
         drop(request.stdio);
         // A worker for the next command of this template. One replaces each that is used, so
@@ -393,14 +447,13 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
                 // The least recently made goes.
                 idle.remove(0);
             }
-            if let Ok(worker) = fork_worker(
-                &sock,
-                &idle,
-                &mut pools,
-                &mut net_ahead,
-                &request.template,
-                nice_ahead,
-            ) {
+            let mut workers = Workers {
+                idle: &mut idle,
+                leaders: &mut leaders,
+                pools: &mut pools,
+                net_ahead: &mut net_ahead,
+            };
+            if let Ok(worker) = fork_worker(&sock, &mut workers, &request.template, nice_ahead) {
                 idle.push(worker);
             }
         }
@@ -432,28 +485,34 @@ impl Pools {
         })
     }
 
-    /// What a worker of `template` about to be forked is lent: its lease (cgroup name,
-    /// network namespace) and a copy of its root template.
-    fn lend(&mut self, template: &[u8], parsed: &Template) -> (Option<Lease>, Option<OwnedFd>) {
-        let net = self.nets.lease(template, parsed);
+    /// What a helper of `template` about to be forked is lent: its lease (cgroup name).
+    fn lend(&mut self, template: &[u8], parsed: &Template) -> Option<Lease> {
         let cgroup = self.cgroups.lease(template, parsed);
-        let lease = self.returns.lease(template, net, cgroup);
-        (lease, self.roots.lease(template, parsed))
+        self.returns.lease(template, cgroup)
+    }
+
+    /// What an init of `template` about to be forked is lent: a network namespace (`None`:
+    /// the template's are not pooled; `Some(None)`: none free, it makes one), cgroup
+    /// directories, and a copy of its root template.
+    fn lend_to_init(
+        &mut self,
+        template: &[u8],
+        parsed: &Template,
+    ) -> (Option<Option<OwnedFd>>, Option<CgroupName>, Option<OwnedFd>) {
+        (
+            self.nets.lease(template, parsed),
+            self.cgroups.lease(template, parsed),
+            self.roots.lease(template, parsed),
+        )
     }
 
     /// Take back what one helper returned.
     fn receive(&mut self, buf: &mut [u8]) {
-        let Ok(Some((bytes, mut fds))) = receive_fds(self.returns.socket(), buf) else {
+        let Ok(Some((bytes, _))) = receive_fds(self.returns.socket().as_fd(), buf) else {
             return;
         };
-        let Some((name, template)) = lease::parse_returned(&buf[..bytes]) else {
-            return;
-        };
-        if let Some(name) = name {
+        if let Some((Some(name), template)) = lease::parse_returned(&buf[..bytes]) {
             self.cgroups.receive(template, name);
-        }
-        if let (Some(ns), true) = (fds.pop(), fds.is_empty()) {
-            self.nets.receive(template, ns);
         }
     }
 
@@ -477,17 +536,24 @@ impl Pools {
     }
 }
 
+/// What the server keeps of its workers, and what it lends them.
+struct Workers<'a> {
+    idle: &'a mut Vec<Idle>,
+    leaders: &'a mut std::collections::HashMap<Pid, Leader>,
+    pools: &'a mut Option<Pools>,
+    /// The network namespace made ahead for a one-shot's command (`Ahead`).
+    net_ahead: &'a mut Option<OwnedFd>,
+}
+
 /// Hand the command's descriptors to a waiting worker of its template, or to a new one.
-fn dispatch(
-    sock: &OwnedFd,
-    idle: &mut Vec<Idle>,
-    pools: &mut Option<Pools>,
-    net_ahead: &mut Option<OwnedFd>,
-    request: &Request,
-) -> Option<Pid> {
+fn dispatch(sock: &OwnedFd, workers: &mut Workers<'_>, request: &Request) -> Option<Pid> {
     let stdio = [&request.stdio[0], &request.stdio[1], &request.stdio[2]];
-    if let Some(at) = idle.iter().position(|w| w.template == request.template) {
-        let worker = idle.remove(at);
+    if let Some(at) = workers
+        .idle
+        .iter()
+        .position(|w| w.template == request.template)
+    {
+        let worker = workers.idle.remove(at);
         if worker.niced {
             back_to_normal_priority(worker.pid);
         }
@@ -496,45 +562,41 @@ fn dispatch(
         }
         // It died while it waited (it failed, or a command of its uid killed it): a new one.
     }
-    let worker = fork_worker(sock, idle, pools, net_ahead, &request.template, false).ok()?;
+    let worker = fork_worker(sock, workers, &request.template, false).ok()?;
     send_stdio(&worker.control, stdio).ok()?;
     Some(worker.pid)
 }
 
-/// The helper `pid` built ahead at [`AHEAD_NICE`], and every process it forked (its session's
-/// process group, once it has one: init and the payload), back at nice 0 before its command
-/// runs. The helper first, so that a child it forks from now on is born at 0.
+/// The worker `pid` built ahead at [`AHEAD_NICE`], and every process it forked (its session's
+/// process group, once it has one: the payload), back at nice 0 before its command runs. The
+/// worker first, so that a child it forks from now on is born at 0.
 fn back_to_normal_priority(pid: Pid) {
     let _ = sys::set_nice(sys::NiceOf::Process(pid.as_raw()), 0);
-    // ESRCH while the helper has not made its session yet: then it has no child either.
+    // ESRCH while the worker has not made its session yet: then it has no child either.
     let _ = sys::set_nice(sys::NiceOf::Group(pid.as_raw()), 0);
 }
 
-/// Fork a helper that builds the sandbox of `template` and waits on its control socket;
+/// Fork a worker that builds the sandbox of `template` and waits on its control socket;
 /// `ahead` (of its command) at [`AHEAD_NICE`]; with what the pools lend (cgroup directories,
 /// a network namespace, a copy of the template's root) where the template may have them, or
 /// the network namespace made ahead (`net_ahead`, taken by the first worker that makes one).
+/// With a pid namespace the worker is the namespace's init ([`fork_leader`]), else a helper.
 fn fork_worker(
     sock: &OwnedFd,
-    idle: &[Idle],
-    pools: &mut Option<Pools>,
-    net_ahead: &mut Option<OwnedFd>,
+    workers: &mut Workers<'_>,
     template: &[u8],
     ahead: bool,
 ) -> io::Result<Idle> {
     let parsed: Template = serde_json::from_slice(template).map_err(io::Error::other)?;
+    if crate::helper::leads(&parsed) {
+        return fork_leader(sock, workers, template, &parsed, ahead);
+    }
     let (ours, theirs) = seqpacket_pair()?;
     // Ours to give: the worker takes it (its copy survives the fork), our copy closes below.
-    let (lease, root) = pools
+    let lease = workers
+        .pools
         .as_mut()
-        .map_or((None, None), |pools| pools.lend(template, &parsed));
-    let made = net_ahead.take_if(|_| {
-        lease.is_none()
-            && parsed
-                .sandbox
-                .namespaces
-                .contains(&crate::profile::Namespace::Net)
-    });
+        .and_then(|pools| pools.lend(template, &parsed));
     match sys::fork()? {
         Forked::Child => {
             // Nothing of the server's may stay open in the worker: the daemon's socket, the
@@ -543,19 +605,10 @@ fn fork_worker(
             drop(ours);
             let mut keep = vec![theirs.as_raw_fd()];
             keep.extend(lease.iter().flat_map(Lease::fds));
-            keep.extend(root.as_ref().map(AsRawFd::as_raw_fd));
-            keep.extend(made.as_ref().map(AsRawFd::as_raw_fd));
             sys::close_fds_above_stderr_except(&keep);
-            let _ = (sock, idle);
-            if ahead {
-                let _ = sys::set_nice(sys::NiceOf::Me, AHEAD_NICE);
-            }
-            let loans = Loans {
-                net: lease,
-                root,
-                net_made: made,
-            };
-            crate::helper::serve_worker(&parsed, theirs, loans)
+            let _ = sock;
+            worker_start(ahead);
+            crate::helper::serve_worker(&parsed, theirs, lease)
         }
         Forked::Parent(pid) => Ok(Idle {
             template: template.to_vec(),
@@ -567,7 +620,214 @@ fn fork_worker(
     }
 }
 
-fn send_stdio(control: &OwnedFd, stdio: [&OwnedFd; 3]) -> io::Result<()> {
+/// In a worker just forked: its priority ([`AHEAD_NICE`] when built ahead) and a signal mask
+/// of its own (ours blocks SIGCHLD for our signalfd).
+fn worker_start(ahead: bool) {
+    if ahead {
+        let _ = sys::set_nice(sys::NiceOf::Me, AHEAD_NICE);
+    }
+    let _ = nix::sys::signal::SigSet::empty().thread_set_mask();
+}
+
+/// Fork the init of a worker of `template` (which has a pid namespace) straight into a new
+/// pid namespace and, where the kernel can, into the command's cgroup2 directory; keep what
+/// it was lent until it is reaped ([`Leader`], [`reap`]).
+fn fork_leader(
+    sock: &OwnedFd,
+    workers: &mut Workers<'_>,
+    template: &[u8],
+    parsed: &Template,
+    ahead: bool,
+) -> io::Result<Idle> {
+    let (ours, theirs) = seqpacket_pair()?;
+    let ours_kept = ours.try_clone()?;
+    let (net, cgroup, root) = match workers.pools.as_mut() {
+        Some(pools) => pools.lend_to_init(template, parsed),
+        None => (None, None, None),
+    };
+    let net_pooled = net.is_some();
+    let mut net = net.flatten();
+    if net.is_none() && !net_pooled {
+        net = workers.net_ahead.take_if(|_| {
+            parsed
+                .sandbox
+                .namespaces
+                .contains(&crate::profile::Namespace::Net)
+        });
+    }
+    let pooled = cgroup.is_some();
+    let (name, existing) = match cgroup {
+        Some(c) => (c.name, c.existing),
+        None => (next_name(workers.pools), false),
+    };
+    let born_in = crate::helper::birth_cgroup(parsed, &name, existing);
+    let (forked, placed) =
+        sys::fork_into_pid_namespace(born_in.as_ref().map(std::os::fd::AsFd::as_fd))?;
+    match forked {
+        Forked::Child => {
+            drop((ours, ours_kept, born_in));
+            let mut keep = vec![theirs.as_raw_fd()];
+            keep.extend(net.as_ref().map(AsRawFd::as_raw_fd));
+            keep.extend(root.as_ref().map(AsRawFd::as_raw_fd));
+            sys::close_fds_above_stderr_except(&keep);
+            let _ = sock;
+            worker_start(ahead);
+            let loans = InitLoans {
+                net,
+                root,
+                net_pooled,
+            };
+            let place = Place {
+                name,
+                existing,
+                placed,
+            };
+            crate::helper::serve_init(parsed, theirs, loans, &place)
+        }
+        Forked::Parent(pid) => {
+            drop((theirs, root, born_in));
+            let dirs = parsed
+                .cgroups
+                .iter()
+                .filter(|c| !c.is_parent)
+                .map(|c| c.dir(&name))
+                .collect();
+            // A namespace init enters is ours to keep and take back (one made ahead is not
+            // pooled: it goes with the one command it was made for).
+            let ns = net.filter(|_| net_pooled);
+            workers.leaders.insert(
+                pid,
+                Leader {
+                    template: template.to_vec(),
+                    control: ours_kept,
+                    name,
+                    dirs,
+                    pooled,
+                    net_pooled,
+                    ns,
+                },
+            );
+            Ok(Idle {
+                template: template.to_vec(),
+                control: ours,
+                pid,
+                since: Instant::now(),
+                niced: ahead,
+            })
+        }
+    }
+}
+
+/// A name for the cgroup directories of an init whose template does not pool them.
+fn next_name(pools: &mut Option<Pools>) -> String {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    match pools {
+        Some(pools) => pools.cgroups.name_once(),
+        None => format!(
+            "i-{}-{}",
+            std::process::id(),
+            MADE.fetch_add(1, Ordering::Relaxed)
+        ),
+    }
+}
+
+/// Reap our children that ended; give back or remove what each init was lent.
+fn reap(leaders: &mut std::collections::HashMap<Pid, Leader>, pools: &mut Option<Pools>) {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(status) => {
+                if let Some(leader) = status.pid().and_then(|pid| leaders.remove(&pid)) {
+                    release(leader, pools);
+                }
+            }
+        }
+    }
+}
+
+/// An init is gone, and with it every process of its namespace (the kernel empties a pid
+/// namespace before its init's exit completes): take back what it was lent if its verdict and
+/// the directories themselves say so (`cgroup_pool`, `net_pool`), else remove the
+/// directories and let the namespace go.
+fn release(leader: Leader, pools: &mut Option<Pools>) {
+    let (flags, made) = receive_verdict(&leader.control).unwrap_or((0, None));
+    let Leader {
+        template,
+        name,
+        dirs,
+        pooled,
+        net_pooled,
+        ns,
+        ..
+    } = leader;
+    let Some(pools) = pools else {
+        remove_dirs(&dirs);
+        return;
+    };
+    let cgroups =
+        flags & crate::helper::verdict::CGROUPS != 0 && pooled && cgroup_pool::clean(&dirs);
+    if cgroups {
+        pools.cgroups.take_back(&template, &name, dirs);
+    } else {
+        remove_dirs(&dirs);
+    }
+    if flags & crate::helper::verdict::NET != 0 && net_pooled {
+        if let Some(ns) = ns.or(made) {
+            pools.nets.receive(&template, ns);
+        }
+    }
+}
+
+fn remove_dirs(dirs: &[std::path::PathBuf]) {
+    for dir in dirs {
+        crate::cgroup::remove(dir);
+    }
+}
+
+/// Init's last act: its verdict (`helper::verdict` flags) on `control`, with its network
+/// namespace where it made it and it may be lent again. Never waits.
+pub fn send_verdict(control: &OwnedFd, flags: u8, ns: Option<&OwnedFd>) {
+    let fds: Vec<std::os::fd::RawFd> = ns.iter().map(|fd| fd.as_raw_fd()).collect();
+    let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(&fds)]
+    };
+    let _ = sendmsg::<()>(
+        control.as_raw_fd(),
+        &[IoSlice::new(&[flags])],
+        &cmsgs,
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        None,
+    );
+}
+
+/// An init's verdict, read once it is reaped (so it never waits): the flags, and the network
+/// namespace it sent.
+fn receive_verdict(control: &OwnedFd) -> Option<(u8, Option<OwnedFd>)> {
+    let mut buf = [0u8; 1];
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(
+        control.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )
+    .ok()?;
+    let bytes = msg.bytes;
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            fds.extend(raw.into_iter().map(sys::own_received_fd));
+        }
+    }
+    (bytes == 1).then(|| (buf[0], fds.pop()))
+}
+
+/// Send a worker its command's three descriptors.
+pub fn send_stdio(control: &OwnedFd, stdio: [&OwnedFd; 3]) -> io::Result<()> {
     let fds = stdio.map(|fd| fd.as_raw_fd());
     sendmsg::<()>(
         control.as_raw_fd(),
@@ -580,9 +840,9 @@ fn send_stdio(control: &OwnedFd, stdio: [&OwnedFd; 3]) -> io::Result<()> {
 }
 
 /// In a worker: the command's descriptors, or `None` when the server closed the socket.
-pub fn receive_stdio(control: &OwnedFd) -> io::Result<Option<Stdio>> {
+pub fn receive_stdio(control: impl AsFd) -> io::Result<Option<Stdio>> {
     let mut buf = [0u8; 16];
-    let Some((_, fds)) = receive_fds(control, &mut buf)? else {
+    let Some((_, fds)) = receive_fds(control.as_fd(), &mut buf)? else {
         return Ok(None);
     };
     let [lifeline, output, status] = three(fds)?;
@@ -594,7 +854,10 @@ pub fn receive_stdio(control: &OwnedFd) -> io::Result<Option<Stdio>> {
 }
 
 /// One message and the descriptors that came with it, or `None` at end-of-file.
-fn receive_fds(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+fn receive_fds(
+    sock: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
     let mut iov = [IoSliceMut::new(buf)];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 3]);
     let msg = loop {
@@ -639,7 +902,7 @@ enum Message {
 
 /// One message of the daemon, or `None` at end-of-file.
 fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
-    let Some((bytes, fds)) = receive_fds(sock, buf)? else {
+    let Some((bytes, fds)) = receive_fds(sock.as_fd(), buf)? else {
         return Ok(None);
     };
     match buf[..bytes].split_first() {

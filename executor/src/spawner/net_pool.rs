@@ -130,7 +130,7 @@ pub(super) fn made_ahead() -> io::Result<OwnedFd> {
 /// netlink socket, which `ip` and glibc's `getaddrinfo` open, always), so a namespace checked
 /// right after its command would often be closed for a socket already on its way out. We
 /// have reported; this delays only our own exit.
-pub(super) fn settles_empty() -> bool {
+pub fn settles_empty() -> bool {
     for _ in 0..SETTLE_CHECKS {
         if empty_here() {
             return true;

@@ -256,6 +256,43 @@ async fn commands_still_run_when_the_fork_server_dies() {
             .layers
             .contains(&"seccomp".to_string()));
     }
+    // Nothing outlives an exec'd helper's command either: not what it left behind, not a
+    // command timed out (with a pid namespace the exec'd helper stands in for the fork
+    // server and relays the lifeline to init; without one it watches the command itself).
+    for profile in ["strict", "landlock"] {
+        let m = marker();
+        let left = client
+            .exec(executor_tests::checks::preq(
+                Some(profile),
+                &format!("left-{profile}"),
+                &format!("{} & echo left", marked_sleep(&m)),
+                30.0,
+            ))
+            .await
+            .result
+            .unwrap();
+        assert_eq!(left.output, "left\n", "{profile}");
+        assert!(left.extra.killed_processes >= 1, "{profile}: {left:?}");
+        assert!(sleepers(&m).is_empty(), "{profile}: a leftover lives on");
+        let started = std::time::Instant::now();
+        let timed = client
+            .exec(executor_tests::checks::preq(
+                Some(profile),
+                &format!("timed-{profile}"),
+                &format!("echo begun; {}", marked_sleep(&m)),
+                1.0,
+            ))
+            .await
+            .result
+            .unwrap();
+        assert_eq!(timed.extra.ended, Ending::TimedOut, "{profile}: {timed:?}");
+        assert_eq!(timed.output, "begun\n", "{profile}");
+        assert!(started.elapsed() < Duration::from_secs(4), "{profile}");
+        assert!(
+            eventually(PATIENCE, || sleepers(&m).is_empty()).await,
+            "{profile}: the timed-out command lives on"
+        );
+    }
     assert!(daemon.healthy().await);
 }
 

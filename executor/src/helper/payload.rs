@@ -1,24 +1,23 @@
-//! The helper's children: init (pid 1 of the sandbox's pid namespace) and the payload, which
-//! confines itself, says it is ready, waits for its command and execs it; and the two channels
-//! between them and the helper (the setup pipe, the command socket).
+//! The payload: the process that confines itself, waits for its command and execs it; and
+//! the channels between it and its parent (the setup pipe; the command socket from a helper,
+//! or the hand-off to init).
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut, Read};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
-use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
 use super::{ChildNote, SetupError, MAX_PLAN_BYTES, SETUP_FAILED};
 use crate::plan::{CommandPlan, StdinKind, Template};
 use crate::sandbox;
-use crate::sys::{self, Forked};
+use crate::sys;
 
 /// The helper's end of the setup pipe: notes from the child, one JSON line each.
 pub struct SetupReader {
@@ -111,7 +110,7 @@ impl SetupReader {
     }
 }
 
-fn note(setup_w: &OwnedFd, note: &ChildNote) {
+fn note(setup_w: BorrowedFd<'_>, note: &ChildNote) {
     if let Ok(mut text) = serde_json::to_vec(note) {
         text.push(b'\n');
         // One short write into a pipe nobody else writes: it cannot be split.
@@ -119,7 +118,7 @@ fn note(setup_w: &OwnedFd, note: &ChildNote) {
     }
 }
 
-fn fail(setup_w: &OwnedFd, err: &SetupError) -> ! {
+fn fail(setup_w: BorrowedFd<'_>, err: &SetupError) -> ! {
     note(
         setup_w,
         &ChildNote::Failed {
@@ -130,141 +129,34 @@ fn fail(setup_w: &OwnedFd, err: &SetupError) -> ! {
     sys::exit_child(SETUP_FAILED)
 }
 
-/// What init writes on its status pipe when the payload has exited.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub struct InitStatus {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-    pub leftover: u32,
-    /// Init wrote the command's report on the daemon's status pipe itself.
-    #[serde(default)]
-    pub reported: bool,
+/// Where a waiting payload's command comes from.
+pub enum Source<'a> {
+    /// Its helper, on the command socket: the output descriptor and the command, which the
+    /// helper read from the lifeline (it keeps the lifeline and the status pipe).
+    Helper(BorrowedFd<'a>),
+    /// The fork server, on `control`, while init waits for our exec (`super::init`): the
+    /// command's three descriptors. We read the command from the lifeline and hand init the
+    /// lifeline, the status pipe and whatever came after the command on `handoff`.
+    Init {
+        control: BorrowedFd<'a>,
+        handoff: BorrowedFd<'a>,
+    },
 }
 
-/// What init needs to report a command that left nothing behind: the socket the helper sends
-/// the daemon's status pipe on (once `started` is written on it), and the limits' counters.
-pub struct InitReport {
-    pub status: OwnedFd,
-    pub counters: super::end::Counters,
-}
-
-/// pid 1 of the sandbox: build the world, fork the payload, reap until it exits, report.
-/// `net`: a network namespace of the pool to enter instead of making one; `root`: the mount
-/// namespace of the template's shared root, to copy instead of building all of it.
-pub fn init_main(
-    template: &Template,
-    setup_w: OwnedFd,
-    status_w: OwnedFd,
-    channel: OwnedFd,
-    net: Option<OwnedFd>,
-    root: Option<OwnedFd>,
-    report: InitReport,
-) -> ! {
-    // If the helper dies, init dies, and the kernel kills the whole pid namespace with it.
+/// The payload: confine, wait for the command and its output pipe, enter the working
+/// directory, exec. Never returns.
+///
+/// It runs either as a forked process (under a helper) or, under init, in init's memory
+/// until its exec (`sys::spawn_sharing_memory`): so it borrows its descriptors (closed by
+/// exec or exit) and changes nothing it did not allocate itself.
+pub fn payload_main(template: &Template, setup_w: BorrowedFd<'_>, source: Source<'_>) -> ! {
     if let Err(err) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        fail(&setup_w, &SetupError::Process(err.into()));
+        fail(setup_w, &SetupError::Process(err.into()));
     }
-    // The remaining namespaces, the new root, hostname, loopback.
-    if let Err(err) = sandbox::enter_namespaces(&template.sandbox, net.as_ref(), root.as_ref()) {
-        fail(&setup_w, &err.into());
-    }
-    // Entered: nothing of the command may hold the namespaces' descriptors.
-    drop((net, root));
-    let payload = match sys::fork() {
-        Ok(Forked::Child) => payload_main(template, setup_w, channel),
-        Ok(Forked::Parent(pid)) => pid,
-        Err(err) => fail(&setup_w, &SetupError::Process(err)),
-    };
-    // The payload holds the setup pipe and the command socket; the helper reads the pipe to
-    // its end: we must not keep either open.
-    drop((setup_w, channel));
-    // The daemon's status pipe comes once the command has started (none if the helper gave
-    // up first); an early exit of the payload waits as a zombie meanwhile.
-    let InitReport {
-        status: socket,
-        counters,
-    } = report;
-    let daemon = receive_fd(&socket);
-    // Reap every process of the namespace (orphans are reparented to us) until the payload
-    // exits; then report, and exit: the kernel kills whatever is left.
-    loop {
-        match waitpid(Pid::from_raw(-1), None) {
-            Ok(status) if status.pid() == Some(payload) => {
-                let (code, signal) = super::end::decode(Some(status));
-                let leftover = leftovers();
-                // Nothing left of the command: its result is whole, and ours to give.
-                // The claim comes first, on a socket the helper does not wait on (no wake-up on
-                // the result's path): the daemon closes the lifeline once it has the report,
-                // and the helper, seeing that, must know the end was not a stop.
-                let reported = leftover == 0
-                    && daemon.as_ref().is_some_and(|fd| {
-                        claim(&socket)
-                            && super::report_line(
-                                fd,
-                                &super::finished(template, code, signal, &counters),
-                            )
-                    });
-                drop(daemon);
-                let report = InitStatus {
-                    code,
-                    signal,
-                    leftover,
-                    reported,
-                };
-                if let Ok(text) = serde_json::to_vec(&report) {
-                    let _ = nix::unistd::write(&status_w, &text);
-                }
-                sys::exit_child(0);
-            }
-            Ok(_) | Err(Errno::EINTR) => continue,
-            Err(_) => sys::exit_child(0),
-        }
-    }
-}
-
-/// Processes of the command still in our pid namespace once the payload is reaped. With no
-/// child left there are none (every process of the namespace descends from init: orphans
-/// are reparented to it), which one `waitpid` tells without reading /proc.
-fn leftovers() -> u32 {
-    loop {
-        match waitpid(
-            Pid::from_raw(-1),
-            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
-        ) {
-            Err(Errno::ECHILD) => return 0,
-            // A zombie reaped: look again.
-            Ok(status) if status.pid().is_some() => {}
-            Err(Errno::EINTR) => {}
-            _ => return count_processes().saturating_sub(1),
-        }
-    }
-}
-
-/// Processes in our pid namespace (init included), from our /proc.
-fn count_processes() -> u32 {
-    std::fs::read_dir("/proc")
-        .map(|dir| {
-            dir.flatten()
-                .filter(|e| {
-                    e.file_name()
-                        .to_str()
-                        .is_some_and(|n| n.parse::<u32>().is_ok())
-                })
-                .count() as u32
-        })
-        .unwrap_or(0)
-}
-
-/// The payload: confine, say so, wait for the command and its output pipe, enter the
-/// working directory, exec. Never returns.
-pub fn payload_main(template: &Template, setup_w: OwnedFd, channel: OwnedFd) -> ! {
-    if let Err(err) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        fail(&setup_w, &SetupError::Process(err.into()));
-    }
-    // Nothing blocked, as a fresh process expects (the helper blocks SIGCHLD for its
+    // Nothing blocked, as a fresh process expects (our parent blocks SIGCHLD for its
     // signalfd; every disposition is already the default).
     if let Err(err) = SigSet::empty().thread_set_mask() {
-        fail(&setup_w, &SetupError::Process(err.into()));
+        fail(setup_w, &SetupError::Process(err.into()));
     }
     // stdin from /dev/null for good (never the daemon's lifeline); stdout and stderr there
     // too until the output pipe arrives.
@@ -274,36 +166,73 @@ pub fn payload_main(template: &Template, setup_w: OwnedFd, channel: OwnedFd) -> 
         .open("/dev/null")
     {
         Ok(devnull) => devnull,
-        Err(err) => fail(&setup_w, &SetupError::OutputPipe(err)),
+        Err(err) => fail(setup_w, &SetupError::OutputPipe(err)),
     };
     let wired = nix::unistd::dup2_stdin(&devnull)
         .and_then(|()| nix::unistd::dup2_stdout(&devnull))
         .and_then(|()| nix::unistd::dup2_stderr(&devnull));
     drop(devnull);
     if let Err(err) = wired {
-        fail(&setup_w, &SetupError::OutputPipe(err.into()));
+        fail(setup_w, &SetupError::OutputPipe(err.into()));
     }
     if let Err(err) = sandbox::confine_process(&template.sandbox) {
-        fail(&setup_w, &err.into());
+        fail(setup_w, &err.into());
     }
-    note(&setup_w, &ChildNote::Ready);
-    let (output, command) = match receive_command(&channel) {
-        Ok(received) => received,
-        // The helper went away before a command came: nothing to run.
-        Err(_) => sys::exit_child(0),
+    let (output, command, handing) = match source {
+        Source::Helper(channel) => {
+            note(setup_w, &ChildNote::Ready);
+            match receive_command(channel) {
+                Ok((output, command)) => (output, command, None),
+                // The helper went away before a command came: nothing to run.
+                Err(_) => sys::exit_child(0),
+            }
+        }
+        Source::Init { control, handoff } => {
+            let stdio = match crate::spawner::receive_stdio(control) {
+                Ok(Some(stdio)) => stdio,
+                // Dismissed before a command came (or the fork server is gone).
+                _ => sys::exit_child(0),
+            };
+            let read = super::read_line(stdio.lifeline.as_fd()).and_then(|(line, rest)| {
+                let command =
+                    serde_json::from_slice::<CommandPlan>(&line).map_err(SetupError::ParsePlan)?;
+                Ok((command, rest))
+            });
+            let handing = HandOff {
+                to: handoff,
+                lifeline: stdio.lifeline,
+                status: stdio.status,
+                rest: Vec::new(),
+            };
+            match read {
+                Ok((command, rest)) => (stdio.output, command, Some(HandOff { rest, ..handing })),
+                Err(err) => {
+                    handing.give(Pid::this());
+                    fail(setup_w, &err)
+                }
+            }
+        }
     };
-    drop(channel);
+    // From here on a failure is init's to report: it has the status pipe first.
+    let handing = std::cell::Cell::new(handing);
+    let hand = |main: Pid| {
+        if let Some(handing) = handing.take() {
+            handing.give(main);
+        }
+    };
     // stdout and stderr on the one output pipe, so their order is kept; for a process the
     // client talks to, stdin too (a socket, or a terminal that becomes ours).
     if let Err(err) = wire_stdio(&output, command.stdin) {
-        fail(&setup_w, &SetupError::OutputPipe(err));
+        hand(Pid::this());
+        fail(setup_w, &SetupError::OutputPipe(err));
     }
     drop(output);
     // Entered as the command, after its confinement: a directory it may not reach fails here
     // as it would for its own `cd`, and tells it no more than `cd` would.
     if let Err(errno) = nix::unistd::chdir(&command.cwd) {
+        hand(Pid::this());
         fail(
-            &setup_w,
+            setup_w,
             &SetupError::Cwd {
                 dir: command.cwd.display().to_string(),
                 errno,
@@ -311,12 +240,25 @@ pub fn payload_main(template: &Template, setup_w: OwnedFd, channel: OwnedFd) -> 
         );
     }
     if let Some(op) = &command.builtin {
-        // A file operation, where the command would have exec'd: the end of the setup pipe
-        // (exec would have closed it) tells the helper it has started.
-        drop(setup_w);
-        // Nothing but its stdio: exec would have closed what the helper's side left open.
+        // A file operation, where the command would have exec'd. Under init, which runs again
+        // only at our exec or exit, a forked process of its own memory serves it, and init
+        // watches that one as the command's.
+        if let Some(handing) = handing.take() {
+            match sys::fork() {
+                Ok(sys::Forked::Child) => {}
+                Ok(sys::Forked::Parent(pid)) => {
+                    handing.give(pid);
+                    sys::exit_child(0)
+                }
+                Err(err) => {
+                    handing.give(Pid::this());
+                    fail(setup_w, &SetupError::Process(err))
+                }
+            }
+        }
+        // Nothing but its stdio: exec would have closed what our parent's side left open,
+        // and the end of the setup pipe (the pipe among them) tells it we have started.
         sys::close_fds_above_stderr_except(&[]);
-        use std::os::fd::AsFd;
         let code = match (
             std::io::stdin().as_fd().try_clone_to_owned(),
             std::io::stdout().as_fd().try_clone_to_owned(),
@@ -330,8 +272,74 @@ pub fn payload_main(template: &Template, setup_w: OwnedFd, channel: OwnedFd) -> 
         };
         sys::exit_child(code);
     }
+    hand(Pid::this());
     let err = exec(&command.argv, &command.env);
-    fail(&setup_w, &err)
+    fail(setup_w, &err)
+}
+
+/// What a payload under init hands it once its command has come: the lifeline and the status
+/// pipe (init watches the one and reports on the other), what the daemon wrote after the
+/// command (signal requests), and the pid of the command's first process.
+struct HandOff<'a> {
+    to: BorrowedFd<'a>,
+    lifeline: OwnedFd,
+    status: OwnedFd,
+    rest: Vec<u8>,
+}
+
+impl HandOff<'_> {
+    /// One message init reads when it runs again (after our exec or exit): it never waits.
+    fn give(self, main: Pid) {
+        let mut head = main.as_raw().to_le_bytes().to_vec();
+        head.extend_from_slice(&self.rest);
+        let fds = [self.lifeline.as_raw_fd(), self.status.as_raw_fd()];
+        let _ = sendmsg::<()>(
+            self.to.as_raw_fd(),
+            &[IoSlice::new(&head)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+            None,
+        );
+    }
+}
+
+/// What a payload handed init ([`HandOff`]), read by init once it runs again: the command's
+/// first process, the lifeline, the status pipe, and what came after the command. `None`
+/// where nothing was handed over (the payload ended before its command came).
+pub struct HandedOver {
+    pub main: Pid,
+    pub lifeline: OwnedFd,
+    pub status: OwnedFd,
+    pub rest: Vec<u8>,
+}
+
+/// Init's side of [`HandOff`]: never waits.
+pub fn take_handoff(from: &OwnedFd) -> Option<HandedOver> {
+    let mut buf = vec![0u8; 4 + super::LINE_CHUNK];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<()>(
+        from.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )
+    .ok()?;
+    let bytes = msg.bytes;
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            fds.extend(raw.into_iter().map(sys::own_received_fd));
+        }
+    }
+    let [lifeline, status] = <[OwnedFd; 2]>::try_from(fds).ok()?;
+    let main = i32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
+    Some(HandedOver {
+        main: Pid::from_raw(main),
+        lifeline,
+        status,
+        rest: buf.get(4..bytes)?.to_vec(),
+    })
 }
 
 /// The output descriptor as stdout and stderr, and as stdin unless that is /dev/null; a
@@ -393,65 +401,7 @@ pub fn send_command(
     Ok(())
 }
 
-/// Hand init the daemon's status pipe (`started` is on it): init reports a command that left
-/// nothing behind itself.
-pub fn send_status(socket: &OwnedFd, status: &OwnedFd) -> Result<(), Errno> {
-    let fds = [status.as_raw_fd()];
-    sendmsg::<()>(
-        socket.as_raw_fd(),
-        &[IoSlice::new(&[0])],
-        &[ControlMessage::ScmRights(&fds)],
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )
-    .map(|_| ())
-}
-
-/// Init's claim of the report, before it writes it.
-fn claim(socket: &OwnedFd) -> bool {
-    nix::sys::socket::send(socket.as_raw_fd(), b"r", MsgFlags::MSG_NOSIGNAL).is_ok()
-}
-
-/// Whether init has claimed the command's report (it reports, or is about to).
-pub fn init_claimed(socket: &OwnedFd) -> bool {
-    let mut byte = [0u8; 1];
-    matches!(
-        nix::sys::socket::recv(socket.as_raw_fd(), &mut byte, MsgFlags::MSG_DONTWAIT),
-        Ok(1)
-    )
-}
-
-/// The descriptor [`send_status`] sent, or none when the helper closed the socket first.
-fn receive_fd(socket: &OwnedFd) -> Option<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    loop {
-        let mut iov = [IoSliceMut::new(&mut byte)];
-        match recvmsg::<()>(
-            socket.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Err(Errno::EINTR) => continue,
-            Err(_) => return None,
-            Ok(msg) => {
-                let mut fd = None;
-                for cmsg in msg.cmsgs().ok()? {
-                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
-                        for raw in raw {
-                            let owned = sys::own_received_fd(raw);
-                            fd.get_or_insert(owned);
-                        }
-                    }
-                }
-                return fd;
-            }
-        }
-    }
-}
-
-fn receive_command(channel: &OwnedFd) -> Result<(OwnedFd, CommandPlan), SetupError> {
+fn receive_command(channel: BorrowedFd<'_>) -> Result<(OwnedFd, CommandPlan), SetupError> {
     let io = |e: Errno| SetupError::Process(e.into());
     let mut len = [0u8; 8];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);

@@ -1,0 +1,590 @@
+//! The sandbox's init: pid 1 of a command's pid namespace, and the command's only supervisor
+//! (ARCHITECTURE.md, decision "Init leads").
+//!
+//! The fork server clones it straight into a new pid namespace and, where the kernel can,
+//! into the command's cgroup2 directory. It joins the command's other cgroups, makes the
+//! remaining namespaces and the new root, and starts the payload in its own memory
+//! (`sys::spawn_sharing_memory`), which confines itself and waits for its command; init waits
+//! meanwhile. The fork server hands the command's descriptors to the payload, which reads the
+//! command, hands init the lifeline and the status pipe (`payload::HandOff`) and execs; init
+//! then runs again, watches the command, reports its end and tells the fork server what may
+//! be lent again.
+//!
+//! Nothing of the command outlives init: it is the parent of every process of the namespace
+//! (orphans are reparented to it) and the kernel kills whatever is left when it exits. It
+//! exits when the fork server does (PR_SET_PDEATHSIG), and kills everything when the daemon
+//! closes the lifeline (a timeout, a cancel, a disconnect, the daemon's death).
+//!
+//! ```text
+//! fork server (host pid namespace)
+//!   `- init (pid 1 of a new pid namespace, in the command's cgroups)
+//!        `- payload: bash -c COMMAND (its memory init's until it execs)
+//! ```
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::end::{decode, Counters};
+use super::payload::{self, HandedOver, Source};
+use super::{write_report, SetupError, Stdio};
+use crate::plan::{cgroup_name, CommandPlan, HelperReport, Template};
+use crate::sandbox;
+use crate::sys;
+
+/// How long init goes on killing what a command left before it reports and leaves the rest
+/// to the kernel (its own exit empties the namespace).
+const KILL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Where init's cgroups are: the name of the command's directories, whether they exist
+/// already (lent again by the fork server's pool), and whether the fork server placed init in
+/// the cgroup2 one at its birth (`CLONE_INTO_CGROUP`) or it must join it itself.
+pub struct Place {
+    pub name: String,
+    pub existing: bool,
+    pub placed: bool,
+}
+
+/// What the fork server lends init (`spawner::net_pool`, `spawner::root_pool`).
+#[derive(Default)]
+pub struct Loans {
+    /// A network namespace to enter instead of making one: one of the pool, or one made
+    /// ahead for a one-shot's command.
+    pub net: Option<OwnedFd>,
+    /// The mount namespace of the template's shared root, to copy.
+    pub root: Option<OwnedFd>,
+    /// The template's network namespaces are pooled: say whether ours may be lent again.
+    pub net_pooled: bool,
+}
+
+/// What init tells the fork server on `control` as its last act: which of the command's
+/// things may be lent to the template's next command.
+pub mod verdict {
+    /// The cgroup directories: the command left no process behind, was not stopped, and hit
+    /// no limit (the fork server still checks they are empty, `spawner`).
+    pub const CGROUPS: u8 = 1;
+    /// The network namespace holds no socket (`spawner::net_pool::settles_empty`); one init
+    /// made itself comes with the message.
+    pub const NET: u8 = 2;
+}
+
+/// Init's life (module docs). Never returns.
+pub fn serve(template: &Template, control: OwnedFd, loans: Loans, place: &Place) -> ! {
+    // The fork server's death is ours, and ours the whole namespace's.
+    if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() {
+        sys::exit_child(1);
+    }
+    // fds 0, 1 and 2 of init itself: /dev/null (the command's descriptors are apart).
+    sys::devnull_stdio(true);
+    match prepare(template, &control, loans, place) {
+        Ok(prepared) => prepared.run(template, control),
+        Err(err) => {
+            // Nothing ran: report the failure to the command that comes for this worker.
+            if let Ok(Some(stdio)) = crate::spawner::receive_stdio(&control) {
+                write_report(&stdio.status, &err.report());
+            }
+            sys::exit_child(0)
+        }
+    }
+}
+
+/// Init once its payload has exec'd or exited.
+struct Prepared {
+    payload: Pid,
+    /// The payload's end, where it exited before we ran again (and was reaped).
+    ended: Option<WaitStatus>,
+    sigchld: SignalFd,
+    /// What the payload said failed, if anything.
+    failure: Option<SetupError>,
+    handoff: OwnedFd,
+    counters: Counters,
+    /// The template's network namespaces are pooled, and ours was made here (not lent):
+    /// what we give back with our verdict.
+    net_pooled: bool,
+    net_made: bool,
+}
+
+/// Build the sandbox and start the payload; return once it has exec'd or exited. The order
+/// matters; each step says why.
+fn prepare(
+    template: &Template,
+    control: &OwnedFd,
+    loans: Loans,
+    place: &Place,
+) -> Result<Prepared, SetupError> {
+    // 1. A new session: the command has no controlling terminal (so no TIOCSTI injection
+    //    into the daemon's terminal) and a process group apart from the daemon's.
+    nix::unistd::setsid().map_err(SetupError::Session)?;
+
+    // 2. The command's cgroups, its limits written, before anything of it runs: we are in
+    //    the cgroup2 one already where the fork server could place us, and join the others
+    //    (v1 hierarchies) as one thread naming itself, which never waits for the kernel's
+    //    global lock (`cgroup::join`). The counters of the limits are opened now: our root
+    //    will show no host cgroup directory.
+    for cg in &template.cgroups {
+        let dir = cg.dir(&place.name);
+        let inside = cg.kill && place.placed;
+        if !(inside || cg.is_parent || (place.existing && dir.is_dir())) {
+            super::create_fresh(&dir)?;
+        }
+        for (file, value) in &cg.settings {
+            crate::cgroup::set(&dir, file, value).map_err(SetupError::Cgroup)?;
+        }
+        if !inside {
+            crate::cgroup::join(&dir).map_err(SetupError::Cgroup)?;
+        }
+    }
+    let counters = Counters::open(template, &place.name);
+
+    // 3. SIGCHLD on a signalfd, so one poll waits for "child exited" and "daemon closed the
+    //    lifeline" together. SIGPIPE blocked too: a report to a daemon that stopped reading
+    //    fails with EPIPE instead of killing us. The payload resets the mask.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    let mut blocked = mask;
+    blocked.add(Signal::SIGPIPE);
+    blocked.thread_block().map_err(SetupError::Signals)?;
+    let sigchld = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(SetupError::Signals)?;
+
+    // 4. The payload's channels to us, made before the network namespace is entered (a
+    //    socket counts in the namespace it is made in, and ours must leave it empty): the
+    //    setup pipe, on which it says what failed and whose end tells us it is done with our
+    //    memory, and the hand-off socket.
+    let process = |e: Errno| SetupError::Process(e.into());
+    let (setup, setup_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(process)?;
+    let (handoff, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(process)?;
+
+    // 5. The remaining namespaces, the new root, hostname, loopback.
+    let Loans {
+        net,
+        root,
+        net_pooled,
+    } = loans;
+    let net_made = net.is_none();
+    sandbox::enter_namespaces(&template.sandbox, net.as_ref(), root.as_ref())?;
+    // Entered: nothing of the command may hold the namespaces' descriptors (the fork server
+    // keeps its own).
+    drop((net, root));
+
+    // 6. The payload: it shares our memory until it execs, and we wait meanwhile (we have
+    //    nothing to do before its command runs): no copy of our address space is made,
+    //    faulted in and torn down again at its exec. It says what failed on the setup pipe
+    //    and hands us the command's lifeline and status pipe on `handoff`.
+    // Written now: after a payload stopped or killed as it waited, nothing of ours allocates.
+    let disturbed = |how: &str| {
+        report_bytes(&HelperReport::SetupFailed {
+            stage: "process".into(),
+            message: format!(
+                "the sandbox's waiting process was {how} as it waited (by a signal from \
+                 outside); the command did not run"
+            ),
+        })
+    };
+    let (stopped, killed) = (disturbed("stopped"), disturbed("killed"));
+    let mut stack = sys::ChildStack::new().map_err(SetupError::Process)?;
+    let mut said = [0u8; 4096];
+    let waited = sys::spawn_sharing_memory(
+        &mut stack,
+        setup.as_fd(),
+        setup_w,
+        &mut said,
+        Some(sigchld.as_fd()),
+        &mut |setup_w| {
+            payload::payload_main(
+                template,
+                setup_w,
+                Source::Init {
+                    control: control.as_fd(),
+                    handoff: theirs.as_fd(),
+                },
+            )
+        },
+    )
+    .map_err(SetupError::Process)?;
+    drop((stack, theirs, setup));
+    // Stopped (and killed by us) or killed by someone else before it was done with our
+    // memory: report that to the command that comes, allocating nothing, and go.
+    let disturbance = if waited.stopped {
+        Some(stopped)
+    } else if matches!(waited.ended, Some(WaitStatus::Signaled(..))) {
+        Some(killed)
+    } else {
+        None
+    };
+    if let Some(report) = disturbance {
+        let status = sys::receive_last_fd(handoff.as_fd(), false)
+            .or_else(|| sys::receive_last_fd(control.as_fd(), true));
+        if let Some(status) = status {
+            let _ = nix::unistd::write(&status, &report);
+        }
+        sys::exit_child(0);
+    }
+    Ok(Prepared {
+        payload: waited.pid,
+        ended: waited.ended,
+        sigchld,
+        failure: failure(&said[..waited.said]),
+        handoff,
+        counters,
+        net_pooled,
+        net_made,
+    })
+}
+
+impl Prepared {
+    /// The payload has exec'd or exited: serve the command it took, or report why it could
+    /// not; then tell the fork server what may be lent again, and exit.
+    fn run(self, template: &Template, control: OwnedFd) -> ! {
+        let handed = payload::take_handoff(&self.handoff);
+        let Some(handed) = handed else {
+            // No command came: the payload was dismissed (it exited cleanly), or failed
+            // before its command (reported to the command that comes for this worker).
+            let exited = self
+                .ended
+                .or_else(|| waitpid(self.payload, Some(WaitPidFlag::WNOHANG)).ok());
+            if !matches!(exited, Some(WaitStatus::Exited(..))) {
+                sys::exit_child(0)
+            }
+            if self.failure.is_none() {
+                self.verdict(&control, verdict::CGROUPS);
+                sys::exit_child(0)
+            }
+            if let Ok(Some(stdio)) = crate::spawner::receive_stdio(&control) {
+                if let Some(err) = &self.failure {
+                    write_report(&stdio.status, &err.report());
+                }
+            }
+            sys::exit_child(0)
+        };
+        let HandedOver {
+            main,
+            lifeline,
+            status,
+            rest,
+        } = handed;
+        if let Some(err) = &self.failure {
+            write_report(&status, &err.report());
+            drop(status);
+            self.verdict(&control, 0);
+            sys::exit_child(0)
+        }
+        write_report(&status, &HelperReport::Started);
+
+        // Watch the command until its first process exits or the daemon closes the lifeline;
+        // pass on the signals it asks for meanwhile. Then kill what is left: leftovers of a
+        // command that ended, the whole tree of one stopped.
+        // (A payload that exited while we waited for it is reaped already.)
+        let ended = self.ended.filter(|_| main == self.payload);
+        let (stopped, mut exit) = match watch(main, ended, &self.sigchld, &lifeline, rest) {
+            End::Exited(exit) => (false, Some(exit)),
+            End::Stopped(exit) => (true, exit),
+        };
+        let killed = kill_all(main, &mut exit);
+        let (code, signal) = decode(exit);
+        let limits_hit = self.counters.hit();
+        // What a command that left nothing and hit no limit ran in may serve the next one.
+        let clean = !stopped && killed == 0 && limits_hit.is_empty();
+        write_report(
+            &status,
+            &HelperReport::Finished {
+                code,
+                signal,
+                killed,
+                stopped,
+                layers: template.layers.clone(),
+                limits_hit,
+            },
+        );
+        drop((status, lifeline));
+        self.verdict(&control, if clean { verdict::CGROUPS } else { 0 });
+        sys::exit_child(0)
+    }
+
+    /// Tell the fork server what it may lend again: `flags` ([`verdict`]), and whether our
+    /// network namespace is empty (waiting for it to settle only now that the command is
+    /// reported), with the namespace itself where we made it.
+    fn verdict(&self, control: &OwnedFd, flags: u8) {
+        let net = self.net_pooled && crate::spawner::settles_empty();
+        let ns = (net && self.net_made)
+            .then(|| std::fs::File::open("/proc/thread-self/ns/net").ok())
+            .flatten()
+            .map(OwnedFd::from);
+        let flags = flags | if net { verdict::NET } else { 0 };
+        crate::spawner::send_verdict(control, flags, ns.as_ref());
+    }
+}
+
+/// How the watch of a command ended.
+enum End {
+    /// Its first process exited (leftovers may still run).
+    Exited(WaitStatus),
+    /// The daemon closed the lifeline (or waiting failed): the first process's status if it
+    /// had already exited.
+    Stopped(Option<WaitStatus>),
+}
+
+/// Block until `main` exits (`main_exit`, if it did already) or the lifeline closes. Lines the daemon writes on the lifeline
+/// meanwhile (`pending` holds what came with the command) ask for signals: `signal <number>`
+/// goes to every process of the namespace but us.
+fn watch(
+    main: Pid,
+    mut main_exit: Option<WaitStatus>,
+    sigchld: &SignalFd,
+    lifeline: &OwnedFd,
+    mut pending: Vec<u8>,
+) -> End {
+    loop {
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            if let Some(signal) = std::str::from_utf8(&line[..end])
+                .ok()
+                .and_then(|l| l.strip_prefix("signal "))
+                .and_then(|n| n.trim().parse::<i32>().ok())
+                .and_then(|n| Signal::try_from(n).ok())
+            {
+                // -1 from a namespace's init: every process of the namespace but init.
+                let _ = kill(Pid::from_raw(-1), signal);
+            }
+        }
+        if pending.len() > 4096 {
+            pending.clear();
+        }
+        // Reap what exited (orphans of the namespace are ours too).
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(status) if status.pid() == Some(main) => main_exit = Some(status),
+                Ok(_) => {}
+            }
+        }
+        if let Some(status) = main_exit {
+            return End::Exited(status);
+        }
+        let mut fds = [
+            PollFd::new(sigchld.as_fd(), PollFlags::POLLIN),
+            PollFd::new(lifeline.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            // Cannot wait any more: treat it as a stop so the tree is still killed.
+            Err(_) => return End::Stopped(main_exit),
+        }
+        if fds[1].any().unwrap_or(true) {
+            let mut chunk = [0u8; 512];
+            match nix::unistd::read(lifeline, &mut chunk) {
+                Ok(0) => return End::Stopped(main_exit),
+                Ok(n) => pending.extend_from_slice(&chunk[..n]),
+                Err(Errno::EINTR | Errno::EAGAIN) => {}
+                Err(_) => return End::Stopped(main_exit),
+            }
+        }
+        while let Ok(Some(_)) = sigchld.read_signal() {}
+    }
+}
+
+/// Kill every process of the namespace but us and reap it; how many there were (`main`
+/// among them if it still ran: its status goes into `main_exit`). A process that escapes one
+/// round (forked as it went) is taken by the next; after [`KILL_DEADLINE`] the rest is left to
+/// the kernel, which kills it when we exit.
+fn kill_all(main: Pid, main_exit: &mut Option<WaitStatus>) -> u32 {
+    // Nothing left is the common case: one waitpid says so. What exited on its own (a
+    // zombie) is reaped, not counted.
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Err(Errno::ECHILD) => return 0,
+            Ok(WaitStatus::StillAlive) => break,
+            Ok(status) if status.pid() == Some(main) => *main_exit = Some(status),
+            Ok(_) | Err(_) => {}
+        }
+    }
+    let deadline = Instant::now() + KILL_DEADLINE;
+    let mut killed = 0u32;
+    loop {
+        // -1 from a namespace's init: every process of the namespace but init (stopped ones
+        // too: SIGKILL needs no running task).
+        let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        match waitpid(Pid::from_raw(-1), None) {
+            Err(Errno::ECHILD) => return killed,
+            Err(_) => {}
+            Ok(status) => {
+                killed = killed.saturating_add(1);
+                if status.pid() == Some(main) {
+                    *main_exit = Some(status);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return killed;
+        }
+    }
+}
+
+fn report_bytes(report: &HelperReport) -> Vec<u8> {
+    let mut line = serde_json::to_vec(report).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+/// The failure the payload wrote on the setup pipe, if it wrote one.
+fn failure(said: &[u8]) -> Option<SetupError> {
+    let line = said.split(|b| *b == b'\n').next()?;
+    match serde_json::from_slice::<super::ChildNote>(line).ok()? {
+        super::ChildNote::Failed { stage, message } => Some(SetupError::Child { stage, message }),
+        super::ChildNote::Ready => None,
+    }
+}
+
+/// The cgroup2 directory init is to be born in (`CLONE_INTO_CGROUP`): the template's
+/// `cgroup.kill` one for the directories `name`, made here unless it exists (`existing`: lent
+/// again; or the caller's own), open. `None` where the template has none or it cannot be
+/// made: init then makes and joins it itself.
+pub fn birth_cgroup(template: &Template, name: &str, existing: bool) -> Option<OwnedFd> {
+    let cg = template.cgroups.iter().find(|c| c.kill)?;
+    let dir = cg.dir(name);
+    if !(cg.is_parent || (existing && dir.is_dir())) {
+        super::create_fresh(&dir).ok()?;
+    }
+    nix::fcntl::open(
+        &dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()
+}
+
+/// Exec mode (a daemon without its fork server, `super::main`), for a template with a pid
+/// namespace: we stand in for the fork server for one command. We clone its init, hand it
+/// the command's descriptors, and relay the lifeline (we read the plan from it, so init gets
+/// a lifeline of its own that starts with the command); then we wait for init and remove the
+/// command's cgroup directories.
+pub fn exec_mode(template: &Template, command: &CommandPlan, stdio: Stdio, rest: Vec<u8>) {
+    let report = |err: SetupError| write_report(&stdio.status, &err.report());
+    let name = cgroup_name(std::process::id());
+    let mut pending = match serde_json::to_vec(command) {
+        Ok(line) => line,
+        Err(err) => return report(SetupError::ParsePlan(err)),
+    };
+    pending.push(b'\n');
+    pending.extend_from_slice(&rest);
+    let process = |e: Errno| SetupError::Process(e.into());
+    let made = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+        .and_then(|(r, w)| {
+            nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+            let control = socketpair(
+                AddressFamily::Unix,
+                SockType::SeqPacket,
+                None,
+                SockFlag::SOCK_CLOEXEC,
+            )?;
+            Ok(((r, w), control))
+        })
+        .map_err(process);
+    let ((life_r, life_w), (ours, theirs)) = match made {
+        Ok(made) => made,
+        Err(err) => return report(err),
+    };
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    let sigchld = match mask
+        .thread_block()
+        .and_then(|()| SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK))
+    {
+        Ok(fd) => fd,
+        Err(err) => return report(SetupError::Signals(err)),
+    };
+    let born_in = birth_cgroup(template, &name, false);
+    let init = match sys::fork_into_pid_namespace(born_in.as_ref().map(AsFd::as_fd)) {
+        Ok((sys::Forked::Child, placed)) => {
+            sys::close_fds_above_stderr_except(&[std::os::fd::AsRawFd::as_raw_fd(&theirs)]);
+            let place = Place {
+                name,
+                existing: false,
+                placed,
+            };
+            serve(template, theirs, Loans::default(), &place)
+        }
+        Ok((sys::Forked::Parent(pid), _)) => pid,
+        Err(err) => {
+            report(SetupError::PidNamespace(Errno::from_raw(
+                err.raw_os_error().unwrap_or(0),
+            )));
+            super::end::remove_cgroups(template, &name);
+            return;
+        }
+    };
+    drop((born_in, theirs));
+    let Stdio {
+        lifeline,
+        output,
+        status,
+    } = stdio;
+    let _ = crate::spawner::send_stdio(&ours, [&life_r, &output, &status]);
+    drop((life_r, output, status));
+    // Relay until init is gone: what the daemon writes on the lifeline, and its end.
+    let mut life_w = Some(life_w);
+    let mut lifeline = Some(lifeline);
+    loop {
+        if !matches!(
+            waitpid(init, Some(WaitPidFlag::WNOHANG)),
+            Ok(WaitStatus::StillAlive)
+        ) {
+            break;
+        }
+        let (readable, writable) = {
+            let mut fds = vec![PollFd::new(sigchld.as_fd(), PollFlags::POLLIN)];
+            let read_at = lifeline.as_ref().map(|fd| {
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                fds.len() - 1
+            });
+            let write_at = life_w.as_ref().filter(|_| !pending.is_empty()).map(|fd| {
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLOUT));
+                fds.len() - 1
+            });
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => break,
+            }
+            let ready = |at: Option<usize>| at.is_some_and(|i| fds[i].any().unwrap_or(true));
+            (ready(read_at), ready(write_at))
+        };
+        while let Ok(Some(_)) = sigchld.read_signal() {}
+        if let (true, Some(fd)) = (readable, &lifeline) {
+            let mut chunk = [0u8; 512];
+            match nix::unistd::read(fd, &mut chunk) {
+                Ok(n) if n > 0 => pending.extend_from_slice(&chunk[..n]),
+                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                // The daemon asks for the stop: init sees it at once.
+                _ => {
+                    lifeline = None;
+                    life_w = None;
+                }
+            }
+        }
+        if let (true, Some(fd)) = (writable, &life_w) {
+            match nix::unistd::write(fd, &pending) {
+                Ok(n) => {
+                    pending.drain(..n);
+                }
+                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Err(_) => life_w = None,
+            }
+        }
+    }
+    super::end::remove_cgroups(template, &name);
+}
