@@ -535,10 +535,10 @@ fn fork_helper(
     Ok((helper, written))
 }
 
-/// Read the helper's status pipe: `started` (passed on to `started`), then the report, the
-/// first line after it (from init, decision "Init reports", or the helper), or nothing when
-/// the pipe closes without one. The pipe's end is not awaited: with a pid namespace, init
-/// reports while the helper still holds its copy.
+/// Read the supervisor's status pipe: `started` (passed on to `started`), then the report, the
+/// first line after it (from init or the helper, ARCHITECTURE.md "Init leads"), or nothing
+/// when the pipe closes without one. The pipe's end is not awaited: a process the payload
+/// forked (a file operation's) may hold a copy a moment longer.
 async fn read_status(
     pipe: impl AsyncRead + Unpin,
     mut started: Option<tokio::sync::oneshot::Sender<()>>,
