@@ -112,7 +112,9 @@ pub struct ChildStack {
 /// command's JSON, its environment), with room to spare. Only the pages it touches are
 /// ever backed by memory.
 const CHILD_STACK: usize = 1 << 20;
-const GUARD: usize = 4096;
+/// Inaccessible pages below it: Rust probes its large frames, but C code (libc, the
+/// allocator) does not, so a frame of up to this much cannot step over the guard.
+const GUARD: usize = 64 << 10;
 
 impl ChildStack {
     pub fn new() -> io::Result<Self> {
@@ -684,6 +686,125 @@ pub fn tune_allocator() {
 #[export_name = "_rjem_malloc_conf"]
 pub static JEMALLOC_CONF: &u8 =
     &b"narenas:2,dirty_decay_ms:100,muzzy_decay_ms:0,max_background_threads:1\0"[0];
+
+/// Send `data` and `fds` (SCM_RIGHTS, at most four) on `sock` without allocating (nix's
+/// `sendmsg` builds its control buffer on the heap): what a payload sharing init's memory
+/// sends after its last allocation. Never waits, never raises SIGPIPE.
+pub fn send_fds_without_allocating(
+    sock: std::os::fd::BorrowedFd<'_>,
+    data: &[u8],
+    fds: &[std::os::fd::RawFd],
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if fds.len() > 4 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // Room for one SCM_RIGHTS message of four descriptors, aligned for cmsghdr.
+    let mut control = [0u64; 6];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr().cast_mut().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: msghdr is plain old data; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    let bytes = std::mem::size_of_val(fds);
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE only computes a size.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes as u32) } as _;
+        // SAFETY: `control` holds at least CMSG_SPACE(16) bytes, so the first header and its
+        // data fit; the data pointer is within it, and the descriptors are copied in whole.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(cmsg).cast::<libc::c_int>(),
+                fds.len(),
+            );
+        }
+    }
+    // SAFETY: sendmsg(2) reads the buffers `msg` points at, all ours and valid for the call;
+    // `iov_base` is only read.
+    let sent = unsafe {
+        libc::sendmsg(
+            sock.as_raw_fd(),
+            &msg,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A program ready to exec: its path and its argument and environment vectors, made before
+/// (so that the exec, and what follows a failed one, allocates nothing).
+pub struct Exec {
+    path: std::ffi::CString,
+    _strings: Vec<std::ffi::CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+impl Exec {
+    /// `None` where a string holds a NUL byte.
+    pub fn new<'a>(
+        path: &str,
+        args: impl IntoIterator<Item = &'a str>,
+        env: impl IntoIterator<Item = String>,
+    ) -> Option<Self> {
+        let path = std::ffi::CString::new(path).ok()?;
+        let args: Vec<std::ffi::CString> = args
+            .into_iter()
+            .map(|a| std::ffi::CString::new(a).ok())
+            .collect::<Option<_>>()?;
+        let vars: Vec<std::ffi::CString> = env
+            .into_iter()
+            .map(|v| std::ffi::CString::new(v).ok())
+            .collect::<Option<_>>()?;
+        let vector = |strings: &[std::ffi::CString]| -> Vec<*const libc::c_char> {
+            strings
+                .iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        let (argv, envp) = (vector(&args), vector(&vars));
+        let mut strings = args;
+        strings.extend(vars);
+        Some(Self {
+            path,
+            _strings: strings,
+            argv,
+            envp,
+        })
+    }
+
+    /// execve(2); returns only on failure, with its errno.
+    pub fn run(&self) -> nix::errno::Errno {
+        // SAFETY: the path and both vectors are NUL-terminated and null-terminated, and the
+        // strings they point at are owned by `self`, alive for the call.
+        unsafe { libc::execve(self.path.as_ptr(), self.argv.as_ptr(), self.envp.as_ptr()) };
+        nix::errno::Errno::last()
+    }
+}
+
+/// Make the calling process's memory non-dumpable: no core dump of it, and `/proc/PID/mem`,
+/// `/proc/PID/environ` and ptrace closed to all but CAP_SYS_PTRACE. A child forked from us, or
+/// sharing our memory, is too, until it execs (the kernel decides anew then).
+pub fn set_non_dumpable() -> io::Result<()> {
+    // SAFETY: prctl(2) with PR_SET_DUMPABLE takes plain integers.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// Take ownership of a descriptor received with SCM_RIGHTS.
 pub fn own_received_fd(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {

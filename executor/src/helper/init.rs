@@ -21,7 +21,7 @@
 //!        `- payload: bash -c COMMAND (its memory init's until it execs)
 //! ```
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -43,6 +43,9 @@ use crate::sys;
 /// How long init goes on killing what a command left before it reports and leaves the rest
 /// to the kernel (its own exit empties the namespace).
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
+/// What init keeps of the payload's setup notes: a failure's message names the working
+/// directory, a path of up to 4096 bytes, escaped.
+const SAID: usize = 32 << 10;
 
 /// Where init's cgroups are: the name of the command's directories, whether they exist
 /// already (lent again by the fork server's pool), and whether the fork server placed init in
@@ -106,6 +109,8 @@ struct Prepared {
     failure: Option<SetupError>,
     handoff: OwnedFd,
     counters: Counters,
+    /// The command's processes as a cgroup lists them, to count what a kill takes.
+    procs: Option<OwnedFd>,
     /// The template's network namespaces are pooled, and ours was made here (not lent):
     /// what we give back with our verdict.
     net_pooled: bool,
@@ -143,6 +148,10 @@ fn prepare(
         }
     }
     let counters = Counters::open(template, &place.name);
+    let procs = template
+        .cgroups
+        .first()
+        .and_then(|cg| crate::cgroup::open_counter(&cg.dir(&place.name), "cgroup.procs").ok());
 
     // 3. SIGCHLD on a signalfd, so one poll waits for "child exited" and "daemon closed the
     //    lifeline" together. SIGPIPE blocked too: a report to a daemon that stopped reading
@@ -185,7 +194,8 @@ fn prepare(
     //    nothing to do before its command runs): no copy of our address space is made,
     //    faulted in and torn down again at its exec. It says what failed on the setup pipe
     //    and hands us the command's lifeline and status pipe on `handoff`.
-    // Written now: after a payload stopped or killed as it waited, nothing of ours allocates.
+    // Written now: after a payload stopped or killed before its hand-off, nothing of ours
+    // allocates (it may have been half-way through an allocation in our memory).
     let disturbed = |how: &str| {
         report_bytes(&HelperReport::SetupFailed {
             stage: "process".into(),
@@ -197,7 +207,7 @@ fn prepare(
     };
     let (stopped, killed) = (disturbed("stopped"), disturbed("killed"));
     let mut stack = sys::ChildStack::new().map_err(SetupError::Process)?;
-    let mut said = [0u8; 4096];
+    let mut said = [0u8; SAID];
     let waited = sys::spawn_sharing_memory(
         &mut stack,
         setup.as_fd(),
@@ -217,16 +227,34 @@ fn prepare(
     )
     .map_err(SetupError::Process)?;
     drop((stack, theirs, setup));
-    // Stopped (and killed by us) or killed by someone else before it was done with our
-    // memory: report that to the command that comes, allocating nothing, and go.
+    // Whether the payload is done with the allocator, found without it: its hand-off is its
+    // last act before its exec or exit; without one, it has exited (the setup pipe's end),
+    // and only a payload that exited on its own got to the end of what it was doing.
+    let handed = {
+        // A message waits (its end of file would poll readable too).
+        let mut peek = [0u8; 4];
+        matches!(
+            nix::sys::socket::recv(
+                handoff.as_raw_fd(),
+                &mut peek,
+                nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            ),
+            Ok(n) if n > 0
+        )
+    };
+    let ended = match waited.ended {
+        None if !handed => waitpid(waited.pid, None).ok(),
+        ended => ended,
+    };
     let disturbance = if waited.stopped {
         Some(stopped)
-    } else if matches!(waited.ended, Some(WaitStatus::Signaled(..))) {
+    } else if !handed && !matches!(ended, Some(WaitStatus::Exited(..))) {
         Some(killed)
     } else {
         None
     };
     if let Some(report) = disturbance {
+        // Report that to the command that comes (or came), and go.
         let status = sys::receive_last_fd(handoff.as_fd(), false)
             .or_else(|| sys::receive_last_fd(control.as_fd(), true));
         if let Some(status) = status {
@@ -234,13 +262,21 @@ fn prepare(
         }
         sys::exit_child(0);
     }
+    // 7. The memory is ours again, and init must outlive whatever the command does to its
+    //    cgroup: a group OOM kill (`memory.oom.group`) spares only what is exempt, and we
+    //    report it. Set now, after the payload's exec (before it, the kernel would apply it
+    //    to the payload too, which shared our memory).
+    //    Without CAP_SYS_RESOURCE (some containers, and this project's development VM) it
+    //    cannot be lowered: the fork server then reports for an init the kernel killed.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
     Ok(Prepared {
         payload: waited.pid,
-        ended: waited.ended,
+        ended,
         sigchld,
         failure: failure(&said[..waited.said]),
         handoff,
         counters,
+        procs,
         net_pooled,
         net_made,
     })
@@ -254,12 +290,6 @@ impl Prepared {
         let Some(handed) = handed else {
             // No command came: the payload was dismissed (it exited cleanly), or failed
             // before its command (reported to the command that comes for this worker).
-            let exited = self
-                .ended
-                .or_else(|| waitpid(self.payload, Some(WaitPidFlag::WNOHANG)).ok());
-            if !matches!(exited, Some(WaitStatus::Exited(..))) {
-                sys::exit_child(0)
-            }
             if self.failure.is_none() {
                 self.verdict(&control, verdict::CGROUPS);
                 sys::exit_child(0)
@@ -294,7 +324,7 @@ impl Prepared {
             End::Exited(exit) => (false, Some(exit)),
             End::Stopped(exit) => (true, exit),
         };
-        let killed = kill_all(main, &mut exit);
+        let (killed, all_gone) = end_tree(main, &mut exit, self.procs.as_ref());
         let (code, signal) = decode(exit);
         let limits_hit = self.counters.hit();
         // What a command that left nothing and hit no limit ran in may serve the next one.
@@ -311,7 +341,13 @@ impl Prepared {
             },
         );
         drop((status, lifeline));
-        self.verdict(&control, if clean { verdict::CGROUPS } else { 0 });
+        // A namespace with processes we could not kill in time is no one's to lend.
+        let flags = if clean { verdict::CGROUPS } else { 0 };
+        if all_gone {
+            self.verdict(&control, flags);
+        } else {
+            crate::spawner::send_verdict(&control, flags, None);
+        }
         sys::exit_child(0)
     }
 
@@ -398,41 +434,74 @@ fn watch(
     }
 }
 
-/// Kill every process of the namespace but us and reap it; how many there were (`main`
-/// among them if it still ran: its status goes into `main_exit`). A process that escapes one
-/// round (forked as it went) is taken by the next; after [`KILL_DEADLINE`] the rest is left to
-/// the kernel, which kills it when we exit.
-fn kill_all(main: Pid, main_exit: &mut Option<WaitStatus>) -> u32 {
+/// Kill every process of the namespace but us and reap it: how many there were (`main`
+/// among them if it still ran: its status goes into `main_exit`), counted before the kill
+/// (as they are reaped, a parent may reap its own child first), and whether none is left. A
+/// process that escapes one round (forked as it went) is taken by the next; after
+/// [`KILL_DEADLINE`] the rest is left to the kernel, which kills it when we exit.
+fn end_tree(main: Pid, main_exit: &mut Option<WaitStatus>, procs: Option<&OwnedFd>) -> (u32, bool) {
     // Nothing left is the common case: one waitpid says so. What exited on its own (a
     // zombie) is reaped, not counted.
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            Err(Errno::ECHILD) => return 0,
+            Err(Errno::ECHILD) => return (0, true),
             Ok(WaitStatus::StillAlive) => break,
             Ok(status) if status.pid() == Some(main) => *main_exit = Some(status),
             Ok(_) | Err(_) => {}
         }
     }
+    // We are one of them.
+    let counted = alive(procs).saturating_sub(1);
     let deadline = Instant::now() + KILL_DEADLINE;
-    let mut killed = 0u32;
     loop {
         // -1 from a namespace's init: every process of the namespace but init (stopped ones
         // too: SIGKILL needs no running task).
         let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
         match waitpid(Pid::from_raw(-1), None) {
-            Err(Errno::ECHILD) => return killed,
-            Err(_) => {}
-            Ok(status) => {
-                killed = killed.saturating_add(1);
-                if status.pid() == Some(main) {
-                    *main_exit = Some(status);
-                }
-            }
+            Err(Errno::ECHILD) => return (counted, true),
+            Ok(status) if status.pid() == Some(main) => *main_exit = Some(status),
+            Ok(_) | Err(_) => {}
         }
         if Instant::now() > deadline {
-            return killed;
+            return (counted, false);
         }
     }
+}
+
+/// The live processes of our pid namespace, us included: the cgroup's list (`procs`, which
+/// holds no zombie), or else those of our /proc that are not zombies.
+fn alive(procs: Option<&OwnedFd>) -> u32 {
+    if let Some(procs) = procs {
+        let mut lines = 0u32;
+        let mut buf = [0u8; 16 << 10];
+        let mut at = 0;
+        while let Ok(n) = nix::sys::uio::pread(procs, &mut buf, at) {
+            if n == 0 {
+                return lines;
+            }
+            lines += buf[..n].iter().filter(|b| **b == b'\n').count() as u32;
+            at += n as i64;
+        }
+    }
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.flatten()
+                .filter(|e| {
+                    e.file_name().to_str().is_some_and(|n| {
+                        n.parse::<u32>().is_ok()
+                            && std::fs::read_to_string(format!("/proc/{n}/stat"))
+                                .ok()
+                                .and_then(|s| {
+                                    s.rsplit(')')
+                                        .next()
+                                        .map(|r| r.trim_start().starts_with('Z'))
+                                })
+                                == Some(false)
+                    })
+                })
+                .count() as u32
+        })
+        .unwrap_or(0)
 }
 
 fn report_bytes(report: &HelperReport) -> Vec<u8> {
@@ -441,12 +510,25 @@ fn report_bytes(report: &HelperReport) -> Vec<u8> {
     line
 }
 
-/// The failure the payload wrote on the setup pipe, if it wrote one.
+/// The failure the payload wrote on the setup pipe, if it wrote one (one it could not write
+/// whole, or we could not keep whole, is still one).
 fn failure(said: &[u8]) -> Option<SetupError> {
-    let line = said.split(|b| *b == b'\n').next()?;
-    match serde_json::from_slice::<super::ChildNote>(line).ok()? {
-        super::ChildNote::Failed { stage, message } => Some(SetupError::Child { stage, message }),
-        super::ChildNote::Ready => None,
+    let line = said
+        .split(|b| *b == b'\n')
+        .next()
+        .filter(|l| !l.is_empty())?;
+    match serde_json::from_slice::<super::ChildNote>(line) {
+        Ok(super::ChildNote::Failed { stage, message }) => {
+            Some(SetupError::Child { stage, message })
+        }
+        Ok(super::ChildNote::Ready) => None,
+        Err(_) => Some(SetupError::Child {
+            stage: "process".into(),
+            message: format!(
+                "the sandbox's first process failed before its command ran: {}",
+                String::from_utf8_lossy(&line[..line.len().min(1024)])
+            ),
+        }),
     }
 }
 
@@ -499,9 +581,13 @@ pub fn exec_mode(template: &Template, command: &CommandPlan, stdio: Stdio, rest:
         Ok(made) => made,
         Err(err) => return report(err),
     };
+    // SIGCHLD on a signalfd; SIGPIPE blocked, so that a write to a lifeline init no longer
+    // reads fails instead of killing us before the cgroups are removed.
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
-    let sigchld = match mask
+    let mut blocked = mask;
+    blocked.add(Signal::SIGPIPE);
+    let sigchld = match blocked
         .thread_block()
         .and_then(|()| SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK))
     {
@@ -535,15 +621,29 @@ pub fn exec_mode(template: &Template, command: &CommandPlan, stdio: Stdio, rest:
         status,
     } = stdio;
     let _ = crate::spawner::send_stdio(&ours, [&life_r, &output, &status]);
+    // Nothing more comes: a payload that took nothing, or init waiting for what it never
+    // got, reads the end.
+    let _ = nix::sys::socket::shutdown(
+        std::os::fd::AsRawFd::as_raw_fd(&ours),
+        nix::sys::socket::Shutdown::Write,
+    );
     drop((life_r, output, status));
-    // Relay until init is gone: what the daemon writes on the lifeline, and its end.
+    // Relay until init is gone: what the daemon writes on the lifeline, and its end. Init
+    // ends the command at once when the lifeline closes; one that has not within
+    // `KILL_DEADLINE` more is killed (its namespace with it).
     let mut life_w = Some(life_w);
     let mut lifeline = Some(lifeline);
+    let mut closed_at: Option<Instant> = None;
     loop {
         if !matches!(
             waitpid(init, Some(WaitPidFlag::WNOHANG)),
             Ok(WaitStatus::StillAlive)
         ) {
+            break;
+        }
+        if closed_at.is_some_and(|at| at.elapsed() > KILL_DEADLINE * 2) {
+            let _ = kill(init, Signal::SIGKILL);
+            let _ = waitpid(init, None);
             break;
         }
         let (readable, writable) = {
@@ -556,7 +656,12 @@ pub fn exec_mode(template: &Template, command: &CommandPlan, stdio: Stdio, rest:
                 fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLOUT));
                 fds.len() - 1
             });
-            match poll(&mut fds, PollTimeout::NONE) {
+            let wait = if closed_at.is_some() {
+                PollTimeout::from(100u16)
+            } else {
+                PollTimeout::NONE
+            };
+            match poll(&mut fds, wait) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(_) => break,
             }
@@ -573,6 +678,7 @@ pub fn exec_mode(template: &Template, command: &CommandPlan, stdio: Stdio, rest:
                 _ => {
                     lifeline = None;
                     life_w = None;
+                    closed_at = Some(Instant::now());
                 }
             }
         }

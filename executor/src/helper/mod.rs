@@ -197,6 +197,12 @@ pub fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The limits a command ran into, read from its cgroups `name` (for the fork server, which
+/// reports for an init that could not).
+pub fn limits_hit(template: &Template, name: &str) -> Vec<String> {
+    end::Counters::open(template, name).hit()
+}
+
 /// Whether the commands of `template` are supervised by their pid namespace's init (`init`)
 /// rather than by a helper.
 pub fn leads(template: &Template) -> bool {

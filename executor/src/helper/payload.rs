@@ -3,7 +3,6 @@
 //! or the hand-off to init).
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -148,7 +147,10 @@ pub enum Source<'a> {
 ///
 /// It runs either as a forked process (under a helper) or, under init, in init's memory
 /// until its exec (`sys::spawn_sharing_memory`): so it borrows its descriptors (closed by
-/// exec or exit) and changes nothing it did not allocate itself.
+/// exec or exit) and changes nothing it did not allocate itself. Under init, the hand-off of
+/// the command's lifeline and status pipe ([`HandOff`]) is its last act before the exec (or
+/// its exit): once init has it, nothing of the payload's touches the allocator again, so
+/// init may use it whatever becomes of the payload (decision "Init leads").
 pub fn payload_main(template: &Template, setup_w: BorrowedFd<'_>, source: Source<'_>) -> ! {
     if let Err(err) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         fail(setup_w, &SetupError::Process(err.into()));
@@ -198,62 +200,50 @@ pub fn payload_main(template: &Template, setup_w: BorrowedFd<'_>, source: Source
                     serde_json::from_slice::<CommandPlan>(&line).map_err(SetupError::ParsePlan)?;
                 Ok((command, rest))
             });
-            let handing = HandOff {
-                to: handoff,
-                lifeline: stdio.lifeline,
-                status: stdio.status,
-                rest: Vec::new(),
-            };
+            let super::Stdio {
+                lifeline,
+                output,
+                status,
+            } = stdio;
             match read {
-                Ok((command, rest)) => (stdio.output, command, Some(HandOff { rest, ..handing })),
+                Ok((command, rest)) => {
+                    let handing = HandOff::new(handoff, lifeline, status, &rest);
+                    (output, command, Some(handing))
+                }
                 Err(err) => {
-                    handing.give(Pid::this());
-                    fail(setup_w, &err)
+                    let handing = HandOff::new(handoff, lifeline, status, &[]);
+                    failed(setup_w, &err, Some(handing))
                 }
             }
-        }
-    };
-    // From here on a failure is init's to report: it has the status pipe first.
-    let handing = std::cell::Cell::new(handing);
-    let hand = |main: Pid| {
-        if let Some(handing) = handing.take() {
-            handing.give(main);
         }
     };
     // stdout and stderr on the one output pipe, so their order is kept; for a process the
     // client talks to, stdin too (a socket, or a terminal that becomes ours).
     if let Err(err) = wire_stdio(&output, command.stdin) {
-        hand(Pid::this());
-        fail(setup_w, &SetupError::OutputPipe(err));
+        failed(setup_w, &SetupError::OutputPipe(err), handing);
     }
     drop(output);
     // Entered as the command, after its confinement: a directory it may not reach fails here
     // as it would for its own `cd`, and tells it no more than `cd` would.
     if let Err(errno) = nix::unistd::chdir(&command.cwd) {
-        hand(Pid::this());
-        fail(
-            setup_w,
-            &SetupError::Cwd {
-                dir: command.cwd.display().to_string(),
-                errno,
-            },
-        );
+        let err = SetupError::Cwd {
+            dir: command.cwd.display().to_string(),
+            errno,
+        };
+        failed(setup_w, &err, handing);
     }
     if let Some(op) = &command.builtin {
         // A file operation, where the command would have exec'd. Under init, which runs again
         // only at our exec or exit, a forked process of its own memory serves it, and init
         // watches that one as the command's.
-        if let Some(handing) = handing.take() {
+        if let Some(handing) = handing {
             match sys::fork() {
                 Ok(sys::Forked::Child) => {}
                 Ok(sys::Forked::Parent(pid)) => {
                     handing.give(pid);
                     sys::exit_child(0)
                 }
-                Err(err) => {
-                    handing.give(Pid::this());
-                    fail(setup_w, &SetupError::Process(err))
-                }
+                Err(err) => failed(setup_w, &SetupError::Process(err), Some(handing)),
             }
         }
         // Nothing but its stdio: exec would have closed what our parent's side left open,
@@ -272,40 +262,76 @@ pub fn payload_main(template: &Template, setup_w: BorrowedFd<'_>, source: Source
         };
         sys::exit_child(code);
     }
-    hand(Pid::this());
-    let err = exec(&command.argv, &command.env);
-    fail(setup_w, &err)
+    let exec = match prepare_exec(&command.argv, &command.env) {
+        Ok(exec) => exec,
+        Err(err) => failed(setup_w, &err, handing),
+    };
+    // What a failed exec says, made now: after the hand-off nothing allocates.
+    let mut said = ExecFailure::new(command.argv.first().map_or("", String::as_str));
+    if let Some(handing) = handing {
+        handing.give(Pid::this());
+    }
+    let errno = exec.run();
+    said.write(setup_w, errno)
 }
 
-/// What a payload under init hands it once its command has come: the lifeline and the status
-/// pipe (init watches the one and reports on the other), what the daemon wrote after the
-/// command (signal requests), and the pid of the command's first process.
+/// A failure: said on the setup pipe, then (under init) the command's descriptors handed
+/// over, so that init reports it; then exit.
+fn failed(setup_w: BorrowedFd<'_>, err: &SetupError, handing: Option<HandOff<'_>>) -> ! {
+    note(
+        setup_w,
+        &ChildNote::Failed {
+            stage: err.stage(),
+            message: err.to_string(),
+        },
+    );
+    if let Some(handing) = handing {
+        handing.give(Pid::this());
+    }
+    sys::exit_child(SETUP_FAILED)
+}
+
+/// What a payload under init hands it as its last act: the lifeline and the status pipe
+/// (init watches the one and reports on the other), what the daemon wrote after the command
+/// (signal requests), and the pid of the command's first process. The message is made when
+/// the command comes; [`HandOff::give`] only fills in the pid and sends it, allocating
+/// nothing.
 struct HandOff<'a> {
     to: BorrowedFd<'a>,
     lifeline: OwnedFd,
     status: OwnedFd,
-    rest: Vec<u8>,
+    /// The pid's four bytes, then what came after the command.
+    message: Vec<u8>,
 }
 
-impl HandOff<'_> {
-    /// One message init reads when it runs again (after our exec or exit): it never waits.
-    fn give(self, main: Pid) {
-        let mut head = main.as_raw().to_le_bytes().to_vec();
-        head.extend_from_slice(&self.rest);
+impl<'a> HandOff<'a> {
+    fn new(to: BorrowedFd<'a>, lifeline: OwnedFd, status: OwnedFd, rest: &[u8]) -> Self {
+        let mut message = vec![0u8; 4];
+        message.extend_from_slice(rest);
+        Self {
+            to,
+            lifeline,
+            status,
+            message,
+        }
+    }
+
+    /// One message init reads when it runs again (after our exec or exit). Where it cannot be
+    /// sent, we exit: init must never think the command started without it. Nothing of it is
+    /// freed (that would be the allocator again): our copies of the descriptors close at our
+    /// exec or exit.
+    fn give(mut self, main: Pid) {
+        self.message[..4].copy_from_slice(&main.as_raw().to_le_bytes());
         let fds = [self.lifeline.as_raw_fd(), self.status.as_raw_fd()];
-        let _ = sendmsg::<()>(
-            self.to.as_raw_fd(),
-            &[IoSlice::new(&head)],
-            &[ControlMessage::ScmRights(&fds)],
-            MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
-            None,
-        );
+        if sys::send_fds_without_allocating(self.to, &self.message, &fds).is_err() {
+            sys::exit_child(SETUP_FAILED);
+        }
+        std::mem::forget(self);
     }
 }
 
-/// What a payload handed init ([`HandOff`]), read by init once it runs again: the command's
-/// first process, the lifeline, the status pipe, and what came after the command. `None`
-/// where nothing was handed over (the payload ended before its command came).
+/// What init learned from a payload's [`HandOff`]: the command's first process, the lifeline,
+/// the status pipe, and what came after the command.
 pub struct HandedOver {
     pub main: Pid,
     pub lifeline: OwnedFd,
@@ -313,7 +339,8 @@ pub struct HandedOver {
     pub rest: Vec<u8>,
 }
 
-/// Init's side of [`HandOff`]: never waits.
+/// Init's side of [`HandOff`]: never waits. Called only once the payload has handed over
+/// (init checks the socket without allocating first), so it may allocate.
 pub fn take_handoff(from: &OwnedFd) -> Option<HandedOver> {
     let mut buf = vec![0u8; 4 + super::LINE_CHUNK];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
@@ -340,6 +367,41 @@ pub fn take_handoff(from: &OwnedFd) -> Option<HandedOver> {
         status,
         rest: buf.get(4..bytes)?.to_vec(),
     })
+}
+
+/// The note of a failed exec, written without allocating: its start made beforehand (with
+/// room for the rest), the errno's text and the end added at the failure.
+struct ExecFailure {
+    text: Vec<u8>,
+}
+
+impl ExecFailure {
+    fn new(program: &str) -> Self {
+        let start = serde_json::to_vec(&ChildNote::Failed {
+            stage: "exec".into(),
+            message: format!("cannot start {program}: \u{1}"),
+        })
+        .unwrap_or_default();
+        // Up to the placeholder (serde_json writes it as \u0001), which the errno replaces.
+        let cut = start
+            .windows(6)
+            .position(|w| w == b"\\u0001")
+            .unwrap_or(start.len());
+        let mut text = Vec::with_capacity(cut + 256);
+        text.extend_from_slice(&start[..cut]);
+        Self { text }
+    }
+
+    fn write(&mut self, setup_w: BorrowedFd<'_>, errno: Errno) -> ! {
+        // An errno's text is ASCII without quotes or backslashes: nothing to escape. Within
+        // the room made beforehand (a note cut short is still a failure to init).
+        for part in [errno.desc().as_bytes(), b"\"}\n"] {
+            let room = self.text.capacity() - self.text.len();
+            self.text.extend_from_slice(&part[..part.len().min(room)]);
+        }
+        let _ = nix::unistd::write(setup_w, &self.text);
+        sys::exit_child(SETUP_FAILED)
+    }
 }
 
 /// The output descriptor as stdout and stderr, and as stdin unless that is /dev/null; a
@@ -446,40 +508,26 @@ fn receive_command(channel: BorrowedFd<'_>) -> Result<(OwnedFd, CommandPlan), Se
     Ok((output, command))
 }
 
-/// execve the payload, looking the program up in the command's PATH (not ours: ours is
-/// empty).
-fn exec(argv: &[String], env: &BTreeMap<String, String>) -> SetupError {
-    let Some(program) = argv.first() else {
-        return SetupError::Exec {
-            program: String::new(),
-            source: Errno::EINVAL,
-        };
-    };
-    let exec_err = |source| SetupError::Exec {
-        program: program.clone(),
-        source,
-    };
+/// The payload's exec, made ready: the program looked up in the command's PATH (not ours:
+/// ours is empty), its arguments and environment as C strings.
+fn prepare_exec(argv: &[String], env: &BTreeMap<String, String>) -> Result<sys::Exec, SetupError> {
+    let program = argv.first().map_or("", String::as_str);
     let path = resolve(
         program,
         env.get("PATH")
             .map(String::as_str)
             .unwrap_or("/usr/bin:/bin"),
     );
-    let to_c = |s: &str| CString::new(s).map_err(|_| exec_err(Errno::EINVAL));
-    let path = match to_c(&path.to_string_lossy()) {
-        Ok(p) => p,
-        Err(e) => return e,
-    };
-    let args: Result<Vec<CString>, _> = argv.iter().map(|a| to_c(a)).collect();
-    let vars: Result<Vec<CString>, _> =
-        env.iter().map(|(k, v)| to_c(&format!("{k}={v}"))).collect();
-    match (args, vars) {
-        (Ok(args), Ok(vars)) => match nix::unistd::execve(&path, &args, &vars) {
-            Err(errno) => exec_err(errno),
-            Ok(never) => match never {},
-        },
-        (Err(e), _) | (_, Err(e)) => e,
-    }
+    sys::Exec::new(
+        &path.to_string_lossy(),
+        argv.iter().map(String::as_str),
+        env.iter().map(|(k, v)| format!("{k}={v}")),
+    )
+    .filter(|_| !program.is_empty())
+    .ok_or_else(|| SetupError::Exec {
+        program: program.to_string(),
+        source: Errno::EINVAL,
+    })
 }
 
 /// The first executable `program` in `search_path`, as execvp(3) would find it.

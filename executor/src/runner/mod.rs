@@ -140,7 +140,7 @@ struct Helper {
 enum HelperProcess {
     /// Started by exec: a child of ours, waited for by tokio.
     Exec(Child),
-    /// Forked by the fork server, which lets the kernel reap it.
+    /// Forked by the fork server, which reaps it.
     Forked(Pid),
 }
 
@@ -318,9 +318,15 @@ impl Runner {
 
         // Wait for the helper to report on its own, or stop it; pass signals on meanwhile.
         let mut stopped_for = None;
+        // The status pipe's end came without a report (its supervisor died): nothing more
+        // will come on it, and it may not be polled again.
+        let mut ended_silent = false;
         let report = loop {
             tokio::select! {
-                report = &mut report_fut => break report,
+                report = &mut report_fut => {
+                    ended_silent = report.is_none();
+                    break report;
+                }
                 () = &mut deadline => {
                     stopped_for = Some(Ending::TimedOut);
                     break None;
@@ -343,6 +349,7 @@ impl Runner {
         let mut hung = false;
         let report = match report {
             Some(report) => Some(report),
+            None if ended_silent => None,
             None => {
                 // Closing the lifeline tells the helper to kill the tree and report.
                 drop(lifeline);

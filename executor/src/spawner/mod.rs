@@ -300,6 +300,10 @@ struct Leader {
     /// The template's network namespaces are pooled; the one lent, if any (our copy).
     net_pooled: bool,
     ns: Option<OwnedFd>,
+    /// Our copy of its command's status pipe, once it has one: to report for an init that
+    /// died without reporting (the kernel's OOM group kill spares only what is exempt, and an
+    /// init without CAP_SYS_RESOURCE cannot exempt itself).
+    status: Option<OwnedFd>,
 }
 
 /// Whether a template's commands run unprivileged: a uid other than 0, no capability,
@@ -323,13 +327,22 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
     // Our stdin is the socket (`sock` is our own copy) and nothing reads our stdout: point
     // both at /dev/null, so that no helper inherits the socket through them.
     sys::devnull_stdio(false);
+    // Our memory, and every worker's until it execs, closed to other processes of the
+    // payload's uid (a payload shares its init's memory until then: decision "Init leads").
+    if sys::set_non_dumpable().is_err() {
+        sys::exit_child(1);
+    }
     // Give every worker the default signal state once: we were started by the daemon, whose
     // runtime ignores SIGPIPE. Our children's ends come on a signalfd: an init's end is when
     // what it was lent comes back (`Leader`); a helper's is only reaped.
+    // SIGPIPE blocked too: a report for an init (`report_for_init`) to a daemon that stopped
+    // reading fails instead of killing us. Workers start from an empty mask (`worker_start`).
     let mut chld = nix::sys::signal::SigSet::empty();
     chld.add(Signal::SIGCHLD);
+    let mut blocked = chld;
+    blocked.add(Signal::SIGPIPE);
     let children = sys::reset_signals().ok().and_then(|()| {
-        chld.thread_block().ok()?;
+        blocked.thread_block().ok()?;
         nix::sys::signalfd::SignalFd::with_flags(
             &chld,
             nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
@@ -558,13 +571,22 @@ fn dispatch(sock: &OwnedFd, workers: &mut Workers<'_>, request: &Request) -> Opt
             back_to_normal_priority(worker.pid);
         }
         if send_stdio(&worker.control, stdio).is_ok() {
+            keep_status(workers, worker.pid, request);
             return Some(worker.pid);
         }
         // It died while it waited (it failed, or a command of its uid killed it): a new one.
     }
     let worker = fork_worker(sock, workers, &request.template, false).ok()?;
     send_stdio(&worker.control, stdio).ok()?;
+    keep_status(workers, worker.pid, request);
     Some(worker.pid)
+}
+
+/// An init's command's status pipe, kept until the init is reaped ([`Leader::status`]).
+fn keep_status(workers: &mut Workers<'_>, pid: Pid, request: &Request) {
+    if let Some(leader) = workers.leaders.get_mut(&pid) {
+        leader.status = request.stdio[2].try_clone().ok();
+    }
 }
 
 /// The worker `pid` built ahead at [`AHEAD_NICE`], and every process it forked (its session's
@@ -661,8 +683,21 @@ fn fork_leader(
         None => (next_name(workers.pools), false),
     };
     let born_in = crate::helper::birth_cgroup(parsed, &name, existing);
+    let dirs: Vec<std::path::PathBuf> = parsed
+        .cgroups
+        .iter()
+        .filter(|c| !c.is_parent)
+        .map(|c| c.dir(&name))
+        .collect();
     let (forked, placed) =
-        sys::fork_into_pid_namespace(born_in.as_ref().map(std::os::fd::AsFd::as_fd))?;
+        match sys::fork_into_pid_namespace(born_in.as_ref().map(std::os::fd::AsFd::as_fd)) {
+            Ok(forked) => forked,
+            Err(err) => {
+                // Nothing ran in them: what the name's directories hold is nothing.
+                remove_dirs(&dirs);
+                return Err(err);
+            }
+        };
     match forked {
         Forked::Child => {
             drop((ours, ours_kept, born_in));
@@ -686,12 +721,6 @@ fn fork_leader(
         }
         Forked::Parent(pid) => {
             drop((theirs, root, born_in));
-            let dirs = parsed
-                .cgroups
-                .iter()
-                .filter(|c| !c.is_parent)
-                .map(|c| c.dir(&name))
-                .collect();
             // A namespace init enters is ours to keep and take back (one made ahead is not
             // pooled: it goes with the one command it was made for).
             let ns = net.filter(|_| net_pooled);
@@ -705,6 +734,7 @@ fn fork_leader(
                     pooled,
                     net_pooled,
                     ns,
+                    status: None,
                 },
             );
             Ok(Idle {
@@ -739,7 +769,7 @@ fn reap(leaders: &mut std::collections::HashMap<Pid, Leader>, pools: &mut Option
             Ok(WaitStatus::StillAlive) | Err(_) => return,
             Ok(status) => {
                 if let Some(leader) = status.pid().and_then(|pid| leaders.remove(&pid)) {
-                    release(leader, pools);
+                    release(leader, status, pools);
                 }
             }
         }
@@ -750,8 +780,8 @@ fn reap(leaders: &mut std::collections::HashMap<Pid, Leader>, pools: &mut Option
 /// namespace before its init's exit completes): take back what it was lent if its verdict and
 /// the directories themselves say so (`cgroup_pool`, `net_pool`), else remove the
 /// directories and let the namespace go.
-fn release(leader: Leader, pools: &mut Option<Pools>) {
-    let (flags, made) = receive_verdict(&leader.control).unwrap_or((0, None));
+fn release(leader: Leader, ended: nix::sys::wait::WaitStatus, pools: &mut Option<Pools>) {
+    let verdict = receive_verdict(&leader.control);
     let Leader {
         template,
         name,
@@ -759,8 +789,15 @@ fn release(leader: Leader, pools: &mut Option<Pools>) {
         pooled,
         net_pooled,
         ns,
+        status,
         ..
     } = leader;
+    if let (None, Some(status), nix::sys::wait::WaitStatus::Signaled(_, signal, _)) =
+        (&verdict, status, ended)
+    {
+        report_for_init(&template, &name, &status, signal);
+    }
+    let (flags, made) = verdict.unwrap_or((0, None));
     let Some(pools) = pools else {
         remove_dirs(&dirs);
         return;
@@ -776,6 +813,32 @@ fn release(leader: Leader, pools: &mut Option<Pools>) {
         if let Some(ns) = ns.or(made) {
             pools.nets.receive(&template, ns);
         }
+    }
+}
+
+/// An init killed before its verdict (most likely by the kernel's OOM group kill, which takes
+/// its pid namespace, and so its command, with it): report the command's end as killed by
+/// that signal, with the limits its cgroups counted, in case init could not. The daemon takes
+/// the first report on the pipe; ours never waits for room.
+fn report_for_init(template: &[u8], name: &str, status: &OwnedFd, signal: Signal) {
+    let Ok(parsed) = serde_json::from_slice::<Template>(template) else {
+        return;
+    };
+    let report = crate::plan::HelperReport::Finished {
+        code: None,
+        signal: Some(signal as i32),
+        killed: 0,
+        stopped: false,
+        layers: parsed.layers.clone(),
+        limits_hit: crate::helper::limits_hit(&parsed, name),
+    };
+    let Ok(mut line) = serde_json::to_vec(&report) else {
+        return;
+    };
+    line.push(b'\n');
+    let mut fds = [PollFd::new(status.as_fd(), PollFlags::POLLOUT)];
+    if matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1)) {
+        let _ = nix::unistd::write(status, &line);
     }
 }
 

@@ -182,7 +182,7 @@ fn build(plan: &MountPlan) -> io::Result<OwnedFd> {
         }
         Forked::Parent(_) => {
             drop(theirs);
-            // Reaped by the kernel (the fork server ignores SIGCHLD).
+            // Reaped by the fork server with its other children (`spawner::reap`).
             let mut fds = [PollFd::new(ours.as_fd(), PollFlags::POLLIN)];
             if poll(&mut fds, PollTimeout::from(BUILD_TIMEOUT_MS))? == 0 {
                 return Err(io::Error::other("the root template was not built in time"));

@@ -77,6 +77,16 @@ async fn a_warm_worker_waits_confined_serves_one_command_and_the_one_before_cann
             "{profile}"
         );
         assert_eq!(proc_status(worker, "NoNewPrivs:").as_deref(), Some("1"));
+        // Non-dumpable (under strict it shares its init's memory until it execs): its /proc
+        // files are root's, closed to processes of its own uid. Control: the command it
+        // serves is its uid's again ("second" below reads its own).
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::uid(
+                &std::fs::metadata(format!("/proc/{worker}/mem")).unwrap()
+            ),
+            0,
+            "{profile}: a waiting worker is dumpable"
+        );
         // Built ahead at a lower priority, so that on a busy machine it yields to the commands
         // running beside it (the command it serves runs at the normal one: "third" below).
         assert_eq!(nice_of(worker), Some(10), "{profile}");
@@ -87,7 +97,7 @@ async fn a_warm_worker_waits_confined_serves_one_command_and_the_one_before_cann
         let m = marker();
         let expected_who = who(worker);
         let probe = format!(
-            "{WHO}; {sleep} & mine=$!; touch /tmp/warm-{m}; echo started; \
+            "{WHO}; stat -c owner:%u /proc/self/mem; {sleep} & mine=$!; touch /tmp/warm-{m}; echo started; \
              while [ ! -e ./go-{m} ]; do sleep 0.05; done; \
              for p in $(ps -u 65534 -o pid=); do echo seen:$p; kill -0 $p 2>/dev/null && echo signal:$p; done; \
              echo mine:$mine",
@@ -100,7 +110,7 @@ async fn a_warm_worker_waits_confined_serves_one_command_and_the_one_before_cann
         )
         .await;
         assert!(
-            started.starts_with(&expected_who),
+            started.starts_with(&format!("{expected_who}owner:65534\n")),
             "{profile}: {started:?} vs {expected_who:?}"
         );
         assert!(
