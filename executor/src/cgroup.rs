@@ -687,6 +687,19 @@ pub fn kill(dir: &Path) {
     }
 }
 
+/// Remove `dir` at once if it can be: `false` only while it is busy (tasks or child
+/// directories still in it), for a caller that must not wait (the fork server) to try again
+/// later. A directory that is gone, or that we may not remove, is done with.
+pub fn try_remove(dir: &Path) -> bool {
+    match std::fs::remove_dir(dir) {
+        Ok(()) => true,
+        Err(e) => !matches!(
+            nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+            nix::errno::Errno::EBUSY | nix::errno::Errno::ENOTEMPTY
+        ),
+    }
+}
+
 /// Remove `dir`. Reaped tasks can linger in it for a moment, and a parent stays busy until
 /// its children are gone (`executor run`'s, while its helper finishes after the report), so
 /// retry for up to about 100 ms: every 50 µs for the first 2 ms (what a helper's last steps

@@ -353,6 +353,8 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
         sys::exit_child(1);
     };
     let mut leaders: std::collections::HashMap<Pid, Leader> = std::collections::HashMap::new();
+    let mut removals = Removals::default();
+    let mut removals_due: Option<Duration> = None;
     // Workers built ahead are niced only where their priority can be given back (root, or
     // CAP_SYS_NICE): a command must never run at less than the normal priority.
     let nice_ahead = caps::has_cap(
@@ -377,15 +379,15 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
         // network namespaces unused as long.
         let idle_expire = expire_idle(&mut idle, IDLE_FOR, |w| w.since, |_| {});
         let pools_expire = pools.as_mut().and_then(|pools| pools.expire(IDLE_FOR));
-        let wait =
-            idle_expire
-                .into_iter()
-                .chain(pools_expire)
-                .min()
-                .map_or(PollTimeout::NONE, |d| {
-                    PollTimeout::try_from(d.as_millis().min(60_000) as u64 + 1)
-                        .unwrap_or(PollTimeout::MAX)
-                });
+        let wait = idle_expire
+            .into_iter()
+            .chain(pools_expire)
+            .chain(removals_due.or_else(|| removals.due()))
+            .min()
+            .map_or(PollTimeout::NONE, |d| {
+                PollTimeout::try_from(d.as_millis().min(60_000) as u64 + 1)
+                    .unwrap_or(PollTimeout::MAX)
+            });
         let mut fds = vec![
             PollFd::new(sock.as_fd(), PollFlags::POLLIN),
             PollFd::new(children.as_fd(), PollFlags::POLLIN),
@@ -397,7 +399,10 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
             ));
         }
         match poll(&mut fds, wait) {
-            Ok(0) => continue,
+            Ok(0) => {
+                removals_due = removals.try_now();
+                continue;
+            }
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => sys::exit_child(1),
@@ -408,7 +413,7 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
         drop(fds);
         if ended.is_some_and(|r| !r.is_empty()) {
             while let Ok(Some(_)) = children.read_signal() {}
-            reap(&mut leaders, &mut pools);
+            reap(&mut leaders, &mut pools, &mut removals);
         }
         if returned.is_some_and(|r| !r.is_empty()) {
             if let Some(pools) = &mut pools {
@@ -470,6 +475,8 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
                 idle.push(worker);
             }
         }
+        // What was served comes first; then what reaped inits left to remove.
+        removals_due = removals.try_now();
     }
 }
 
@@ -762,14 +769,18 @@ fn next_name(pools: &mut Option<Pools>) -> String {
 }
 
 /// Reap our children that ended; give back or remove what each init was lent.
-fn reap(leaders: &mut std::collections::HashMap<Pid, Leader>, pools: &mut Option<Pools>) {
+fn reap(
+    leaders: &mut std::collections::HashMap<Pid, Leader>,
+    pools: &mut Option<Pools>,
+    removals: &mut Removals,
+) {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(_) => return,
             Ok(status) => {
                 if let Some(leader) = status.pid().and_then(|pid| leaders.remove(&pid)) {
-                    release(leader, status, pools);
+                    release(leader, status, pools, removals);
                 }
             }
         }
@@ -780,7 +791,12 @@ fn reap(leaders: &mut std::collections::HashMap<Pid, Leader>, pools: &mut Option
 /// namespace before its init's exit completes): take back what it was lent if its verdict and
 /// the directories themselves say so (`cgroup_pool`, `net_pool`), else remove the
 /// directories and let the namespace go.
-fn release(leader: Leader, ended: nix::sys::wait::WaitStatus, pools: &mut Option<Pools>) {
+fn release(
+    leader: Leader,
+    ended: nix::sys::wait::WaitStatus,
+    pools: &mut Option<Pools>,
+    removals: &mut Removals,
+) {
     let verdict = receive_verdict(&leader.control);
     let Leader {
         template,
@@ -799,7 +815,7 @@ fn release(leader: Leader, ended: nix::sys::wait::WaitStatus, pools: &mut Option
     }
     let (flags, made) = verdict.unwrap_or((0, None));
     let Some(pools) = pools else {
-        remove_dirs(&dirs);
+        removals.push(dirs);
         return;
     };
     let cgroups =
@@ -807,7 +823,7 @@ fn release(leader: Leader, ended: nix::sys::wait::WaitStatus, pools: &mut Option
     if cgroups {
         pools.cgroups.take_back(&template, &name, dirs);
     } else {
-        remove_dirs(&dirs);
+        removals.push(dirs);
     }
     if flags & crate::helper::verdict::NET != 0 && net_pooled {
         if let Some(ns) = ns.or(made) {
@@ -845,6 +861,38 @@ fn report_for_init(template: &[u8], name: &str, status: &OwnedFd, signal: Signal
 fn remove_dirs(dirs: &[std::path::PathBuf]) {
     for dir in dirs {
         crate::cgroup::remove(dir);
+    }
+}
+
+/// Cgroup directories of reaped inits to remove: tried once each when the loop has served
+/// what came (never on a request's path), again every [`Removals::RETRY`] while one is busy
+/// (a task still on its way out), given up after [`Removals::TRIES`] (the daemon removes its
+/// whole tree at its end, and a dead one's at the next start). The fork server never sleeps
+/// on a directory.
+#[derive(Default)]
+struct Removals {
+    dirs: Vec<(std::path::PathBuf, u32)>,
+}
+
+impl Removals {
+    const RETRY: Duration = Duration::from_millis(2);
+    const TRIES: u32 = 50;
+
+    fn push(&mut self, dirs: Vec<std::path::PathBuf>) {
+        self.dirs.extend(dirs.into_iter().map(|dir| (dir, 0)));
+    }
+
+    /// One try at each; how long until the next is due, if any is left.
+    fn try_now(&mut self) -> Option<Duration> {
+        self.dirs.retain_mut(|(dir, tries)| {
+            *tries += 1;
+            !crate::cgroup::try_remove(dir) && *tries < Self::TRIES
+        });
+        (!self.dirs.is_empty()).then_some(Self::RETRY)
+    }
+
+    fn due(&self) -> Option<Duration> {
+        (!self.dirs.is_empty()).then_some(Duration::ZERO)
     }
 }
 
