@@ -137,7 +137,8 @@ struct Opts {
     /// Instead of the usual phases: --executor (the base) and this binary (the new build)
     /// serve side by side, and `echo hi` round trips take turns between them, 5 ms apart,
     /// --iterations pairs per profile: for changes smaller than this machine's drift between
-    /// runs.
+    /// runs. Then (unless --skip oneshot) each build's `executor run` one-shot, taking turns
+    /// with the other and with bwrap.
     #[arg(long, value_name = "PATH")]
     versus: Option<PathBuf>,
 }
@@ -242,6 +243,20 @@ fn run(opts: Opts) -> anyhow::Result<()> {
             .context("cannot start the async runtime")?;
         let compared = rt.block_on(versus::run(&base, new, &opts.profiles, settings.iterations))?;
         println!("{}", versus::markdown(&base, new, &compared));
+        if opts.runs("oneshot") {
+            // The same builds one-shot (`executor run`), taking turns with each other and
+            // with bwrap.
+            let profiles: Vec<String> = compared.iter().map(|c| c.profile.clone()).collect();
+            let (_fresh, base, new) = versus::fresh_copies(&base, new)?;
+            let executors = [
+                ("base: executor".to_string(), base),
+                ("new: executor".to_string(), new),
+            ];
+            let bwrap = baselines::Spawn::bubblewrap();
+            let report =
+                baselines::oneshot(&executors, &profiles, bwrap.as_ref(), settings.repeats * 10)?;
+            println!("{}", report::oneshot_markdown(&report));
+        }
         return Ok(());
     }
     // Checked first: a host without unshare(1) should not lose a whole run to it.

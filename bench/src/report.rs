@@ -557,18 +557,7 @@ pub fn markdown(r: &Report) -> String {
     }
 
     if let Some(o) = &r.oneshot {
-        let _ = writeln!(
-            out,
-            "\n| one-shot `true`, start to exit, p50 of {} (the rows take turns) | in a loop, ms | alone (100 ms idle before), ms |\n|---|---:|---:|",
-            o.runs
-        );
-        for row in &o.rows {
-            let _ = writeln!(
-                out,
-                "| {} | {:.2} | {:.2} |",
-                row.label, row.p50_ms, row.alone_p50_ms
-            );
-        }
+        out.push_str(&oneshot_markdown(o));
     }
 
     for p in r.profiles.iter().chain(&r.cold) {
@@ -621,6 +610,22 @@ pub fn markdown(r: &Report) -> String {
 }
 
 /// MiB with one decimal, from KiB.
+/// The one-shot table (`baselines::oneshot`), after a blank line.
+pub fn oneshot_markdown(o: &OneShotReport) -> String {
+    let mut out = format!(
+        "\n| one-shot `true`, start to exit, p50 of {} (the rows take turns) | in a loop, ms | alone (100 ms idle before), ms |\n|---|---:|---:|\n",
+        o.runs
+    );
+    for row in &o.rows {
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} | {:.2} |",
+            row.label, row.p50_ms, row.alone_p50_ms
+        );
+    }
+    out
+}
+
 fn mib1(kib: u64) -> String {
     format!("{:.1}", kib as f64 / 1024.0)
 }

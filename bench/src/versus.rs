@@ -10,7 +10,7 @@
 //! turns the same way: [`BLOCK`] commands from [`CONNECTIONS`] connections to one daemon,
 //! then as many to the other, [`BLOCK_PAIRS`] times.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -33,7 +33,7 @@ const BLOCK_PAIRS: usize = 10;
 /// One profile's figures: each build's round trips and their per-pair differences, and the
 /// blocks' CPU per command and throughput.
 pub struct Compared {
-    profile: String,
+    pub profile: String,
     base: Summary,
     new: Summary,
     /// Median of `new - base` over the pairs, ms.
@@ -45,6 +45,23 @@ pub struct Compared {
     blocks: [Vec<(f64, f64)>; 2],
 }
 
+/// Both builds from fresh copies (in the directory returned, removed when it drops): a
+/// binary written just now runs faster than one whose page cache is older (3-4 % here, two
+/// copies of one build measured this way), which would otherwise decide the comparison.
+pub fn fresh_copies(
+    base: &Path,
+    new: &Path,
+) -> anyhow::Result<(tempfile::TempDir, PathBuf, PathBuf)> {
+    let fresh = tempfile::tempdir().context("a directory for the binaries' copies")?;
+    let copy = |from: &Path, name: &str| {
+        let to = fresh.path().join(name);
+        std::fs::copy(from, &to).with_context(|| format!("cannot copy {}", from.display()))?;
+        anyhow::Ok(to)
+    };
+    let (base, new) = (copy(base, "base")?, copy(new, "new")?);
+    Ok((fresh, base, new))
+}
+
 /// Take turns between `base`'s daemon and `new`'s, `iterations` pairs per profile (the order
 /// inside a pair alternates, so neither build always runs right after the other); each runs
 /// from a fresh copy.
@@ -54,16 +71,7 @@ pub async fn run(
     profiles: &[String],
     iterations: usize,
 ) -> anyhow::Result<Vec<Compared>> {
-    // Both from fresh copies: a binary written just now runs faster than one whose page cache
-    // is older (3-4 % here, two copies of one build measured this way), which would otherwise
-    // decide the comparison.
-    let fresh = tempfile::tempdir().context("a directory for the binaries' copies")?;
-    let copy = |from: &Path, name: &str| {
-        let to = fresh.path().join(name);
-        std::fs::copy(from, &to).with_context(|| format!("cannot copy {}", from.display()))?;
-        anyhow::Ok(to)
-    };
-    let (base, new) = (copy(base, "base")?, copy(new, "new")?);
+    let (_fresh, base, new) = fresh_copies(base, new)?;
     let daemons = [Daemon::start(&base, &[])?, Daemon::start(&new, &[])?];
     let (a, hello) = Client::connect(&daemons[0].url, &daemons[0].token).await?;
     let (b, hello_b) = Client::connect(&daemons[1].url, &daemons[1].token).await?;

@@ -290,6 +290,9 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let kept = engine.limits.max_output_bytes;
+    // Kept past the command: our end of the fork server's socket stays open until it has
+    // taken over the cgroup directories (below).
+    let fork_server = engine.runner.spawner();
     let code = rt.block_on(async move {
         let (tx, mut rx) = mpsc::channel::<ServerMessage>(16);
         // tokio's stdout: a reader that stops reading blocks its writes, never the runtime's
@@ -329,8 +332,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     });
     // The command's tree is gone: its home (on ext4, mounted with `discard` here, an rmdir
     // waits for its block's discard) and its cgroups go side by side, and so do the homes of
-    // runs killed before they could remove theirs (the cgroup removal waits for the helper
-    // to go: time that thread has), waited for only so long.
+    // runs killed before they could remove theirs, waited for only so long.
     let swept = home.as_ref().and_then(|h| h.homes.clone()).map(|dir| {
         let (done, swept) = std::sync::mpsc::channel::<()>();
         let _ = std::thread::Builder::new().spawn(move || {
@@ -340,9 +342,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         swept
     });
     let removing = home.map(|home| std::thread::Builder::new().spawn(move || drop(home)));
-    for hierarchy in cgroups.all() {
-        cgroup::remove(&hierarchy.parent);
-    }
+    remove_cgroups(&cgroups, fork_server);
     if let Some(Ok(thread)) = removing {
         let _ = thread.join();
     }
@@ -350,6 +350,26 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         let _ = swept.recv_timeout(STALE_SWEEP_WAIT);
     }
     code
+}
+
+/// Remove the run's cgroup directories: at once where they are empty, else (the command's
+/// init still on its way out: its namespaces' teardown) by the fork server after we exit
+/// (`spawner::one_shot`), or, without one that takes them over, here, waiting for them.
+fn remove_cgroups(cgroups: &cgroup::CgroupRoot, fork_server: Option<Arc<crate::spawner::Spawner>>) {
+    let busy: Vec<std::path::PathBuf> = cgroups
+        .all()
+        .map(|hierarchy| hierarchy.parent.clone())
+        .filter(|dir| !cgroup::try_remove(dir))
+        .collect();
+    if busy.is_empty() {
+        return;
+    }
+    let handed = fork_server.is_some_and(|server| server.remove_after(&busy).is_ok());
+    if !handed {
+        for dir in &busy {
+            cgroup::remove(dir);
+        }
+    }
 }
 
 /// Who a home is made for: a uid and gid to hand it to, or ourselves.

@@ -187,6 +187,11 @@ impl Runner {
         self.spawner = Some(Arc::new(spawner));
     }
 
+    /// The fork server in use, if any (a one-shot's, for its last words: `executor run`).
+    pub fn spawner(&self) -> Option<Arc<Spawner>> {
+        self.spawner.clone()
+    }
+
     /// End every idle warm worker (after a reload of the clients file).
     pub fn dismiss_warm_workers(&self) {
         if let Some(spawner) = &self.spawner {

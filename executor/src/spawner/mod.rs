@@ -23,9 +23,11 @@
 //! template, then the template as JSON) with the command's three descriptors (lifeline,
 //! output, status); the server hands them to a waiting worker or a new one and answers with
 //! that helper's pid (4 bytes, little endian). A message of the one byte [`DISMISS_IDLE`]
-//! (sent when the clients file is reloaded) ends every idle worker. When the daemon goes away the socket reads
-//! end-of-file and the server exits; PR_SET_PDEATHSIG covers a daemon killed outright (its
-//! main thread, which started us, lives as long as it does), and every worker dies with us.
+//! (sent when the clients file is reloaded) ends every idle worker. When the daemon goes away
+//! the socket reads end-of-file and the server exits; PR_SET_PDEATHSIG covers a daemon killed
+//! outright (its main thread, which started us, lives as long as it does), and every worker
+//! dies with us. A one-shot run's server alone also takes [`REMOVE_AFTER`]: the run's cgroup
+//! directories, which it removes after the run has exited (`one_shot`).
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -45,11 +47,13 @@ use nix::unistd::Pid;
 mod cgroup_pool;
 mod lease;
 mod net_pool;
+mod one_shot;
 mod root_pool;
 
 pub use cgroup_pool::MAX_CHARGED;
 use lease::CgroupName;
 pub use lease::Lease;
+pub use one_shot::{fork_here, Ahead};
 
 use crate::helper::{InitLoans, Place, Stdio};
 use crate::plan::{SandboxPlan, Template};
@@ -92,6 +96,8 @@ impl std::fmt::Debug for Spawner {
 const RUN: u8 = 0;
 const RUN_AND_WARM: u8 = 1;
 const DISMISS_IDLE: u8 = 2;
+/// A one-shot's directories to remove after it (`one_shot`), NUL-terminated paths.
+const REMOVE_AFTER: u8 = 3;
 
 /// argv[1] that selects fork-server mode.
 pub const FORK_SERVER_ARG: &str = "__fork-server";
@@ -145,46 +151,6 @@ pub fn start(exe: &std::path::Path) -> io::Result<Spawner> {
         sock: Mutex::new(daemon_end),
         broken: AtomicBool::new(false),
     })
-}
-
-/// What a one-shot's fork server prepares while the run sets up, before its one request.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Ahead {
-    /// A network namespace (`net_pool::made_ahead`): the run's profile makes one.
-    pub net: bool,
-}
-
-/// For a one-shot `executor run`: the server forked from this process while it is still
-/// single-threaded (before any runtime starts), instead of exec'ing our binary again. It saves
-/// one exec of a large binary (its loader, relocations and start-up) on a run's critical
-/// path; the daemon keeps [`start`], whose server holds nothing of the daemon's memory. The
-/// child starts from a copy of ours (the run's arguments, nothing secret of anyone else's)
-/// and keeps only the socket, the stdio it points at /dev/null and our stderr.
-pub fn fork_here(ahead: Ahead) -> io::Result<Spawner> {
-    sys::assert_single_threaded()?;
-    let (ours, server_end) = seqpacket_pair()?;
-    let parent = nix::unistd::getpid();
-    match sys::fork()? {
-        Forked::Child => {
-            drop(ours);
-            let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
-            if nix::unistd::getppid() != parent {
-                sys::exit_child(1);
-            }
-            sys::close_fds_above_stderr_except(&[server_end.as_raw_fd()]);
-            // One command: no next one to reuse its network namespace.
-            serve(server_end, false, ahead)
-        }
-        Forked::Parent(_) => {
-            drop(server_end);
-            setsockopt(&ours, sockopt::ReceiveTimeout, &ANSWER_TIMEOUT)?;
-            let _ = setsockopt(&ours, sockopt::SndBuf, &(MAX_TEMPLATE_BYTES * 2));
-            Ok(Spawner {
-                sock: Mutex::new(ours),
-                broken: AtomicBool::new(false),
-            })
-        }
-    }
 }
 
 /// Entry point of fork-server mode (checked in `main` before anything else runs).
@@ -355,6 +321,8 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
     let mut leaders: std::collections::HashMap<Pid, Leader> = std::collections::HashMap::new();
     let mut removals = Removals::default();
     let mut removals_due: Option<Duration> = None;
+    // A one-shot run's cgroup directories, to remove once it has gone (`one_shot`).
+    let mut after_run: Vec<std::path::PathBuf> = Vec::new();
     // Workers built ahead are niced only where their priority can be given back (root, or
     // CAP_SYS_NICE): a command must never run at less than the normal priority.
     let nice_ahead = caps::has_cap(
@@ -433,10 +401,25 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
                 let _ = nix::unistd::write(&sock, &0i32.to_le_bytes());
                 continue;
             }
-            // End-of-file: the daemon is gone (and every worker with us).
+            Ok(Some(Message::RemoveAfter(dirs))) => {
+                let taken = one_shot::take_over(pool, &mut after_run, dirs);
+                let _ = nix::unistd::write(&sock, &i32::from(taken).to_le_bytes());
+                continue;
+            }
+            // End-of-file: the daemon is gone (and every worker with us), or a one-shot run
+            // that handed us its directories.
             Ok(None) => {
                 if let Some(pools) = &mut pools {
                     pools.clear();
+                }
+                if !after_run.is_empty() {
+                    one_shot::finish(
+                        &children,
+                        &mut leaders,
+                        &mut pools,
+                        &mut removals,
+                        std::mem::take(&mut after_run),
+                    );
                 }
                 sys::exit_child(0)
             }
@@ -1009,6 +992,7 @@ fn three(fds: Vec<OwnedFd>) -> io::Result<[OwnedFd; 3]> {
 enum Message {
     Run(Request),
     DismissIdle,
+    RemoveAfter(Vec<std::path::PathBuf>),
 }
 
 /// One message of the daemon, or `None` at end-of-file.
@@ -1018,6 +1002,9 @@ fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
     };
     match buf[..bytes].split_first() {
         Some((&DISMISS_IDLE, [])) if fds.is_empty() => Ok(Some(Message::DismissIdle)),
+        Some((&REMOVE_AFTER, dirs)) if fds.is_empty() => {
+            Ok(Some(Message::RemoveAfter(one_shot::parse_dirs(dirs))))
+        }
         Some((&flag @ (RUN | RUN_AND_WARM), template)) => Ok(Some(Message::Run(Request {
             warm: flag == RUN_AND_WARM,
             template: template.to_vec(),
