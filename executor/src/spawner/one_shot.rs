@@ -131,6 +131,9 @@ pub(super) fn take_over(pooled: bool, after_run: &mut Vec<PathBuf>, dirs: Vec<Pa
     if pooled || nix::sys::prctl::set_pdeathsig(None).is_err() {
         return false;
     }
+    // The run's stderr, which we share, must not stay open after it: a caller reading it to
+    // its end would wait for us.
+    sys::devnull_stdio(true);
     after_run.extend(dirs);
     true
 }
