@@ -352,21 +352,20 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     code
 }
 
-/// Remove the run's cgroup directories: at once where they are empty, else (the command's
-/// init still on its way out: its namespaces' teardown) by the fork server after we exit
-/// (`spawner::one_shot`), or, without one that takes them over, here, waiting for them.
+/// Remove the run's cgroup directories: by the fork server after we exit (the command's init
+/// may still be on its way out, tearing down its namespaces: `spawner::one_shot`), or,
+/// without one that takes them over, here, waiting for them.
 fn remove_cgroups(cgroups: &cgroup::CgroupRoot, fork_server: Option<Arc<crate::spawner::Spawner>>) {
-    let busy: Vec<std::path::PathBuf> = cgroups
+    let dirs: Vec<std::path::PathBuf> = cgroups
         .all()
         .map(|hierarchy| hierarchy.parent.clone())
-        .filter(|dir| !cgroup::try_remove(dir))
         .collect();
-    if busy.is_empty() {
+    if dirs.is_empty() {
         return;
     }
-    let handed = fork_server.is_some_and(|server| server.remove_after(&busy).is_ok());
+    let handed = fork_server.is_some_and(|server| server.remove_after(&dirs).is_ok());
     if !handed {
-        for dir in &busy {
+        for dir in &dirs {
             cgroup::remove(dir);
         }
     }
