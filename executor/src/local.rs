@@ -352,20 +352,23 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     code
 }
 
-/// Remove the run's cgroup directories: by the fork server after we exit (the command's init
-/// may still be on its way out, tearing down its namespaces: `spawner::one_shot`), or,
-/// without one that takes them over, here, waiting for them.
+/// Remove the run's cgroup directories: at once where they are empty, else (the command's
+/// init still on its way out, tearing down its namespaces) by the fork server after we exit
+/// (`spawner::one_shot`), or, without one that takes them over, here, waiting for them.
+/// Empty ones are not handed over too: on a machine at rest the server's core has to wake for
+/// it, which cost more than the `rmdir`s (landlock one-shot, alone: +0.14 to +0.39 ms p50).
 fn remove_cgroups(cgroups: &cgroup::CgroupRoot, fork_server: Option<Arc<crate::spawner::Spawner>>) {
-    let dirs: Vec<std::path::PathBuf> = cgroups
+    let busy: Vec<std::path::PathBuf> = cgroups
         .all()
         .map(|hierarchy| hierarchy.parent.clone())
+        .filter(|dir| !cgroup::try_remove(dir))
         .collect();
-    if dirs.is_empty() {
+    if busy.is_empty() {
         return;
     }
-    let handed = fork_server.is_some_and(|server| server.remove_after(&dirs).is_ok());
+    let handed = fork_server.is_some_and(|server| server.remove_after(&busy).is_ok());
     if !handed {
-        for dir in &dirs {
+        for dir in &busy {
             cgroup::remove(dir);
         }
     }

@@ -7,19 +7,17 @@
 //! namespaces, done in init's own exit: its mount namespace goes with about forty mounts and
 //! a wait for an RCU grace period, and init leaves its cgroups only after that (about half a
 //! millisecond here, 0.3 to 0.8 ms). A run that removed its directories itself waited that
-//! long with its exit status in hand. So the run hands them to its fork server
-//! ([`Spawner::remove_after`]), which is outside those cgroups, reaps the init, removes them
-//! and exits; the run exits without waiting, as bubblewrap exits once its command's status is
-//! in, not when its sandbox's init is gone.
+//! long with its exit status in hand. So the run removes those already empty and hands the
+//! rest to its fork server ([`Spawner::remove_after`]), which is outside those cgroups, reaps
+//! the init, removes them and exits; the run exits without waiting, as bubblewrap exits once
+//! its command's status is in, not when its sandbox's init is gone.
 //!
-//! The run hands every directory over, busy or not: an `rmdir` in cgroupfs takes 20-60 us
-//! here and now and then milliseconds (a memory cgroup's offlining, the cgroup mutex held
-//! elsewhere), none of which the run's caller needs to wait for. The fork server dies with
-//! the run (PR_SET_PDEATHSIG) until it takes the directories over: only then, and only in a
-//! one-shot's server, does it give that up (and stop answering the terminal's signals), after
-//! which it waits at most [`LINGER`] for its children and gives each directory the usual
-//! 100 ms (`cgroup::remove`). A directory it could not remove is swept by the next run or daemon of
-//! the pid namespace (`cgroup::prepare`: the directory names a pid that is gone).
+//! The fork server dies with the run (PR_SET_PDEATHSIG) until it takes the directories
+//! over: only then, and only in a one-shot's server, does it give that up (and stop
+//! answering the terminal's signals), after which it waits at most [`LINGER`] for its
+//! children and gives each directory the usual 100 ms (`cgroup::remove`). A directory it
+//! could not remove is swept by the next run or daemon of the pid namespace
+//! (`cgroup::prepare`: the directory names a pid that is gone).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
