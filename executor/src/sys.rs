@@ -155,16 +155,22 @@ impl Drop for ChildStack {
 }
 
 /// What a child sharing our memory starts from, written at the top of its own stack (which we
-/// never touch while it may run): the function to run and the descriptor to give it.
+/// never touch while it may run): the function to run, the descriptor to give it, and whether
+/// it was born in the cgroup asked for.
 struct Start<'a> {
-    child: *mut (dyn FnMut(std::os::fd::BorrowedFd<'_>) + 'a),
+    child: *mut (dyn FnMut(std::os::fd::BorrowedFd<'_>, bool) + 'a),
     done: std::os::fd::RawFd,
+    placed: bool,
 }
 
 /// Start `child` in a new process that shares our memory (CLONE_VM), and wait until it is done
 /// with it: until it has exec'd (its new address space in place) or exited. Nothing of our
 /// address space is copied, faulted in again or torn down at its exec, as with posix_spawn.
 /// Returns its pid and what it wrote on the pipe (up to `said.len()` bytes).
+///
+/// With `into`, the child is born in that cgroup2 directory (clone3 `CLONE_INTO_CGROUP`) where
+/// the kernel and this architecture can; `child`'s second argument says whether it was (if
+/// not, it must join the directory itself).
 ///
 /// `watch`, a signalfd of our SIGCHLD, lets us see the child stopped while we wait (a stopped
 /// child holds the pipe open for good): we kill it and say so, and where it ended meanwhile,
@@ -187,7 +193,8 @@ pub fn spawn_sharing_memory(
     done_w: std::os::fd::OwnedFd,
     said: &mut [u8],
     watch: Option<std::os::fd::BorrowedFd<'_>>,
-    child: &mut dyn FnMut(std::os::fd::BorrowedFd<'_>),
+    into: Option<std::os::fd::BorrowedFd<'_>>,
+    child: &mut dyn FnMut(std::os::fd::BorrowedFd<'_>, bool),
 ) -> io::Result<Waited> {
     use std::os::fd::AsRawFd;
     extern "C" fn start(arg: *mut libc::c_void) -> libc::c_int {
@@ -195,14 +202,15 @@ pub fn spawn_sharing_memory(
         // parent does not touch while we run; its `child` points at the caller's closure,
         // which outlives our use of it (the caller waits in `spawn_sharing_memory` until we
         // exec or exit), and nothing else calls it meanwhile.
-        let (child, done) = unsafe {
+        let (child, done, placed) = unsafe {
             let start = &*arg.cast::<Start<'_>>();
             (
                 &mut *start.child,
                 std::os::fd::BorrowedFd::borrow_raw(start.done),
+                start.placed,
             )
         };
-        child(done);
+        child(done, placed);
         // It was to exec or exit; returning would end the clone in code of our parent's.
         exit_child(127)
     }
@@ -210,28 +218,57 @@ pub fn spawn_sharing_memory(
     let child = std::ptr::from_mut(child);
     // SAFETY: `top` is within the mapping (`len` bytes, far more than a `Start`), aligned to
     // 64 bytes, and nothing runs on the stack yet.
-    let arg = unsafe {
-        let arg = stack.base.as_ptr().cast::<u8>().add(top).cast::<Start>();
-        arg.write(Start {
-            child,
-            done: done_w.as_raw_fd(),
-        });
-        arg
+    let arg = unsafe { stack.base.as_ptr().cast::<u8>().add(top).cast::<Start>() };
+    let write_start = |placed: bool| {
+        // SAFETY: `arg` is within the mapping and aligned (above); no child runs on it yet
+        // (a clone that failed started none).
+        unsafe {
+            arg.write(Start {
+                child,
+                done: done_w.as_raw_fd(),
+                placed,
+            })
+        }
     };
-    // SAFETY: the child's stack pointer starts below `arg` (stacks grow down on every
-    // architecture we build for), within the mapping owned by `stack`, which outlives the
-    // child's use of it: we return only after it exec'd or exited.
-    let rc = unsafe {
-        libc::clone(
-            start,
-            arg.cast(),
-            libc::CLONE_VM | libc::SIGCHLD,
-            arg.cast(),
-        )
-    };
+    let mut rc = -1;
+    if let Some(cgroup) = into {
+        write_start(true);
+        // SAFETY: clone_args is plain old data; all-zero is a valid value.
+        let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+        args.flags = libc::CLONE_VM as u64 | CLONE_INTO_CGROUP;
+        args.exit_signal = libc::SIGCHLD as u64;
+        args.cgroup = cgroup.as_raw_fd() as u64;
+        // The child's stack: from the mapping's base up to `arg` (its stack pointer starts at
+        // base + size, below the `Start`).
+        args.stack = stack.base.as_ptr() as u64;
+        args.stack_size = top as u64;
+        // SAFETY: as for `libc::clone` below: the stack is ours and outlives the child's use
+        // of it, `start` reads `arg` as written above; the kernel reads `args` (valid for the
+        // call) and the cgroup descriptor, which is open.
+        rc = unsafe { clone3_running(&args, start, arg.cast()) };
+        let unable = [libc::ENOSYS, libc::E2BIG, libc::EINVAL, libc::EOPNOTSUPP];
+        if rc < 0 && !unable.contains(&io::Error::last_os_error().raw_os_error().unwrap_or(0)) {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if rc < 0 {
+        write_start(false);
+        // SAFETY: the child's stack pointer starts below `arg` (stacks grow down on every
+        // architecture we build for), within the mapping owned by `stack`, which outlives the
+        // child's use of it: we return only after it exec'd or exited.
+        rc = unsafe {
+            libc::clone(
+                start,
+                arg.cast(),
+                libc::CLONE_VM | libc::SIGCHLD,
+                arg.cast(),
+            )
+        } as libc::c_long;
+    }
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
+    let rc = rc as libc::c_int;
     drop(done_w);
     // Until end-of-file the child may be using our memory: plain syscalls on our stack and
     // nothing else (no allocation).
@@ -303,6 +340,69 @@ pub fn spawn_sharing_memory(
         }
     }
     Ok(waited)
+}
+
+/// clone3(2) whose child runs `entry(arg)` on the stack `args` gives it and exits with what
+/// that returns; the parent gets the child's pid or -1 (errno set). A child with its own stack
+/// starts in the middle of the syscall instruction's caller, so the call and what the child
+/// does after it are written out here: no compiled code of ours runs on the new stack
+/// expecting a frame that is not there.
+///
+/// # Safety
+/// `args` must describe a stack that stays mapped while the child runs on it, and `entry`
+/// must be sound to call with `arg` on it (as for `libc::clone`).
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3_running(
+    args: &libc::clone_args,
+    entry: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+) -> libc::c_long {
+    let rc: libc::c_long;
+    // SAFETY: the caller's contract above. In the parent this is one syscall (which clobbers
+    // rcx and r11 only); the child, with rax 0, calls `entry` with `arg` from its own stack
+    // (aligned to 16 bytes by the caller: `call` leaves it as the ABI expects at a function's
+    // entry) and never comes back here.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r12",
+            "call r13",
+            "mov edi, eax",
+            "mov eax, 60",
+            "syscall",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 => rc,
+            in("rdi") std::ptr::from_ref(args),
+            in("rsi") std::mem::size_of::<libc::clone_args>(),
+            in("r12") arg,
+            in("r13") entry,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    if rc < 0 {
+        // SAFETY: errno is this thread's; the raw syscall returned -errno.
+        unsafe { *libc::__errno_location() = -rc as libc::c_int };
+        return -1;
+    }
+    rc
+}
+
+/// Elsewhere the child is cloned with `libc::clone`, outside the cgroup, and joins it itself.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone3_running(
+    _args: &libc::clone_args,
+    _entry: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    _arg: *mut libc::c_void,
+) -> libc::c_long {
+    // SAFETY: errno is this thread's.
+    unsafe { *libc::__errno_location() = libc::ENOSYS };
+    -1
 }
 
 /// How a child sharing our memory ([`spawn_sharing_memory`]) got done with it.
@@ -424,35 +524,6 @@ pub fn fork_into_pid_namespace(
 /// `CLONE_INTO_CGROUP` (linux/sched.h, Linux 5.7): the child starts in the cgroup whose
 /// directory descriptor `clone_args.cgroup` holds.
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
-
-/// Like [`fork`], but the child is born inside the cgroup open as `cgroup` (clone3 with
-/// `CLONE_INTO_CGROUP`): no process ever has to join the command's cgroup and leave it again.
-/// `Err` with ENOSYS, EINVAL or E2BIG means the kernel cannot (before 5.7): fork and join
-/// instead.
-pub fn fork_into_cgroup(cgroup: std::os::fd::BorrowedFd<'_>) -> io::Result<Forked> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: clone_args is plain old data; all-zero is a valid value (no pidfd, no tid
-    // pointers, no stack: a fork-like clone).
-    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
-    args.flags = CLONE_INTO_CGROUP;
-    args.exit_signal = libc::SIGCHLD as u64;
-    args.cgroup = cgroup.as_raw_fd() as u64;
-    // SAFETY: as for `fork`: the caller is the single-threaded helper. clone3 without CLONE_VM
-    // and without a stack duplicates the process like fork(2); the kernel reads `args` (valid
-    // for the call, its size passed) and the cgroup descriptor, which is open.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const libc::clone_args,
-            std::mem::size_of::<libc::clone_args>(),
-        )
-    };
-    match rc {
-        0 => Ok(Forked::Child),
-        pid if pid > 0 => Ok(Forked::Parent(nix::unistd::Pid::from_raw(pid as i32))),
-        _ => Err(io::Error::last_os_error()),
-    }
-}
 
 /// `open_tree(2)` flags (linux/mount.h, Linux 5.2): a detached copy of the mount, its
 /// descriptor closed on exec.
@@ -942,6 +1013,13 @@ mod tests {
     /// we run again only once it has, with what it said. Nothing the child does allocates:
     /// the test harness has other threads.
     fn spawn(then_exec: bool) -> (Waited, u32, Vec<u8>) {
+        spawn_into(then_exec, None)
+    }
+
+    fn spawn_into(
+        then_exec: bool,
+        into: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> (Waited, u32, Vec<u8>) {
         let seen = AtomicU32::new(0);
         let program = std::ffi::CString::new("/bin/true").unwrap();
         let argv = [program.as_ptr(), std::ptr::null()];
@@ -954,9 +1032,10 @@ mod tests {
             done_w,
             &mut said,
             None,
-            &mut |w| {
+            into,
+            &mut |w, placed| {
                 seen.store(std::process::id(), Ordering::SeqCst);
-                let _ = nix::unistd::write(w, b"hello");
+                let _ = nix::unistd::write(w, if placed { b"HELLO" } else { b"hello" });
                 if then_exec {
                     // SAFETY: a NUL-terminated path and argv, alive for the call.
                     unsafe { libc::execv(program.as_ptr(), argv.as_ptr()) };
@@ -991,5 +1070,66 @@ mod tests {
             .ended
             .unwrap_or_else(|| nix::sys::wait::waitpid(waited.pid, None).unwrap());
         assert_eq!(status, nix::sys::wait::WaitStatus::Exited(waited.pid, 7));
+    }
+
+    /// Born in the cgroup2 directory asked for (clone3 `CLONE_INTO_CGROUP` with a stack of its
+    /// own), as its exec'd program sees from `/proc/self/cgroup`; the parent stays where it
+    /// was. Needs root and a cgroup2 mount.
+    #[test]
+    fn a_child_sharing_our_memory_is_born_in_the_cgroup_asked_for() {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount = mountinfo
+            .lines()
+            .find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                right
+                    .starts_with("cgroup2 ")
+                    .then(|| left.split(' ').nth(4).map(str::to_string))?
+            })
+            .expect("a cgroup2 mount");
+        let name = format!("sys-test-{}", std::process::id());
+        let dir = std::path::Path::new(&mount).join(&name);
+        std::fs::create_dir(&dir).unwrap();
+        let fd = nix::fcntl::open(
+            &dir,
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+            nix::sys::stat::Mode::empty(),
+        )
+        .unwrap();
+        let out = tempfile::NamedTempFile::new().unwrap();
+        let script = format!("grep '^0::' /proc/self/cgroup > {}", out.path().display());
+        let sh = std::ffi::CString::new("/bin/sh").unwrap();
+        let (c, s) = (
+            std::ffi::CString::new("-c").unwrap(),
+            std::ffi::CString::new(script).unwrap(),
+        );
+        let argv = [sh.as_ptr(), c.as_ptr(), s.as_ptr(), std::ptr::null()];
+        let (done, done_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let mut stack = ChildStack::new().unwrap();
+        let mut said = [0u8; 16];
+        let waited = spawn_sharing_memory(
+            &mut stack,
+            done.as_fd(),
+            done_w,
+            &mut said,
+            None,
+            Some(fd.as_fd()),
+            &mut |w, placed| {
+                let _ = nix::unistd::write(w, if placed { b"placed" } else { b"joins" });
+                // SAFETY: a NUL-terminated path and argv, alive for the call.
+                unsafe { libc::execv(sh.as_ptr(), argv.as_ptr()) };
+                exit_child(7)
+            },
+        )
+        .unwrap();
+        assert_eq!(&said[..waited.said], b"placed");
+        let status = nix::sys::wait::waitpid(waited.pid, None).unwrap();
+        assert_eq!(status, nix::sys::wait::WaitStatus::Exited(waited.pid, 0));
+        let seen = std::fs::read_to_string(out.path()).unwrap();
+        assert!(seen.trim_end().ends_with(&format!("/{name}")), "{seen}");
+        // We did not move.
+        let ours = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert!(!ours.contains(&name), "{ours}");
+        std::fs::remove_dir(&dir).unwrap();
     }
 }

@@ -26,11 +26,13 @@ pub struct Ending {
     pub stopped: bool,
 }
 
-/// Block until the payload exits or the lifeline closes. Lines the daemon writes on the
-/// lifeline meanwhile (`pending` holds what came with the command) ask for signals:
-/// `signal <number>` goes to every process of the command's tree.
+/// Block until the command's first process `child` exits (`exited`, if it did already) or the
+/// lifeline closes. Lines the daemon writes on the lifeline meanwhile (`pending` holds what
+/// came with the command) ask for signals: `signal <number>` goes to every process of the
+/// command's tree.
 pub fn wait_for_end(
     child: Pid,
+    exited: Option<WaitStatus>,
     sigchld: &SignalFd,
     lifeline: &OwnedFd,
     mut pending: Vec<u8>,
@@ -51,7 +53,7 @@ pub fn wait_for_end(
         if pending.len() > 4096 {
             pending.clear();
         }
-        if let Some(status) = reap_ready(child) {
+        if let Some(status) = reap_ready(child).or(exited) {
             return ending(Some(status), false);
         }
         let mut fds = [

@@ -21,7 +21,7 @@
 //!        `- payload: bash -c COMMAND (its memory init's until it execs)
 //! ```
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -34,18 +34,15 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::end::{decode, Counters};
-use super::payload::{self, HandedOver, Source};
+use super::payload::{self, HandedOver};
 use super::{write_report, SetupError, Stdio};
-use crate::plan::{cgroup_name, CommandPlan, HelperReport, Template};
+use crate::plan::{cgroup_name, HelperReport, Template};
 use crate::sandbox;
 use crate::sys;
 
 /// How long init goes on killing what a command left before it reports and leaves the rest
 /// to the kernel (its own exit empties the namespace).
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
-/// What init keeps of the payload's setup notes: a failure's message names the working
-/// directory, a path of up to 4096 bytes, escaped.
-const SAID: usize = 32 << 10;
 
 /// Where init's cgroups are: the name of the command's directories, whether they exist
 /// already (lent again by the fork server's pool), and whether the fork server placed init in
@@ -165,18 +162,8 @@ fn prepare(
         .map_err(SetupError::Signals)?;
 
     // 4. The payload's channels to us, made before the network namespace is entered (a
-    //    socket counts in the namespace it is made in, and ours must leave it empty): the
-    //    setup pipe, on which it says what failed and whose end tells us it is done with our
-    //    memory, and the hand-off socket.
-    let process = |e: Errno| SetupError::Process(e.into());
-    let (setup, setup_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(process)?;
-    let (handoff, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(process)?;
+    //    socket counts in the namespace it is made in, and ours must leave it empty).
+    let channels = payload::Channels::new()?;
 
     // 5. The remaining namespaces, the new root, hostname, loopback.
     let Loans {
@@ -190,78 +177,18 @@ fn prepare(
     // keeps its own).
     drop((net, root));
 
-    // 6. The payload: it shares our memory until it execs, and we wait meanwhile (we have
-    //    nothing to do before its command runs): no copy of our address space is made,
-    //    faulted in and torn down again at its exec. It says what failed on the setup pipe
-    //    and hands us the command's lifeline and status pipe on `handoff`.
-    // Written now: after a payload stopped or killed before its hand-off, nothing of ours
-    // allocates (it may have been half-way through an allocation in our memory).
-    let disturbed = |how: &str| {
-        report_bytes(&HelperReport::SetupFailed {
-            stage: "process".into(),
-            message: format!(
-                "the sandbox's waiting process was {how} as it waited (by a signal from \
-                 outside); the command did not run"
-            ),
-        })
+    // 6. The payload, in our memory until its exec (we are in all of its cgroups already).
+    let Some(started) = payload::start(
+        template,
+        control.as_fd(),
+        channels,
+        &sigchld,
+        &payload::Birth::default(),
+    )?
+    else {
+        // Disturbed before its hand-off (reported): go, allocating nothing.
+        sys::exit_child(0)
     };
-    let (stopped, killed) = (disturbed("stopped"), disturbed("killed"));
-    let mut stack = sys::ChildStack::new().map_err(SetupError::Process)?;
-    let mut said = [0u8; SAID];
-    let waited = sys::spawn_sharing_memory(
-        &mut stack,
-        setup.as_fd(),
-        setup_w,
-        &mut said,
-        Some(sigchld.as_fd()),
-        &mut |setup_w| {
-            payload::payload_main(
-                template,
-                setup_w,
-                Source::Init {
-                    control: control.as_fd(),
-                    handoff: theirs.as_fd(),
-                },
-            )
-        },
-    )
-    .map_err(SetupError::Process)?;
-    drop((stack, theirs, setup));
-    // Whether the payload is done with the allocator, found without it: its hand-off is its
-    // last act before its exec or exit; without one, it has exited (the setup pipe's end),
-    // and only a payload that exited on its own got to the end of what it was doing.
-    let handed = {
-        // A message waits (its end of file would poll readable too).
-        let mut peek = [0u8; 4];
-        matches!(
-            nix::sys::socket::recv(
-                handoff.as_raw_fd(),
-                &mut peek,
-                nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
-            ),
-            Ok(n) if n > 0
-        )
-    };
-    let ended = match waited.ended {
-        None if !handed => waitpid(waited.pid, None).ok(),
-        ended => ended,
-    };
-    let disturbance = if waited.stopped {
-        Some(stopped)
-    } else if !handed && !matches!(ended, Some(WaitStatus::Exited(..))) {
-        Some(killed)
-    } else {
-        None
-    };
-    if let Some(report) = disturbance {
-        // Report that to the command that comes (or came), and go.
-        let status = sys::receive_last_fd(handoff.as_fd(), false)
-            .or_else(|| sys::receive_last_fd(control.as_fd(), true));
-        if let Some(status) = status {
-            let _ = nix::unistd::write(&status, &report);
-        }
-        sys::exit_child(0);
-    }
     // 7. The memory is ours again, and init must outlive whatever the command does to its
     //    cgroup: a group OOM kill (`memory.oom.group`) spares only what is exempt, and we
     //    report it. Set now, after the payload's exec (before it, the kernel would apply it
@@ -270,11 +197,11 @@ fn prepare(
     //    cannot be lowered: the fork server then reports for an init the kernel killed.
     let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
     Ok(Prepared {
-        payload: waited.pid,
-        ended,
+        payload: started.pid,
+        ended: started.ended,
         sigchld,
-        failure: failure(&said[..waited.said]),
-        handoff,
+        failure: started.failure,
+        handoff: started.handoff,
         counters,
         procs,
         net_pooled,
@@ -504,34 +431,6 @@ fn alive(procs: Option<&OwnedFd>) -> u32 {
         .unwrap_or(0)
 }
 
-fn report_bytes(report: &HelperReport) -> Vec<u8> {
-    let mut line = serde_json::to_vec(report).unwrap_or_default();
-    line.push(b'\n');
-    line
-}
-
-/// The failure the payload wrote on the setup pipe, if it wrote one (one it could not write
-/// whole, or we could not keep whole, is still one).
-fn failure(said: &[u8]) -> Option<SetupError> {
-    let line = said
-        .split(|b| *b == b'\n')
-        .next()
-        .filter(|l| !l.is_empty())?;
-    match serde_json::from_slice::<super::ChildNote>(line) {
-        Ok(super::ChildNote::Failed { stage, message }) => {
-            Some(SetupError::Child { stage, message })
-        }
-        Ok(super::ChildNote::Ready) => None,
-        Err(_) => Some(SetupError::Child {
-            stage: "process".into(),
-            message: format!(
-                "the sandbox's first process failed before its command ran: {}",
-                String::from_utf8_lossy(&line[..line.len().min(1024)])
-            ),
-        }),
-    }
-}
-
 /// The cgroup2 directory init is to be born in (`CLONE_INTO_CGROUP`): the template's
 /// `cgroup.kill` one for the directories `name`, made here unless it exists (`existing`: lent
 /// again; or the caller's own), open. `None` where the template has none or it cannot be
@@ -552,18 +451,13 @@ pub fn birth_cgroup(template: &Template, name: &str, existing: bool) -> Option<O
 
 /// Exec mode (a daemon without its fork server, `super::main`), for a template with a pid
 /// namespace: we stand in for the fork server for one command. We clone its init, hand it
-/// the command's descriptors, and relay the lifeline (we read the plan from it, so init gets
-/// a lifeline of its own that starts with the command); then we wait for init and remove the
-/// command's cgroup directories.
-pub fn exec_mode(template: &Template, command: &CommandPlan, stdio: Stdio, rest: Vec<u8>) {
+/// the command's descriptors, and relay the lifeline (the command line, then what the daemon
+/// writes after it, and its end); then we wait for init and remove the command's cgroup
+/// directories.
+pub fn exec_mode(template: &Template, stdio: Stdio) {
     let report = |err: SetupError| write_report(&stdio.status, &err.report());
     let name = cgroup_name(std::process::id());
-    let mut pending = match serde_json::to_vec(command) {
-        Ok(line) => line,
-        Err(err) => return report(SetupError::ParsePlan(err)),
-    };
-    pending.push(b'\n');
-    pending.extend_from_slice(&rest);
+    let mut pending = Vec::new();
     let process = |e: Errno| SetupError::Process(e.into());
     let made = nix::unistd::pipe2(OFlag::O_CLOEXEC)
         .and_then(|(r, w)| {

@@ -9,8 +9,9 @@
 //!   supervisor (`init`): it builds the sandbox, starts the payload, watches it, reports and
 //!   takes everything down by exiting.
 //! - Without one (`landlock`, `trusted`), a helper (here) does, from outside: a subreaper in
-//!   a session of its own, which forks the payload into the command's cgroups, watches it,
-//!   sweeps what it left (`end`), reports and gives back what it was lent.
+//!   a session of its own, outside the command's cgroups, which starts the payload in its own
+//!   memory, born into them, watches it, sweeps what it left (`end`), reports and gives back
+//!   what it was lent.
 //!
 //! Either way the work has two halves: everything the template (the sandbox part of the plan)
 //! decides, which a warm worker of the fork server does before any command arrives, ending
@@ -37,8 +38,13 @@
 //!        `- payload: bash -c COMMAND
 //! ```
 //!
-//! The setup order is in `init::prepare`, [`Worker::prepare`] (helper) and
-//! `payload::payload_main`; how a helper's command ends is in `end.rs`.
+//! Either supervisor starts its payload in its own memory (`payload::start`), where it
+//! confines itself and waits for the command's descriptors from the fork server, and waits
+//! until it has exec'd: no copy of the supervisor's address space is made per command
+//! (ARCHITECTURE.md, decision "Init leads", and "A helper's payload in its memory").
+//!
+//! The setup order is in `init::prepare`, [`Worker::prepare`] and [`Worker::serve`] (helper)
+//! and `payload::payload_main`; how a helper's command ends is in `end.rs`.
 
 mod end;
 mod init;
@@ -59,11 +65,11 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup;
-use crate::plan::{cgroup_name, CommandPlan, HelperReport, Plan, Template};
+use crate::plan::{cgroup_name, HelperReport, Template};
 use crate::profile::Namespace;
 use crate::sandbox::SandboxError;
 use crate::spawner::Lease;
-use crate::sys::{self, Forked};
+use crate::sys;
 
 /// argv[1] that selects helper mode. Checked in `main` before anything else runs.
 pub const HELPER_ARG: &str = "__sandbox-helper";
@@ -137,13 +143,11 @@ impl SetupError {
     }
 }
 
-/// What a child writes on the setup pipe, one JSON line each: `Ready` once it is confined
-/// and waits for its command, `Failed` when a step failed. End-of-file after `Ready` means the
-/// exec happened.
+/// What a payload writes on the setup pipe when a step failed (one JSON line). End-of-file
+/// without it means the exec happened (or the payload was dismissed, or died: `payload::start`).
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "note", rename_all = "snake_case")]
 enum ChildNote {
-    Ready,
     Failed { stage: String, message: String },
 }
 
@@ -176,25 +180,85 @@ pub fn main() -> ExitCode {
         write_report(&stdio.status, &SetupError::Process(err).report());
         return ExitCode::SUCCESS;
     }
-    let (plan, rest) = match read_line(stdio.lifeline.as_fd()).and_then(|(line, rest)| {
-        let plan = serde_json::from_slice::<Plan>(&line).map_err(SetupError::ParsePlan)?;
-        Ok((plan, rest))
-    }) {
-        Ok(read) => read,
+    // The template, its length first: the lifeline then stands at the command line, where a
+    // fork server's worker finds it.
+    let template = match read_template(stdio.lifeline.as_fd()) {
+        Ok(template) => template,
         Err(err) => {
             write_report(&stdio.status, &err.report());
             return ExitCode::SUCCESS;
         }
     };
-    if leads(&plan.template) {
-        init::exec_mode(&plan.template, &plan.command, stdio, rest);
+    if leads(&template) {
+        init::exec_mode(&template, stdio);
         return ExitCode::SUCCESS;
     }
-    match Worker::prepare(&plan.template, None) {
-        Ok(worker) => worker.run(stdio, Some((plan.command, rest))),
-        Err(err) => write_report(&stdio.status, &err.report()),
+    let worker = match Worker::prepare(&template, None) {
+        Ok(worker) => worker,
+        Err(err) => {
+            write_report(&stdio.status, &err.report());
+            return ExitCode::SUCCESS;
+        }
+    };
+    // We stand in for the fork server: the payload takes the command's descriptors from us
+    // (our copies close, so that only the command holds the output pipe).
+    let control = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    );
+    let sent = control
+        .map_err(std::io::Error::from)
+        .and_then(|(ours, theirs)| {
+            crate::spawner::send_stdio(&ours, [&stdio.lifeline, &stdio.output, &stdio.status])?;
+            Ok(theirs)
+        });
+    match sent {
+        Ok(theirs) => {
+            drop(stdio);
+            worker.serve(&theirs);
+        }
+        Err(err) => {
+            write_report(&stdio.status, &SetupError::Process(err).report());
+            worker.dismiss(None);
+        }
     }
     ExitCode::SUCCESS
+}
+
+/// Exec mode's first read: the template's length in decimal on a line of its own, then the
+/// template (JSON), read to its last byte and no further.
+fn read_template(fd: std::os::fd::BorrowedFd<'_>) -> Result<Template, SetupError> {
+    let short = |what: &str| SetupError::ReadPlan(std::io::Error::other(what.to_string()));
+    let mut digits = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(fd, &mut byte) {
+            Ok(0) => return Err(short("the lifeline ended before the template")),
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) if digits.len() < 12 => digits.push(byte[0]),
+            Ok(_) => return Err(short("the template's length is not a number")),
+            Err(Errno::EINTR) => {}
+            Err(err) => return Err(SetupError::ReadPlan(err.into())),
+        }
+    }
+    let len = std::str::from_utf8(&digits)
+        .ok()
+        .and_then(|d| d.parse::<usize>().ok())
+        .filter(|len| *len <= MAX_PLAN_BYTES)
+        .ok_or_else(|| short("the template's length is not a number"))?;
+    let mut template = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match nix::unistd::read(fd, &mut template[got..]) {
+            Ok(0) => return Err(short("the lifeline ended within the template")),
+            Ok(n) => got += n,
+            Err(Errno::EINTR) => {}
+            Err(err) => return Err(SetupError::ReadPlan(err.into())),
+        }
+    }
+    serde_json::from_slice(&template).map_err(SetupError::ParsePlan)
 }
 
 /// The limits a command ran into, read from its cgroups `name` (for the fork server, which
@@ -217,29 +281,21 @@ pub fn serve_worker(template: &Template, control: OwnedFd, lease: Option<Lease>)
     // fds 0, 1 and 2 of the helper itself: /dev/null (the command's descriptors are apart).
     sys::devnull_stdio(true);
     // No PR_SET_PDEATHSIG: killed with the fork server, we could not sweep the command's tree
-    // (its processes outside a pid namespace would live on). An idle worker sees `control`
-    // close when the fork server dies; a busy one sees its lifeline close, as a cold helper.
-    let prepared = Worker::prepare(template, lease);
-    let stdio = match crate::spawner::receive_stdio(&control) {
-        Ok(Some(stdio)) => stdio,
-        // Not needed: take the sandbox down.
-        _ => {
-            if let Ok(worker) = prepared {
-                worker.dismiss();
-            }
-            sys::exit_child(0);
-        }
-    };
-    drop(control);
-    // Built ahead at a lower priority (spawner::AHEAD_NICE): the fork server set us back
-    // already; our children too, unless one was being forked just then. Every fork of the
-    // sandbox's set-up is done now, so this catches all: the command runs at the normal one.
-    let _ = sys::set_nice(sys::NiceOf::Group(nix::unistd::getpid().as_raw()), 0);
-    match prepared {
-        Ok(worker) => worker.run(stdio, None),
-        Err(err) => write_report(&stdio.status, &err.report()),
+    // (its processes outside a pid namespace would live on). An idle worker's payload sees
+    // `control` close when the fork server dies; a busy one sees its lifeline close.
+    match Worker::prepare(template, lease) {
+        Ok(worker) => worker.serve(&control),
+        // Nothing ran: report the failure to the command that comes for this worker.
+        Err(err) => report_to_next(&control, &err),
     }
     sys::exit_child(0)
+}
+
+/// Report `err` to the command that comes on `control` (none comes when it closes first).
+fn report_to_next(control: &OwnedFd, err: &SetupError) {
+    if let Ok(Some(stdio)) = crate::spawner::receive_stdio(control) {
+        write_report(&stdio.status, &err.report());
+    }
 }
 
 /// How much of the lifeline one read takes: the most that can follow a line in the same read.
@@ -281,28 +337,28 @@ fn write_report(status: &OwnedFd, report: &HelperReport) {
         .map(|fd| std::fs::File::from(fd).write_all(&line));
 }
 
-/// A sandbox without a pid namespace built and waiting for its command.
+/// A sandbox without a pid namespace being built: its helper's part done (session,
+/// subreaper, the command's cgroups), its payload still to start ([`Worker::serve`]).
 pub struct Worker<'t> {
     template: &'t Template,
     /// Its cgroup directories' name (`w-<our pid>`, or the one the fork server lent).
     name: String,
-    /// The payload.
-    child: Pid,
     sigchld: SignalFd,
-    /// From the payload: `Failed`, or end-of-file once it has exec'd.
-    setup: payload::SetupReader,
-    /// To the payload: the output descriptor and the command.
-    channel: OwnedFd,
+    /// The cgroup2 directory the payload is born in (`CLONE_INTO_CGROUP`), open.
+    into: Option<OwnedFd>,
     /// The limits' counters of its cgroups.
     counters: end::Counters,
+    /// The command's cgroup directories we made or were lent: removed without allocating
+    /// after a payload that died where it may have held the allocator.
+    dirs: Vec<PathBuf>,
     /// What the fork server lent (cgroup directories), to give back at the end.
     lease: Option<Lease>,
 }
 
 impl<'t> Worker<'t> {
-    /// Build the sandbox of `template` (which has no pid namespace: `leads`) and leave its
-    /// payload waiting for a command, in the cgroup directories `lease` names or in new ones.
-    /// The order matters; each step says why.
+    /// The helper's part of the sandbox of `template` (which has no pid namespace: `leads`),
+    /// in the cgroup directories `lease` names or in new ones. The order matters; each step
+    /// says why.
     pub fn prepare(template: &'t Template, lease: Option<Lease>) -> Result<Self, SetupError> {
         // 1. Forking and credential changes below assume one thread: check, do not hope.
         sys::assert_single_threaded().map_err(SetupError::Process)?;
@@ -332,147 +388,122 @@ impl<'t> Worker<'t> {
             .map_err(SetupError::Signals)?;
 
         // 6. Cgroups: create the command's (or take those the fork server lent, used by a
-        //    command of this template before) and set its limits, so that everything we fork
-        //    is born inside (and cgroup.kill later takes all of it at once). The cgroup2
-        //    directory is entered by the child at its birth (clone3 CLONE_INTO_CGROUP, no
-        //    attach for us to make and undo); v1 hierarchies, or a kernel before 5.7, need us
-        //    to join first.
+        //    command of this template before) and set its limits, so that everything of the
+        //    command is born inside (and cgroup.kill later takes all of it at once). The
+        //    payload is born in the cgroup2 directory (clone3 CLONE_INTO_CGROUP) and joins
+        //    the v1 hierarchies itself; we never join any, so killing them never kills us.
         let lent = lease.as_ref().and_then(|l| l.cgroup.clone());
         let existing = lent.as_ref().is_some_and(|c| c.existing);
         let name = lent.map_or_else(|| cgroup_name(std::process::id()), |c| c.name);
-        let mut placed = Placed::default();
-        if let Err(err) = enter_cgroups(template, &name, existing, &mut placed) {
-            // Leave nothing behind for a command that never ran.
-            let _ = leave_cgroups(&placed);
-            end::remove_cgroups(template, &name);
-            return Err(err);
-        }
-        // The limits' counters, open before the fork: read-only files, not the directory
-        // (nothing can be opened or written through them), and closed on exec: the command
-        // never holds them.
-        let counters = end::Counters::open(template, &name);
-
-        // 7. Fork the payload. It says on the setup pipe when it is confined and waiting.
-        let made = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-            .and_then(|setup| {
-                let channel = nix::sys::socket::socketpair(
-                    nix::sys::socket::AddressFamily::Unix,
-                    nix::sys::socket::SockType::Stream,
-                    None,
-                    nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-                )?;
-                Ok((setup, channel))
-            })
-            .map_err(|e| SetupError::Process(e.into()));
-        let forked = made.and_then(|ends| Ok((ends, fork_placed(template, &name, &mut placed)?)));
-        let (((setup_r, setup_w), (ours, theirs)), forked) = match forked {
-            Ok(done) => done,
+        let into = match make_cgroups(template, &name, existing) {
+            Ok(into) => into,
             Err(err) => {
-                let _ = leave_cgroups(&placed);
+                // Leave nothing behind for a command that never ran.
                 end::remove_cgroups(template, &name);
                 return Err(err);
             }
         };
-        let child = match forked {
-            Forked::Child => {
-                // The cgroup directory stays the helper's: nothing in the sandbox may hold it.
-                drop((placed, setup_r, ours, sigchld, lease, counters));
-                payload::payload_main(
-                    template,
-                    setup_w.as_fd(),
-                    payload::Source::Helper(theirs.as_fd()),
-                );
-            }
-            Forked::Parent(child) => child,
-        };
-        drop((setup_w, theirs));
-
-        // 8. Back out of the cgroups we joined, so that killing them never kills us.
-        let left = leave_cgroups(&placed);
-
-        // 9. Wait for the payload to be confined and waiting (no step waits on anything
-        //    outside the machine, so this is short).
-        let mut setup = payload::SetupReader::new(setup_r);
-        let ready = setup.ready();
-        let worker = Self {
+        // The limits' counters, open now: read-only files, not the directory (nothing can be
+        // opened or written through them), and closed on exec: the command never holds them.
+        let counters = end::Counters::open(template, &name);
+        let dirs = template
+            .cgroups
+            .iter()
+            .filter(|cg| !cg.is_parent)
+            .map(|cg| cg.dir(&name))
+            .collect();
+        Ok(Self {
             template,
             name,
-            child,
             sigchld,
-            setup,
-            channel: ours,
+            into,
             counters,
+            dirs,
             lease,
+        })
+    }
+
+    /// Start the payload in our memory (`payload::start`): it confines itself, takes the
+    /// command's descriptors from the fork server on `control`, hands us the lifeline and the
+    /// status pipe, and execs. Then: `started`, wait for the end, kill what is left, report
+    /// on the status pipe, clean up. A failure is reported to the command that comes.
+    pub fn serve(self, control: &OwnedFd) {
+        // 7. The payload, in its cgroups from its birth (those it was not born in it joins).
+        let joins: Vec<PathBuf> = self
+            .template
+            .cgroups
+            .iter()
+            .filter(|cg| !cg.kill || self.into.is_none())
+            .map(|cg| cg.dir(&self.name))
+            .collect();
+        let kill_dir = self
+            .template
+            .cgroups
+            .iter()
+            .find(|cg| cg.kill)
+            .map(|cg| cg.dir(&self.name));
+        let birth = payload::Birth {
+            into: self.into.as_ref().map(AsFd::as_fd).zip(kill_dir.as_deref()),
+            join: joins.iter().map(PathBuf::as_path).collect(),
         };
-        if let Err(err) = left.and(ready) {
-            worker.dismiss();
-            return Err(err);
-        }
-        Ok(worker)
-    }
-
-    /// Take the sandbox down without running anything: sweep, then give back or remove what
-    /// it used.
-    pub fn dismiss(self) {
-        let mut status = None;
-        let swept = end::sweep(self.template, &self.name, self.child, &mut status);
-        release(
-            self.template,
-            &self.name,
-            self.lease,
-            &self.counters,
-            &swept,
-            0,
-        );
-    }
-
-    /// Run the command: hand it and the output pipe to the waiting payload, wait for the end,
-    /// kill what is left, write the report on the status pipe, clean up. `command` is read
-    /// from the lifeline when not given (a warm worker learns it only now).
-    pub fn run(mut self, stdio: Stdio, command: Option<(CommandPlan, Vec<u8>)>) {
-        let Stdio {
-            lifeline,
-            output,
-            status,
-        } = stdio;
-        let (command, rest) = match command.map(Ok).unwrap_or_else(|| {
-            read_line(lifeline.as_fd()).and_then(|(line, rest)| {
-                let command =
-                    serde_json::from_slice::<CommandPlan>(&line).map_err(SetupError::ParsePlan)?;
-                Ok((command, rest))
-            })
-        }) {
-            Ok(command) => command,
+        let started = payload::Channels::new().and_then(|channels| {
+            payload::start(
+                self.template,
+                control.as_fd(),
+                channels,
+                &self.sigchld,
+                &birth,
+            )
+        });
+        let started = match started {
+            Ok(Some(started)) => started,
+            Ok(None) => {
+                // Disturbed before its hand-off (reported): clean up allocating nothing.
+                self.remove_without_allocating();
+                sys::exit_child(0)
+            }
             Err(err) => {
-                write_report(&status, &err.report());
-                self.dismiss();
+                report_to_next(control, &err);
+                self.dismiss(None);
                 return;
             }
         };
-        // 10. The payload takes the output pipe and the command; we drop our copy of the
-        //     pipe, so the daemon sees end-of-file exactly when the last process of the
-        //     command's tree is gone. 11. It enters the working directory and execs.
-        let handed = payload::send_command(&self.channel, output, &command)
-            .and_then(|()| self.setup.exec_done(&lifeline));
-        if let Err(err) = handed {
+        let Some(handed) = payload::take_handoff(&started.handoff) else {
+            // No command came: the payload was dismissed (it exited cleanly), or failed
+            // before its command (reported to the command that comes for this worker).
+            if let Some(err) = &started.failure {
+                report_to_next(control, err);
+            }
+            self.dismiss(Some(started.pid));
+            return;
+        };
+        let payload::HandedOver {
+            main,
+            lifeline,
+            status,
+            rest,
+        } = handed;
+        if let Some(err) = &started.failure {
             write_report(&status, &err.report());
-            self.dismiss();
+            self.dismiss(Some(main));
             return;
         }
         write_report(&status, &HelperReport::Started);
 
-        // 12. Wait for the payload to exit, or for the daemon to close the lifeline; pass on
-        //     the signals it asks for meanwhile.
-        let ending = end::wait_for_end(self.child, &self.sigchld, &lifeline, rest);
+        // 8. Wait for the command's first process to exit, or for the daemon to close the
+        //    lifeline; pass on the signals it asks for meanwhile. (A payload that exited
+        //    while we waited for it is reaped already.)
+        let ended = started.ended.filter(|_| main == started.pid);
+        let ending = end::wait_for_end(main, ended, &self.sigchld, &lifeline, rest);
         let (mut exit, stopped) = (ending.exit, ending.stopped);
         let counted = end::count(self.template, &self.name);
 
-        // 13. Kill whatever the command left behind and note the limits it hit.
-        let sweep = end::sweep(self.template, &self.name, self.child, &mut exit);
+        // 9. Kill whatever the command left behind and note the limits it hit.
+        let sweep = end::sweep(self.template, &self.name, main, &mut exit);
         let limits_hit = self.counters.hit();
         let (code, signal) = end::decode(exit);
         let killed = counted.unwrap_or(sweep.killed);
-        // 14. Report first (the daemon's result waits for it), then remove the cgroups.
+        // 10. Report first (the daemon's result waits for it), then remove the cgroups.
         write_report(
             &status,
             &HelperReport::Finished {
@@ -493,6 +524,43 @@ impl<'t> Worker<'t> {
             &sweep,
             killed,
         );
+    }
+
+    /// Take the sandbox down without running anything (`child`: the payload, if one started):
+    /// sweep, then give back or remove what it used.
+    pub fn dismiss(self, child: Option<Pid>) {
+        let mut status = None;
+        let child = child.unwrap_or_else(|| Pid::from_raw(0));
+        let swept = end::sweep(self.template, &self.name, child, &mut status);
+        release(
+            self.template,
+            &self.name,
+            self.lease,
+            &self.counters,
+            &swept,
+            0,
+        );
+    }
+
+    /// After a payload disturbed before its hand-off: reap it and remove the cgroup
+    /// directories, without the allocator (the payload may have died holding it). Nothing
+    /// is given back.
+    fn remove_without_allocating(&self) {
+        while !matches!(
+            nix::sys::wait::waitpid(Pid::from_raw(-1), None),
+            Err(Errno::ECHILD)
+        ) {}
+        // (std converts a path shorter than 384 bytes on the stack: a cgroup directory's is.)
+        for dir in &self.dirs {
+            for _ in 0..50 {
+                match std::fs::remove_dir(dir) {
+                    Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    _ => break,
+                }
+            }
+        }
     }
 }
 
@@ -529,23 +597,15 @@ fn release(
     }
 }
 
-/// Where the helper stands before forking the command's first process.
-#[derive(Default)]
-struct Placed {
-    /// The command's cgroup2 directory, open for clone3 to start the child inside.
-    into: Option<OwnedFd>,
-    /// Cgroups we had to go back from after the fork (their `home`): those joined.
-    joined: Vec<PathBuf>,
-}
-
-/// Enter the command's cgroups `name`: made here, or, `existing`, those a command of the
-/// template ran in before (made again if they are gone); the settings written either way.
-fn enter_cgroups(
+/// Make the command's cgroups `name` (or, `existing`, take those a command of the template
+/// ran in before, made again if they are gone) and write their settings. Returns the cgroup2
+/// directory the payload is to be born in (`cgroup.kill`), open.
+fn make_cgroups(
     template: &Template,
     name: &str,
     existing: bool,
-    placed: &mut Placed,
-) -> Result<(), SetupError> {
+) -> Result<Option<OwnedFd>, SetupError> {
+    let mut into = None;
     for cg in &template.cgroups {
         let dir = cg.dir(name);
         // The caller's own directory is there already; one lent again, unless it is gone.
@@ -562,15 +622,10 @@ fn enter_cgroups(
                 OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
                 nix::sys::stat::Mode::empty(),
             );
-            if let Ok(fd) = fd {
-                placed.into = Some(fd);
-                continue;
-            }
+            into = fd.ok();
         }
-        cgroup::join(&dir).map_err(SetupError::Cgroup)?;
-        placed.joined.push(cg.home.clone());
     }
-    Ok(())
+    Ok(into)
 }
 
 /// Create `dir`; one left by a dead helper of the same pid is emptied and made anew.
@@ -585,36 +640,4 @@ pub fn create_fresh(dir: &std::path::Path) -> Result<(), SetupError> {
         }
         other => other.map_err(SetupError::Cgroup),
     }
-}
-
-/// Fork the command's first process: born in the cgroup2 directory where the kernel can,
-/// otherwise after joining it.
-fn fork_placed(template: &Template, name: &str, placed: &mut Placed) -> Result<Forked, SetupError> {
-    if let Some(dir) = &placed.into {
-        match sys::fork_into_cgroup(dir.as_fd()) {
-            Ok(forked) => return Ok(forked),
-            // No clone3, or no CLONE_INTO_CGROUP (before Linux 5.7).
-            Err(err)
-                if matches!(
-                    err.raw_os_error(),
-                    Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG | libc::EOPNOTSUPP)
-                ) =>
-            {
-                placed.into = None;
-                if let Some(cg) = template.cgroups.iter().find(|c| c.kill) {
-                    cgroup::join(&cg.dir(name)).map_err(SetupError::Cgroup)?;
-                    placed.joined.push(cg.home.clone());
-                }
-            }
-            Err(err) => return Err(SetupError::Process(err)),
-        }
-    }
-    sys::fork().map_err(SetupError::Process)
-}
-
-fn leave_cgroups(placed: &Placed) -> Result<(), SetupError> {
-    for home in &placed.joined {
-        cgroup::join(home).map_err(SetupError::Cgroup)?;
-    }
-    Ok(())
 }

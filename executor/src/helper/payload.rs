@@ -1,113 +1,27 @@
-//! The payload: the process that confines itself, waits for its command and execs it; and
-//! the channels between it and its parent (the setup pipe; the command socket from a helper,
-//! or the hand-off to init).
+//! The payload: the process that confines itself, waits for its command and execs it, in its
+//! supervisor's memory until then; and the supervisor's side of it (`start`: the setup pipe,
+//! the hand-off of the command's lifeline and status pipe).
 
 use std::collections::BTreeMap;
-use std::io::{IoSlice, IoSliceMut, Read};
+use std::io::IoSliceMut;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
 use nix::sys::signal::{SigSet, Signal};
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::signalfd::SignalFd;
+use nix::sys::socket::{
+    recvmsg, socketpair, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+};
+use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
-use super::{ChildNote, SetupError, MAX_PLAN_BYTES, SETUP_FAILED};
-use crate::plan::{CommandPlan, StdinKind, Template};
+use super::{ChildNote, SetupError, SETUP_FAILED};
+use crate::plan::{CommandPlan, HelperReport, StdinKind, Template};
 use crate::sandbox;
 use crate::sys;
-
-/// The helper's end of the setup pipe: notes from the child, one JSON line each.
-pub struct SetupReader {
-    file: std::fs::File,
-    buffer: Vec<u8>,
-}
-
-impl SetupReader {
-    pub fn new(fd: OwnedFd) -> Self {
-        Self {
-            file: std::fs::File::from(fd),
-            buffer: Vec::new(),
-        }
-    }
-
-    /// The next note, or `None` at end-of-file.
-    fn next(&mut self) -> Result<Option<ChildNote>, SetupError> {
-        loop {
-            if let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=end).collect();
-                return serde_json::from_slice(&line[..end]).map(Some).map_err(|_| {
-                    SetupError::Child {
-                        stage: "process".into(),
-                        message: String::from_utf8_lossy(&line).into_owned(),
-                    }
-                });
-            }
-            let mut chunk = [0u8; 4096];
-            match self.file.read(&mut chunk) {
-                Ok(0) if self.buffer.is_empty() => return Ok(None),
-                Ok(0) => self.buffer.push(b'\n'),
-                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
-                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(err) => return Err(SetupError::Process(err)),
-            }
-            if self.buffer.len() > 64 * 1024 {
-                self.buffer.push(b'\n');
-            }
-        }
-    }
-
-    /// Wait until the child is confined and waiting for its command.
-    pub fn ready(&mut self) -> Result<(), SetupError> {
-        match self.next()? {
-            Some(ChildNote::Ready) => Ok(()),
-            Some(ChildNote::Failed { stage, message }) => Err(SetupError::Child { stage, message }),
-            None => Err(SetupError::Child {
-                stage: "process".into(),
-                message: "the sandbox's first process died while it was being set up".into(),
-            }),
-        }
-    }
-
-    /// Wait until the payload has exec'd (end-of-file: the pipe closes on exec) or failed, or
-    /// until the daemon closes `lifeline` first (a timeout, cancel or disconnect, also while
-    /// a payload stopped as it waited never gets to its exec): `Ok` then too, and the end
-    /// path, seeing the lifeline closed, takes the sandbox down at once, so the command
-    /// never runs unsupervised and ends as the daemon says (timed out, cancelled...).
-    pub fn exec_done(&mut self, lifeline: &OwnedFd) -> Result<(), SetupError> {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        use std::os::fd::AsFd;
-        if self.buffer.is_empty() {
-            loop {
-                let mut fds = [
-                    PollFd::new(self.file.as_fd(), PollFlags::POLLIN),
-                    PollFd::new(lifeline.as_fd(), PollFlags::POLLIN),
-                ];
-                match poll(&mut fds, PollTimeout::NONE) {
-                    Ok(_) => {}
-                    Err(Errno::EINTR) => continue,
-                    Err(e) => return Err(SetupError::Process(e.into())),
-                }
-                let ready = |fd: &PollFd| fd.any().unwrap_or(true);
-                if ready(&fds[0]) {
-                    break;
-                }
-                if ready(&fds[1]) {
-                    return Ok(());
-                }
-            }
-        }
-        match self.next()? {
-            None => Ok(()),
-            Some(ChildNote::Failed { stage, message }) => Err(SetupError::Child { stage, message }),
-            Some(ChildNote::Ready) => Err(SetupError::Child {
-                stage: "process".into(),
-                message: "the sandbox said it was ready twice".into(),
-            }),
-        }
-    }
-}
 
 fn note(setup_w: BorrowedFd<'_>, note: &ChildNote) {
     if let Ok(mut text) = serde_json::to_vec(note) {
@@ -128,30 +42,31 @@ fn fail(setup_w: BorrowedFd<'_>, err: &SetupError) -> ! {
     sys::exit_child(SETUP_FAILED)
 }
 
-/// Where a waiting payload's command comes from.
-pub enum Source<'a> {
-    /// Its helper, on the command socket: the output descriptor and the command, which the
-    /// helper read from the lifeline (it keeps the lifeline and the status pipe).
-    Helper(BorrowedFd<'a>),
-    /// The fork server, on `control`, while init waits for our exec (`super::init`): the
-    /// command's three descriptors. We read the command from the lifeline and hand init the
-    /// lifeline, the status pipe and whatever came after the command on `handoff`.
-    Init {
-        control: BorrowedFd<'a>,
-        handoff: BorrowedFd<'a>,
-    },
+/// Where a waiting payload's command comes from: the fork server, on `control`, while its
+/// supervisor (init, or a helper) waits for our exec: the command's three descriptors. We
+/// read the command from the lifeline and hand the supervisor the lifeline, the status pipe
+/// and whatever came after the command on `handoff`.
+pub struct Source<'a> {
+    pub control: BorrowedFd<'a>,
+    pub handoff: BorrowedFd<'a>,
 }
 
-/// The payload: confine, wait for the command and its output pipe, enter the working
+/// The payload: confine, wait for the command and its descriptors, enter the working
 /// directory, exec. Never returns.
 ///
-/// It runs either as a forked process (under a helper) or, under init, in init's memory
-/// until its exec (`sys::spawn_sharing_memory`): so it borrows its descriptors (closed by
-/// exec or exit) and changes nothing it did not allocate itself. Under init, the hand-off of
-/// the command's lifeline and status pipe ([`HandOff`]) is its last act before the exec (or
-/// its exit): once init has it, nothing of the payload's touches the allocator again, so
-/// init may use it whatever becomes of the payload (decision "Init leads").
-pub fn payload_main(template: &Template, setup_w: BorrowedFd<'_>, source: Source<'_>) -> ! {
+/// It runs in its supervisor's memory (init's, or a helper's) until its exec
+/// (`sys::spawn_sharing_memory`): so it borrows its descriptors (closed by exec or exit) and
+/// changes nothing it did not allocate itself. The hand-off of the command's lifeline and
+/// status pipe ([`HandOff`]) is its last act before the exec (or its exit): once the
+/// supervisor has it, nothing of the payload's touches the allocator again, so the supervisor
+/// may use it whatever becomes of the payload (decision "Init leads"). It first joins the
+/// cgroups in `join`, those it was not born in.
+pub fn payload_main(
+    template: &Template,
+    setup_w: BorrowedFd<'_>,
+    source: Source<'_>,
+    join: &[&Path],
+) -> ! {
     if let Err(err) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         fail(setup_w, &SetupError::Process(err.into()));
     }
@@ -159,6 +74,14 @@ pub fn payload_main(template: &Template, setup_w: BorrowedFd<'_>, source: Source
     // signalfd; every disposition is already the default).
     if let Err(err) = SigSet::empty().thread_set_mask() {
         fail(setup_w, &SetupError::Process(err.into()));
+    }
+    // Into the command's cgroups before anything of it runs: v1 hierarchies as one thread
+    // naming itself (`cgroup::join`: no wait for the kernel's global lock). Our supervisor
+    // stays outside them, so that killing them never kills it.
+    for dir in join {
+        if let Err(err) = crate::cgroup::join(dir) {
+            fail(setup_w, &SetupError::Cgroup(err));
+        }
     }
     // stdin from /dev/null for good (never the daemon's lifeline); stdout and stderr there
     // too until the output pipe arrives.
@@ -180,42 +103,25 @@ pub fn payload_main(template: &Template, setup_w: BorrowedFd<'_>, source: Source
     if let Err(err) = sandbox::confine_process(&template.sandbox) {
         fail(setup_w, &err.into());
     }
-    let (output, command, handing) = match source {
-        Source::Helper(channel) => {
-            note(setup_w, &ChildNote::Ready);
-            match receive_command(channel) {
-                Ok((output, command)) => (output, command, None),
-                // The helper went away before a command came: nothing to run.
-                Err(_) => sys::exit_child(0),
-            }
-        }
-        Source::Init { control, handoff } => {
-            let stdio = match crate::spawner::receive_stdio(control) {
-                Ok(Some(stdio)) => stdio,
-                // Dismissed before a command came (or the fork server is gone).
-                _ => sys::exit_child(0),
-            };
-            let read = super::read_line(stdio.lifeline.as_fd()).and_then(|(line, rest)| {
-                let command =
-                    serde_json::from_slice::<CommandPlan>(&line).map_err(SetupError::ParsePlan)?;
-                Ok((command, rest))
-            });
-            let super::Stdio {
-                lifeline,
-                output,
-                status,
-            } = stdio;
-            match read {
-                Ok((command, rest)) => {
-                    let handing = HandOff::new(handoff, lifeline, status, &rest);
-                    (output, command, Some(handing))
-                }
-                Err(err) => {
-                    let handing = HandOff::new(handoff, lifeline, status, &[]);
-                    failed(setup_w, &err, Some(handing))
-                }
-            }
-        }
+    let Source { control, handoff } = source;
+    let stdio = match crate::spawner::receive_stdio(control) {
+        Ok(Some(stdio)) => stdio,
+        // Dismissed before a command came (or the fork server is gone).
+        _ => sys::exit_child(0),
+    };
+    let read = super::read_line(stdio.lifeline.as_fd()).and_then(|(line, rest)| {
+        let command =
+            serde_json::from_slice::<CommandPlan>(&line).map_err(SetupError::ParsePlan)?;
+        Ok((command, rest))
+    });
+    let super::Stdio {
+        lifeline,
+        output,
+        status,
+    } = stdio;
+    let (command, handing) = match read {
+        Ok((command, rest)) => (command, HandOff::new(handoff, lifeline, status, &rest)),
+        Err(err) => failed(setup_w, &err, HandOff::new(handoff, lifeline, status, &[])),
     };
     // stdout and stderr on the one output pipe, so their order is kept; for a process the
     // client talks to, stdin too (a socket, or a terminal that becomes ours).
@@ -233,18 +139,16 @@ pub fn payload_main(template: &Template, setup_w: BorrowedFd<'_>, source: Source
         failed(setup_w, &err, handing);
     }
     if let Some(op) = &command.builtin {
-        // A file operation, where the command would have exec'd. Under init, which runs again
-        // only at our exec or exit, a forked process of its own memory serves it, and init
-        // watches that one as the command's.
-        if let Some(handing) = handing {
-            match sys::fork() {
-                Ok(sys::Forked::Child) => {}
-                Ok(sys::Forked::Parent(pid)) => {
-                    handing.give(pid);
-                    sys::exit_child(0)
-                }
-                Err(err) => failed(setup_w, &SetupError::Process(err), Some(handing)),
+        // A file operation, where the command would have exec'd. Our supervisor runs again
+        // only at our exec or exit: a forked process of its own memory serves it, and the
+        // supervisor watches that one as the command's.
+        match sys::fork() {
+            Ok(sys::Forked::Child) => {}
+            Ok(sys::Forked::Parent(pid)) => {
+                handing.give(pid);
+                sys::exit_child(0)
             }
+            Err(err) => failed(setup_w, &SetupError::Process(err), handing),
         }
         // Nothing but its stdio: exec would have closed what our parent's side left open,
         // and the end of the setup pipe (the pipe among them) tells it we have started.
@@ -268,16 +172,14 @@ pub fn payload_main(template: &Template, setup_w: BorrowedFd<'_>, source: Source
     };
     // What a failed exec says, made now: after the hand-off nothing allocates.
     let mut said = ExecFailure::new(command.argv.first().map_or("", String::as_str));
-    if let Some(handing) = handing {
-        handing.give(Pid::this());
-    }
+    handing.give(Pid::this());
     let errno = exec.run();
     said.write(setup_w, errno)
 }
 
-/// A failure: said on the setup pipe, then (under init) the command's descriptors handed
-/// over, so that init reports it; then exit.
-fn failed(setup_w: BorrowedFd<'_>, err: &SetupError, handing: Option<HandOff<'_>>) -> ! {
+/// A failure: said on the setup pipe, then the command's descriptors handed over, so that
+/// our supervisor reports it; then exit.
+fn failed(setup_w: BorrowedFd<'_>, err: &SetupError, handing: HandOff<'_>) -> ! {
     note(
         setup_w,
         &ChildNote::Failed {
@@ -285,10 +187,190 @@ fn failed(setup_w: BorrowedFd<'_>, err: &SetupError, handing: Option<HandOff<'_>
             message: err.to_string(),
         },
     );
-    if let Some(handing) = handing {
-        handing.give(Pid::this());
-    }
+    handing.give(Pid::this());
     sys::exit_child(SETUP_FAILED)
+}
+
+/// A payload's channels to the supervisor whose memory it shares: the setup pipe, on which
+/// it says what failed and whose end tells the supervisor it is done with that memory, and
+/// the hand-off socket. Made before anything could make them count elsewhere (init makes
+/// them before its network namespace: a socket counts in the namespace it is made in).
+pub struct Channels {
+    setup: OwnedFd,
+    setup_w: OwnedFd,
+    handoff: OwnedFd,
+    theirs: OwnedFd,
+}
+
+impl Channels {
+    pub fn new() -> Result<Self, SetupError> {
+        let process = |e: Errno| SetupError::Process(e.into());
+        let (setup, setup_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(process)?;
+        let (handoff, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(process)?;
+        Ok(Self {
+            setup,
+            setup_w,
+            handoff,
+            theirs,
+        })
+    }
+}
+
+/// Where a payload starts: born in a cgroup2 directory (`into`, open, and its path, which it
+/// joins itself where the kernel cannot place it at its birth) and joining the cgroups
+/// `join` (v1 hierarchies) itself.
+#[derive(Default)]
+pub struct Birth<'a> {
+    pub into: Option<(BorrowedFd<'a>, &'a Path)>,
+    pub join: Vec<&'a Path>,
+}
+
+/// A payload done with its supervisor's memory: it exec'd, or exited.
+pub struct Started {
+    pub pid: Pid,
+    /// Its end, where it exited before we ran again (and was reaped).
+    pub ended: Option<WaitStatus>,
+    /// What it said failed, if anything.
+    pub failure: Option<SetupError>,
+    /// Where its hand-off ([`take_handoff`]) waits, if it made one.
+    pub handoff: OwnedFd,
+}
+
+/// What a supervisor's payload's setup notes are kept of: a failure's message names the
+/// working directory, a path of up to 4096 bytes, escaped.
+const SAID: usize = 32 << 10;
+
+/// Start the payload of `template` in our memory (`sys::spawn_sharing_memory`) and wait until
+/// it is done with it: it confines itself, waits for its command's descriptors from the fork
+/// server on `control`, hands us the lifeline and the status pipe, and execs; we wait
+/// meanwhile (we have nothing to do before its command runs): no copy of our address space is
+/// made, faulted in and torn down again at its exec. `sigchld` is our SIGCHLD's signalfd.
+///
+/// `None`: the payload was disturbed (stopped or killed by a signal from outside) before its
+/// hand-off. That is reported to the command that came, or comes, for it; the caller must
+/// exit without allocating (the payload may have died half-way through an allocation in our
+/// memory).
+pub fn start(
+    template: &Template,
+    control: BorrowedFd<'_>,
+    channels: Channels,
+    sigchld: &SignalFd,
+    birth: &Birth<'_>,
+) -> Result<Option<Started>, SetupError> {
+    let Channels {
+        setup,
+        setup_w,
+        handoff,
+        theirs,
+    } = channels;
+    // Written now: after a payload stopped or killed before its hand-off, nothing of ours
+    // allocates.
+    let disturbed = |how: &str| {
+        report_bytes(&HelperReport::SetupFailed {
+            stage: "process".into(),
+            message: format!(
+                "the sandbox's waiting process was {how} as it waited (by a signal from \
+                 outside); the command did not run"
+            ),
+        })
+    };
+    let (stopped, killed) = (disturbed("stopped"), disturbed("killed"));
+    let mut stack = sys::ChildStack::new().map_err(SetupError::Process)?;
+    let mut said = [0u8; SAID];
+    let mut join = birth.join.clone();
+    let waited = sys::spawn_sharing_memory(
+        &mut stack,
+        setup.as_fd(),
+        setup_w,
+        &mut said,
+        Some(sigchld.as_fd()),
+        birth.into.map(|(fd, _)| fd),
+        &mut |setup_w, placed| {
+            if let (false, Some((_, dir))) = (placed, birth.into) {
+                join.push(dir);
+            }
+            let source = Source {
+                control,
+                handoff: theirs.as_fd(),
+            };
+            payload_main(template, setup_w, source, &join)
+        },
+    )
+    .map_err(SetupError::Process)?;
+    drop((stack, theirs, setup));
+    // Whether the payload is done with the allocator, found without it: its hand-off is its
+    // last act before its exec or exit; without one, it has exited (the setup pipe's end),
+    // and only a payload that exited on its own got to the end of what it was doing.
+    let handed = {
+        // A message waits (its end of file would poll readable too).
+        let mut peek = [0u8; 4];
+        matches!(
+            nix::sys::socket::recv(
+                handoff.as_raw_fd(),
+                &mut peek,
+                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+            ),
+            Ok(n) if n > 0
+        )
+    };
+    let ended = match waited.ended {
+        None if !handed => waitpid(waited.pid, None).ok(),
+        ended => ended,
+    };
+    let disturbance = if waited.stopped {
+        Some(stopped)
+    } else if !handed && !matches!(ended, Some(WaitStatus::Exited(..))) {
+        Some(killed)
+    } else {
+        None
+    };
+    if let Some(report) = disturbance {
+        // Report that to the command that comes (or came).
+        let status = sys::receive_last_fd(handoff.as_fd(), false)
+            .or_else(|| sys::receive_last_fd(control, true));
+        if let Some(status) = status {
+            let _ = nix::unistd::write(&status, &report);
+        }
+        return Ok(None);
+    }
+    Ok(Some(Started {
+        pid: waited.pid,
+        ended,
+        failure: failure(&said[..waited.said]),
+        handoff,
+    }))
+}
+
+/// A report as the line written on the status pipe.
+pub fn report_bytes(report: &HelperReport) -> Vec<u8> {
+    let mut line = serde_json::to_vec(report).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+/// The failure the payload wrote on the setup pipe, if it wrote one (one it could not write
+/// whole, or we could not keep whole, is still one).
+fn failure(said: &[u8]) -> Option<SetupError> {
+    let line = said
+        .split(|b| *b == b'\n')
+        .next()
+        .filter(|l| !l.is_empty())?;
+    match serde_json::from_slice::<ChildNote>(line) {
+        Ok(ChildNote::Failed { stage, message }) => Some(SetupError::Child { stage, message }),
+        Err(_) => Some(SetupError::Child {
+            stage: "process".into(),
+            message: format!(
+                "the sandbox's first process failed before its command ran: {}",
+                String::from_utf8_lossy(&line[..line.len().min(1024)])
+            ),
+        }),
+    }
 }
 
 /// What a payload under init hands it as its last act: the lifeline and the status pipe
@@ -420,92 +502,6 @@ fn wire_stdio(output: &OwnedFd, stdin: StdinKind) -> std::io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Hand the waiting payload its output pipe and its command: the descriptor with the
-/// command's length, then the command (JSON).
-pub fn send_command(
-    channel: &OwnedFd,
-    output: OwnedFd,
-    command: &CommandPlan,
-) -> Result<(), SetupError> {
-    let io = |e: Errno| match e {
-        Errno::EPIPE | Errno::ECONNRESET => SetupError::Child {
-            stage: "process".into(),
-            message: "the sandbox's waiting process was gone when its command came (killed as \
-                      it waited); the command did not run"
-                .into(),
-        },
-        e => SetupError::Process(e.into()),
-    };
-    let body = serde_json::to_vec(command).map_err(SetupError::ParsePlan)?;
-    let len = (body.len() as u64).to_le_bytes();
-    let fds = [output.as_raw_fd()];
-    // MSG_NOSIGNAL: a payload killed while it waited (a same-uid command can, before
-    // landlock's signal scoping) must give us EPIPE, reported, not a SIGPIPE that kills us.
-    sendmsg::<()>(
-        channel.as_raw_fd(),
-        &[IoSlice::new(&len)],
-        &[ControlMessage::ScmRights(&fds)],
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )
-    .map_err(io)?;
-    drop(output);
-    let mut sent = 0;
-    while sent < body.len() {
-        match nix::sys::socket::send(channel.as_raw_fd(), &body[sent..], MsgFlags::MSG_NOSIGNAL) {
-            Ok(n) => sent += n,
-            Err(Errno::EINTR) => {}
-            Err(e) => return Err(io(e)),
-        }
-    }
-    Ok(())
-}
-
-fn receive_command(channel: BorrowedFd<'_>) -> Result<(OwnedFd, CommandPlan), SetupError> {
-    let io = |e: Errno| SetupError::Process(e.into());
-    let mut len = [0u8; 8];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let (bytes, fd) = {
-        let mut iov = [IoSliceMut::new(&mut len)];
-        let msg = recvmsg::<()>(
-            channel.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_WAITALL,
-        )
-        .map_err(io)?;
-        let mut fd = None;
-        for cmsg in msg.cmsgs().map_err(io)? {
-            if let ControlMessageOwned::ScmRights(raw) = cmsg {
-                for raw in raw {
-                    let owned = sys::own_received_fd(raw);
-                    fd.get_or_insert(owned);
-                }
-            }
-        }
-        (msg.bytes, fd)
-    };
-    let (Some(output), 8) = (fd, bytes) else {
-        return Err(io(Errno::EPROTO));
-    };
-    let len = usize::try_from(u64::from_le_bytes(len)).unwrap_or(usize::MAX);
-    if len > MAX_PLAN_BYTES {
-        return Err(io(Errno::EMSGSIZE));
-    }
-    let mut body = vec![0u8; len];
-    let mut got = 0;
-    while got < len {
-        match nix::unistd::read(channel, &mut body[got..]) {
-            Ok(0) => return Err(io(Errno::EPIPE)),
-            Ok(n) => got += n,
-            Err(Errno::EINTR) => {}
-            Err(e) => return Err(io(e)),
-        }
-    }
-    let command = serde_json::from_slice(&body).map_err(SetupError::ParsePlan)?;
-    Ok((output, command))
 }
 
 /// The payload's exec, made ready: the program looked up in the command's PATH (not ours:

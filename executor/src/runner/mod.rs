@@ -221,7 +221,12 @@ impl Runner {
                 }
             }
         }
-        let mut line = serde_json::to_vec(plan).map_err(RunError::Plan)?;
+        // Exec mode: the template's length on a line, the template, then the command line
+        // (`helper::main` reads the template alone and leaves the command to the payload).
+        let template = serde_json::to_vec(&plan.template).map_err(RunError::Plan)?;
+        let mut line = format!("{}\n", template.len()).into_bytes();
+        line.extend_from_slice(&template);
+        serde_json::to_writer(&mut line, &plan.command).map_err(RunError::Plan)?;
         line.push(b'\n');
         Ok((self.exec_helper(output)?, line))
     }
