@@ -158,8 +158,8 @@ pub struct Stdio {
     pub status: OwnedFd,
 }
 
-/// Exec mode (a daemon without its fork server): the plan line and then the lifeline on
-/// stdin, the output pipe on stdout, the status pipe on stderr. Always exits 0: the outcome
+/// Exec mode (a daemon without its fork server): the template (its length first, then the
+/// JSON) and then the lifeline, starting with the command line, on stdin, the output pipe on stdout, the status pipe on stderr. Always exits 0: the outcome
 /// travels in the report.
 pub fn main() -> ExitCode {
     let stdio = (|| {
@@ -348,9 +348,9 @@ pub struct Worker<'t> {
     into: Option<OwnedFd>,
     /// The limits' counters of its cgroups.
     counters: end::Counters,
-    /// The command's cgroup directories we made or were lent: removed without allocating
-    /// after a payload that died where it may have held the allocator.
-    dirs: Vec<PathBuf>,
+    /// The command's cgroup directories we made or were lent, as C strings: removed without
+    /// allocating after a payload that died where it may have held the allocator.
+    dirs: Vec<std::ffi::CString>,
     /// What the fork server lent (cgroup directories), to give back at the end.
     lease: Option<Lease>,
 }
@@ -360,7 +360,8 @@ impl<'t> Worker<'t> {
     /// in the cgroup directories `lease` names or in new ones. The order matters; each step
     /// says why.
     pub fn prepare(template: &'t Template, lease: Option<Lease>) -> Result<Self, SetupError> {
-        // 1. Forking and credential changes below assume one thread: check, do not hope.
+        // 1. The payload's start in our memory (only one thread may use the allocator while
+        //    it does) and the process-wide changes below assume one thread: check, do not hope.
         sys::assert_single_threaded().map_err(SetupError::Process)?;
 
         // 2. Nothing the daemon or the fork server held may reach the command: every fd above
@@ -410,7 +411,10 @@ impl<'t> Worker<'t> {
             .cgroups
             .iter()
             .filter(|cg| !cg.is_parent)
-            .map(|cg| cg.dir(&name))
+            .filter_map(|cg| {
+                let dir = cg.dir(&name).into_os_string().into_encoded_bytes();
+                std::ffi::CString::new(dir).ok()
+            })
             .collect();
         Ok(Self {
             template,
@@ -550,10 +554,9 @@ impl<'t> Worker<'t> {
             nix::sys::wait::waitpid(Pid::from_raw(-1), None),
             Err(Errno::ECHILD)
         ) {}
-        // (std converts a path shorter than 384 bytes on the stack: a cgroup directory's is.)
         for dir in &self.dirs {
             for _ in 0..50 {
-                match std::fs::remove_dir(dir) {
+                match sys::remove_dir_made(dir) {
                     Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
                         std::thread::sleep(std::time::Duration::from_millis(1));
                     }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::IoSliceMut;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -280,10 +281,12 @@ pub fn start(
             ),
         })
     };
-    let (stopped, killed) = (disturbed("stopped"), disturbed("killed"));
+    // Never dropped after a disturbance (that would be the allocator): see the end.
+    let stopped = ManuallyDrop::new(disturbed("stopped"));
+    let killed = ManuallyDrop::new(disturbed("killed"));
     let mut stack = sys::ChildStack::new().map_err(SetupError::Process)?;
     let mut said = [0u8; SAID];
-    let mut join = birth.join.clone();
+    let mut join = ManuallyDrop::new(birth.join.clone());
     let waited = sys::spawn_sharing_memory(
         &mut stack,
         setup.as_fd(),
@@ -324,21 +327,28 @@ pub fn start(
         ended => ended,
     };
     let disturbance = if waited.stopped {
-        Some(stopped)
+        Some(&stopped)
     } else if !handed && !matches!(ended, Some(WaitStatus::Exited(..))) {
-        Some(killed)
+        Some(&killed)
     } else {
         None
     };
     if let Some(report) = disturbance {
-        // Report that to the command that comes (or came).
+        // Report that to the command that comes (or came), and free nothing: what was made
+        // before the payload started stays allocated until our exit.
         let status = sys::receive_last_fd(handoff.as_fd(), false)
             .or_else(|| sys::receive_last_fd(control, true));
         if let Some(status) = status {
-            let _ = nix::unistd::write(&status, &report);
+            let _ = nix::unistd::write(&status, report);
         }
         return Ok(None);
     }
+    // The allocator is ours again.
+    drop((
+        ManuallyDrop::into_inner(stopped),
+        ManuallyDrop::into_inner(killed),
+        ManuallyDrop::into_inner(join),
+    ));
     Ok(Some(Started {
         pid: waited.pid,
         ended,
@@ -373,8 +383,8 @@ fn failure(said: &[u8]) -> Option<SetupError> {
     }
 }
 
-/// What a payload under init hands it as its last act: the lifeline and the status pipe
-/// (init watches the one and reports on the other), what the daemon wrote after the command
+/// What a payload hands its supervisor (init, or a helper) as its last act: the lifeline and
+/// the status pipe (the supervisor watches the one and reports on the other), what the daemon wrote after the command
 /// (signal requests), and the pid of the command's first process. The message is made when
 /// the command comes; [`HandOff::give`] only fills in the pid and sends it, allocating
 /// nothing.
@@ -398,8 +408,8 @@ impl<'a> HandOff<'a> {
         }
     }
 
-    /// One message init reads when it runs again (after our exec or exit). Where it cannot be
-    /// sent, we exit: init must never think the command started without it. Nothing of it is
+    /// One message the supervisor reads when it runs again (after our exec or exit). Where it cannot be
+    /// sent, we exit: the supervisor must never think the command started without it. Nothing of it is
     /// freed (that would be the allocator again): our copies of the descriptors close at our
     /// exec or exit.
     fn give(mut self, main: Pid) {
@@ -412,7 +422,7 @@ impl<'a> HandOff<'a> {
     }
 }
 
-/// What init learned from a payload's [`HandOff`]: the command's first process, the lifeline,
+/// What the supervisor learned from a payload's [`HandOff`]: the command's first process, the lifeline,
 /// the status pipe, and what came after the command.
 pub struct HandedOver {
     pub main: Pid,
@@ -421,8 +431,8 @@ pub struct HandedOver {
     pub rest: Vec<u8>,
 }
 
-/// Init's side of [`HandOff`]: never waits. Called only once the payload has handed over
-/// (init checks the socket without allocating first), so it may allocate.
+/// The supervisor's side of [`HandOff`]: never waits. Called only once the payload has handed over
+/// (the supervisor checks the socket without allocating first), so it may allocate.
 pub fn take_handoff(from: &OwnedFd) -> Option<HandedOver> {
     let mut buf = vec![0u8; 4 + super::LINE_CHUNK];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);

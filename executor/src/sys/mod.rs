@@ -316,6 +316,17 @@ pub fn tune_allocator() {
 pub static JEMALLOC_CONF: &u8 =
     &b"narenas:2,dirty_decay_ms:100,muzzy_decay_ms:0,max_background_threads:1\0"[0];
 
+/// rmdir(2) of a path made beforehand, allocating nothing (after a child sharing our memory
+/// died where it may have held the allocator).
+pub fn remove_dir_made(path: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: rmdir(2) reads the NUL-terminated path, valid for the call.
+    if unsafe { libc::rmdir(path.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Make the calling process's memory non-dumpable: no core dump of it, and `/proc/PID/mem`,
 /// `/proc/PID/environ` and ptrace closed to all but CAP_SYS_PTRACE. A child forked from us, or
 /// sharing our memory, is too, until it execs (the kernel decides anew then).

@@ -12,11 +12,12 @@ pub enum Forked {
     Child,
 }
 
-/// fork(2) for the sandbox helper, and for `executor run`'s fork server.
+/// fork(2) for the fork server (its workers, a root template's builder), for `executor run`'s
+/// fork server, and for a payload's file operation.
 ///
-/// Only single-threaded callers use it (checked by `assert_single_threaded`: the helper at its
-/// start, `spawner::fork_here` before the runtime exists), so the child inherits no lock held
-/// by another thread and may allocate.
+/// Only single-threaded callers use it (the fork server and the processes it forks have one
+/// thread; `spawner::fork_here` runs before the runtime exists), so the child inherits no
+/// lock held by another thread and may allocate.
 pub fn fork() -> io::Result<Forked> {
     // SAFETY: the caller is single-threaded (see above); nothing in the child can deadlock on
     // state another thread held at fork time.
@@ -137,7 +138,10 @@ pub fn spawn_sharing_memory(
                 start.placed,
             )
         };
-        child(done, placed);
+        // A panic ends the child here, by `_exit`: never by abort(), whose signal musl sends
+        // to the thread id cached in the thread-local storage we share with our parent (so
+        // to our parent, not to us).
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| child(done, placed)));
         // It was to exec or exit; returning would end the clone in code of our parent's.
         exit_child(127)
     }
@@ -236,13 +240,13 @@ pub fn spawn_sharing_memory(
             let mut status = 0;
             // SAFETY: waitpid(2) on our child, writing its status into `status`.
             let got = unsafe { libc::waitpid(rc, &mut status, libc::WNOHANG | libc::WUNTRACED) };
-            if got == rc && libc::WIFSTOPPED(status) {
+            if got == rc && libc::WIFSTOPPED(status) && !writer_gone(done) {
                 // Stopped where it may hold our memory in any state: it never goes on.
                 waited.stopped = true;
                 // SAFETY: kill(2) of our own child, which is not reaped (a stopped one is
                 // not), so its pid names it.
                 unsafe { libc::kill(rc, libc::SIGKILL) };
-            } else if got == rc {
+            } else if got == rc && !libc::WIFSTOPPED(status) {
                 waited.ended = nix::sys::wait::WaitStatus::from_raw(waited.pid, status).ok();
             }
         }
@@ -330,6 +334,21 @@ unsafe fn clone3_running(
     // SAFETY: errno is this thread's.
     unsafe { *libc::__errno_location() = libc::ENOSYS };
     -1
+}
+
+/// Whether every write end of the pipe `done` is closed: a child stopped after that has
+/// exec'd (its copy closed at its exec) and stopped as the command it now is, which is not
+/// ours to take for a disturbance.
+fn writer_gone(done: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: done.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll(2) on one pollfd struct of ours, valid for the call; no wait.
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    ready > 0 && fd.revents & libc::POLLHUP != 0
 }
 
 /// How a child sharing our memory ([`spawn_sharing_memory`]) got done with it.
