@@ -285,7 +285,7 @@ fn prepare_unified(
         // EBUSY: our own cgroup holds processes (us, at least). Move into a leaf of our own
         // and try again; processes that are not ours still block it.
         let leaf = home.join(format!("{name}-daemon"));
-        let moved = create_if_missing(&leaf).and_then(|()| join(&leaf));
+        let moved = create_if_missing(&leaf).and_then(|()| join_process(&leaf));
         match moved {
             Ok(()) => {
                 back = leaf;
@@ -588,40 +588,42 @@ pub fn read_counter(file: &OwnedFd, key: Option<&str>) -> u64 {
     }
 }
 
-/// Move the calling process into `dir`.
+/// Move the calling process, which has one thread (a process just cloned, not a thread of
+/// a runtime: init, a payload), into `dir`.
 ///
-/// A process with one thread moves itself through v1's `tasks` file: a thread that names
-/// itself ("0") there moves without the kernel's global cgroup threadgroup rwsem
-/// (`cgroup_procs_write_start`, "Optimize single thread migration", Linux 5.5). A
-/// `cgroup.procs` write takes that rwsem for writing, and after a quiet spell that waits for
-/// a full RCU grace period (`percpu_down_write` -> `rcu_sync_enter` -> `synchronize_rcu`):
-/// measured here (Linux 6.18, 2 cores, each move after 100 ms of idleness, 2026-12-02) 11.9 ms
-/// median against 0.04 through `tasks`; the writer holds the cgroup mutex meanwhile, so every
-/// cgroup `mkdir` waits too. With more threads, or in a cgroup2 directory (no `tasks`; a
-/// process moves whole there), `cgroup.procs`.
-pub fn join(dir: &Path) -> Result<(), CgroupError> {
-    if one_thread() {
-        let tasks = dir.join("tasks");
-        match std::fs::OpenOptions::new().write(true).open(&tasks) {
-            Ok(mut file) => {
-                return io::Write::write_all(&mut file, b"0").map_err(io_err(&tasks));
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(&tasks)(e)),
+/// It moves itself through v1's `tasks` file: a thread that names itself ("0") there moves
+/// without the kernel's global cgroup threadgroup rwsem (`cgroup_procs_write_start`,
+/// "Optimize single thread migration", Linux 5.5). A `cgroup.procs` write takes that rwsem
+/// for writing, and after a quiet spell that waits for a full RCU grace period
+/// (`percpu_down_write` -> `rcu_sync_enter` -> `synchronize_rcu`): measured here (Linux 6.18,
+/// 2 cores, each move after 100 ms of idleness, 2026-12-02) 11.9 ms median against 0.04
+/// through `tasks`; the writer holds the cgroup mutex meanwhile, so every cgroup `mkdir`
+/// waits too. In a cgroup2 directory (no `tasks`; a process moves whole there),
+/// `cgroup.procs`. With one thread, moving the thread moves the process; the callers are
+/// single-threaded by construction, so it is not counted per move (`/proc/self/task`, read
+/// twice a command when it was).
+pub fn join_alone(dir: &Path) -> Result<(), CgroupError> {
+    let tasks = dir.join("tasks");
+    match std::fs::OpenOptions::new().write(true).open(&tasks) {
+        Ok(mut file) => {
+            return io::Write::write_all(&mut file, b"0").map_err(io_err(&tasks));
         }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&tasks)(e)),
     }
+    join_process(dir)
+}
+
+/// Move the calling process, all its threads, into `dir` (`cgroup.procs`: see [`join_alone`]
+/// for what that may wait for).
+pub fn join_process(dir: &Path) -> Result<(), CgroupError> {
     let procs = dir.join("cgroup.procs");
     // "0" names the writing process itself (Documentation/admin-guide/cgroup-v2.rst).
     std::fs::write(&procs, "0").map_err(io_err(&procs))
 }
 
-/// Whether the calling process has exactly one thread (so moving it moves the process).
-fn one_thread() -> bool {
-    crate::sys::threads().is_ok_and(|n| n == 1)
-}
-
 /// Whether this kernel moves a thread that names itself in v1's `tasks` without the global
-/// threadgroup rwsem, so that [`join`] never waits for a grace period (Linux 5.5+).
+/// threadgroup rwsem, so that [`join_alone`] never waits for a grace period (Linux 5.5+).
 pub fn self_moves_skip_the_lock(release: &str) -> bool {
     let mut numbers = release
         .split(|c: char| !c.is_ascii_digit())

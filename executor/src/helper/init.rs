@@ -129,7 +129,7 @@ fn prepare(
     // 2. The command's cgroups, its limits written, before anything of it runs: we are in
     //    the cgroup2 one already where the fork server could place us, and join the others
     //    (v1 hierarchies) as one thread naming itself, which never waits for the kernel's
-    //    global lock (`cgroup::join`). The counters of the limits are opened now: our root
+    //    global lock (`cgroup::join_alone`). The counters of the limits are opened now: our root
     //    will show no host cgroup directory.
     for cg in &template.cgroups {
         let dir = cg.dir(&place.name);
@@ -141,7 +141,7 @@ fn prepare(
             crate::cgroup::set(&dir, file, value).map_err(SetupError::Cgroup)?;
         }
         if !inside {
-            crate::cgroup::join(&dir).map_err(SetupError::Cgroup)?;
+            crate::cgroup::join_alone(&dir).map_err(SetupError::Cgroup)?;
         }
     }
     let counters = Counters::open(template, &place.name);

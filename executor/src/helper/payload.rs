@@ -77,10 +77,10 @@ pub fn payload_main(
         fail(setup_w, &SetupError::Process(err.into()));
     }
     // Into the command's cgroups before anything of it runs: v1 hierarchies as one thread
-    // naming itself (`cgroup::join`: no wait for the kernel's global lock). Our supervisor
+    // naming itself (`cgroup::join_alone`: no wait for the kernel's global lock). Our supervisor
     // stays outside them, so that killing them never kills it.
     for dir in join {
-        if let Err(err) = crate::cgroup::join(dir) {
+        if let Err(err) = crate::cgroup::join_alone(dir) {
             fail(setup_w, &SetupError::Cgroup(err));
         }
     }
