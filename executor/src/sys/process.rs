@@ -589,16 +589,26 @@ mod tests {
     /// we run again only once it has, with what it said. Nothing the child does allocates:
     /// the test harness has other threads.
     fn spawn(then_exec: bool) -> (Waited, u32, Vec<u8>) {
-        spawn_into(then_exec, None)
+        spawn_into(then_exec.then_some(&["/bin/true"][..]), None)
     }
 
+    /// As [`spawn`], exec'ing `program` (its argv) if given, born in `into` if given (and then
+    /// saying so in capitals).
     fn spawn_into(
-        then_exec: bool,
+        program: Option<&[&str]>,
         into: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> (Waited, u32, Vec<u8>) {
         let seen = AtomicU32::new(0);
-        let program = std::ffi::CString::new("/bin/true").unwrap();
-        let argv = [program.as_ptr(), std::ptr::null()];
+        let strings: Vec<std::ffi::CString> = program
+            .unwrap_or_default()
+            .iter()
+            .map(|a| std::ffi::CString::new(*a).unwrap())
+            .collect();
+        let argv: Vec<*const libc::c_char> = strings
+            .iter()
+            .map(|a| a.as_ptr())
+            .chain([std::ptr::null()])
+            .collect();
         let (done, done_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         let mut stack = ChildStack::new().unwrap();
         let mut said = [0u8; 16];
@@ -612,9 +622,9 @@ mod tests {
             &mut |w, placed| {
                 seen.store(std::process::id(), Ordering::SeqCst);
                 let _ = nix::unistd::write(w, if placed { b"HELLO" } else { b"hello" });
-                if then_exec {
+                if let Some(path) = strings.first() {
                     // SAFETY: a NUL-terminated path and argv, alive for the call.
-                    unsafe { libc::execv(program.as_ptr(), argv.as_ptr()) };
+                    unsafe { libc::execv(path.as_ptr(), argv.as_ptr()) };
                 }
                 exit_child(7)
             },
@@ -674,31 +684,8 @@ mod tests {
         .unwrap();
         let out = tempfile::NamedTempFile::new().unwrap();
         let script = format!("grep '^0::' /proc/self/cgroup > {}", out.path().display());
-        let sh = std::ffi::CString::new("/bin/sh").unwrap();
-        let (c, s) = (
-            std::ffi::CString::new("-c").unwrap(),
-            std::ffi::CString::new(script).unwrap(),
-        );
-        let argv = [sh.as_ptr(), c.as_ptr(), s.as_ptr(), std::ptr::null()];
-        let (done, done_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-        let mut stack = ChildStack::new().unwrap();
-        let mut said = [0u8; 16];
-        let waited = spawn_sharing_memory(
-            &mut stack,
-            done.as_fd(),
-            done_w,
-            &mut said,
-            None,
-            Some(fd.as_fd()),
-            &mut |w, placed| {
-                let _ = nix::unistd::write(w, if placed { b"placed" } else { b"joins" });
-                // SAFETY: a NUL-terminated path and argv, alive for the call.
-                unsafe { libc::execv(sh.as_ptr(), argv.as_ptr()) };
-                exit_child(7)
-            },
-        )
-        .unwrap();
-        assert_eq!(&said[..waited.said], b"placed");
+        let (waited, _, said) = spawn_into(Some(&["/bin/sh", "-c", &script]), Some(fd.as_fd()));
+        assert_eq!(said, b"HELLO");
         let status = nix::sys::wait::waitpid(waited.pid, None).unwrap();
         assert_eq!(status, nix::sys::wait::WaitStatus::Exited(waited.pid, 0));
         let seen = std::fs::read_to_string(out.path()).unwrap();
