@@ -393,6 +393,9 @@ impl Connection {
             ClientMessage::Exec(req) => self.exec(req, draining).await,
             ClientMessage::Cancel(CancelRequest { id }) => match self.session.running.get(&id) {
                 Some(cancel) => cancel.cancel(),
+                // Ended, its result being queued: that result answers the cancel (an error
+                // now could reach the client before it).
+                None if self.session.running.is_finishing(&id) => {}
                 None => {
                     let message = format!("no running command with id {id:?}");
                     self.error(Some(id), ErrorCode::NotFound, &message).await;

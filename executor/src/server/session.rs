@@ -476,6 +476,10 @@ impl Running {
             }
         }
     }
+    /// Ended, its reply not queued yet.
+    pub fn is_finishing(&self, id: &str) -> bool {
+        self.lock().finishing.contains_key(id)
+    }
     pub fn get(&self, id: &str) -> Option<CancellationToken> {
         self.lock().cancel.get(id).cloned()
     }
