@@ -191,13 +191,14 @@ pub struct Placement {
     /// One command only (`executor run`): its cgroups are the parents themselves, made
     /// before the command's helper starts and removed after it is gone, so the command's path
     /// makes and removes no directory of its own (a `mkdir` and an `rmdir` a hierarchy, each
-    /// the kernel's set-up or teardown of the controllers' state and files).
+    /// the kernel's set-up or teardown of the controllers' state and files). Dead runs'
+    /// directories are not swept here but after the run, by its fork server.
     pub one_command: bool,
 }
 
 /// Find the hierarchies, create the daemon's parent cgroup in each, and remove what dead
-/// daemons left behind. A hierarchy or controller that cannot be used is logged, with the
-/// path and what would fix it, and left out.
+/// daemons left behind (not for [`Placement::one_command`]). A hierarchy or controller that
+/// cannot be used is logged, with the path and what would fix it, and left out.
 pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
     let mountinfo = read("/proc/self/mountinfo");
@@ -236,7 +237,7 @@ pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
         if slot.is_some() {
             continue;
         }
-        match prepare_v1(controller, &mountinfo, &own, &name) {
+        match prepare_v1(controller, &mountinfo, &own, &name, !placement.one_command) {
             Ok(h) => *slot = Some(Controller::V1(h)),
             Err(CgroupError::NotMounted(_)) if root.unified.is_some() => tracing::warn!(
                 controller,
@@ -271,7 +272,9 @@ fn prepare_unified(
         .parent_of_parent
         .clone()
         .unwrap_or_else(|| own_dir.clone());
-    remove_stale(&home);
+    if !placement.one_command {
+        remove_stale(&home);
+    }
     let mut back = own_dir;
     // The controllers this cgroup may hand to its children (none on a hybrid host, where
     // they are bound to v1 hierarchies).
@@ -363,9 +366,12 @@ fn prepare_v1(
     mountinfo: &str,
     own: &str,
     name: &str,
+    sweep: bool,
 ) -> Result<Hierarchy, CgroupError> {
     let home = own_dir(mountinfo, own, Kind::V1(controller), controller)?;
-    remove_stale(&home);
+    if sweep {
+        remove_stale(&home);
+    }
     let parent = home.join(name);
     create_parent(&parent, V1_FIX)?;
     Ok(Hierarchy { parent, back: home })
@@ -516,10 +522,12 @@ fn daemon_of(name: &str, ns_suffix: &str) -> Option<u32> {
     rest.strip_suffix(ns_suffix)?.parse().ok()
 }
 
-/// Remove the cgroups of dead daemons of our pid namespace (a daemon killed by SIGKILL cannot
-/// remove its own; its commands died with it). Those of other namespaces are not ours to
-/// judge: their pids mean nothing here.
-fn remove_stale(home: &Path) {
+/// Remove the cgroups of dead daemons and runs of our pid namespace in `home` (a daemon killed
+/// by SIGKILL cannot remove its own; its commands died with it). Those of other namespaces
+/// are not ours to judge: their pids mean nothing here. A daemon sweeps at its start
+/// ([`prepare`]); a one-shot run leaves it to its fork server, after the run
+/// (`spawner::Leftover::StaleCgroups`).
+pub fn remove_stale(home: &Path) {
     let Ok(entries) = std::fs::read_dir(home) else {
         return;
     };

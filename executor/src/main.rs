@@ -8,6 +8,7 @@ mod connect;
 mod engine;
 mod files;
 mod helper;
+mod homes;
 mod local;
 mod metrics;
 mod plan;

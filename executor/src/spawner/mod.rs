@@ -26,8 +26,9 @@
 //! (sent when the clients file is reloaded) ends every idle worker. When the daemon goes away
 //! the socket reads end-of-file and the server exits; PR_SET_PDEATHSIG covers a daemon killed
 //! outright (its main thread, which started us, lives as long as it does), and every worker
-//! dies with us. A one-shot run's server alone also takes [`REMOVE_AFTER`]: the run's cgroup
-//! directories, which it removes after the run has exited (`one_shot`).
+//! dies with us. A one-shot run's server alone also takes [`REMOVE_AFTER`], unanswered: what
+//! the run will leave behind (its cgroup directories, its home), which the server removes
+//! after the run has exited (`one_shot`); it does not die with the run.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -53,7 +54,7 @@ mod root_pool;
 pub use cgroup_pool::MAX_CHARGED;
 use lease::CgroupName;
 pub use lease::Lease;
-pub use one_shot::{fork_here, Ahead};
+pub use one_shot::{fork_here, remove_leftovers, Ahead, Leftover};
 
 use crate::helper::{InitLoans, Place, Stdio};
 use crate::plan::{SandboxPlan, Template};
@@ -96,7 +97,8 @@ impl std::fmt::Debug for Spawner {
 const RUN: u8 = 0;
 const RUN_AND_WARM: u8 = 1;
 const DISMISS_IDLE: u8 = 2;
-/// A one-shot's directories to remove after it (`one_shot`), NUL-terminated paths.
+/// What a one-shot run leaves, to remove after it (`one_shot::Leftover`): for each, a kind's
+/// byte and a NUL-terminated path.
 const REMOVE_AFTER: u8 = 3;
 
 /// argv[1] that selects fork-server mode.
@@ -321,8 +323,8 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
     let mut leaders: std::collections::HashMap<Pid, Leader> = std::collections::HashMap::new();
     let mut removals = Removals::default();
     let mut removals_due: Option<Duration> = None;
-    // A one-shot run's cgroup directories, to remove once it has gone (`one_shot`).
-    let mut after_run: Vec<std::path::PathBuf> = Vec::new();
+    // What a one-shot run leaves, to remove once it has gone (`one_shot`).
+    let mut after_run: Vec<Leftover> = Vec::new();
     // Workers built ahead are niced only where their priority can be given back (root, or
     // CAP_SYS_NICE): a command must never run at less than the normal priority.
     let nice_ahead = caps::has_cap(
@@ -401,13 +403,15 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
                 let _ = nix::unistd::write(&sock, &0i32.to_le_bytes());
                 continue;
             }
-            Ok(Some(Message::RemoveAfter(dirs))) => {
-                let taken = one_shot::take_over(pool, &mut after_run, dirs);
-                let _ = nix::unistd::write(&sock, &i32::from(taken).to_le_bytes());
+            // A one-shot run's leftovers; a daemon removes its own.
+            Ok(Some(Message::RemoveAfter(leftovers))) => {
+                if !pool {
+                    after_run.extend(leftovers);
+                }
                 continue;
             }
-            // End-of-file: the daemon is gone (and every worker with us), or a one-shot run
-            // that handed us its directories.
+            // End-of-file: the daemon is gone (and every worker with us), or a one-shot run,
+            // whose leftovers we remove.
             Ok(None) => {
                 if let Some(pools) = &mut pools {
                     pools.clear();
@@ -992,7 +996,7 @@ fn three(fds: Vec<OwnedFd>) -> io::Result<[OwnedFd; 3]> {
 enum Message {
     Run(Request),
     DismissIdle,
-    RemoveAfter(Vec<std::path::PathBuf>),
+    RemoveAfter(Vec<Leftover>),
 }
 
 /// One message of the daemon, or `None` at end-of-file.
@@ -1002,8 +1006,8 @@ fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
     };
     match buf[..bytes].split_first() {
         Some((&DISMISS_IDLE, [])) if fds.is_empty() => Ok(Some(Message::DismissIdle)),
-        Some((&REMOVE_AFTER, dirs)) if fds.is_empty() => {
-            Ok(Some(Message::RemoveAfter(one_shot::parse_dirs(dirs))))
+        Some((&REMOVE_AFTER, leftovers)) if fds.is_empty() => {
+            Ok(Some(Message::RemoveAfter(one_shot::parse(leftovers))))
         }
         Some((&flag @ (RUN | RUN_AND_WARM), template)) => Ok(Some(Message::Run(Request {
             warm: flag == RUN_AND_WARM,

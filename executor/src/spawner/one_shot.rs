@@ -1,23 +1,27 @@
 //! The fork server of a one-shot `executor run`: forked from the run, it prepares what the
 //! run's profile needs while the run sets up (`Ahead`), serves its one command, and removes
-//! the run's cgroup directories after the run has exited.
+//! what the run leaves behind after the run has exited.
 //!
-//! **Why after.** A command is over, for its run, once its init's verdict is in: every
-//! process of its tree is killed and reaped. What is left is the kernel's teardown of its
-//! namespaces, done in init's own exit: its mount namespace goes with about forty mounts and
-//! a wait for an RCU grace period, and init leaves its cgroups only after that (about half a
-//! millisecond here, 0.3 to 0.8 ms). A run that removed its directories itself waited that
-//! long with its exit status in hand. So the run removes those already empty and hands the
-//! rest to its fork server ([`Spawner::remove_after`]), which is outside those cgroups, reaps
-//! the init, removes them and exits; the run exits without waiting, as bubblewrap exits once
-//! its command's status is in, not when its sandbox's init is gone.
+//! **Why after.** A command is over, for its run, once its verdict is in: every process of
+//! its tree is killed and reaped. What is left is clean-up nobody waits for: the run's
+//! cgroup directories (under strict, busy until the kernel has torn the command's init's
+//! namespaces down: about forty mounts and an RCU grace period, 0.3 to 0.8 ms here), its
+//! home (two `rmdir`s, each waiting for its block's discard on this machine's ext4: 0.6 ms
+//! a run), and the sweep of what killed runs left. A run that removed them itself held its
+//! exit status that long. So the run tells its server, once it knows them and before its
+//! command starts, what it will leave ([`Leftover`], [`Spawner::leave`]); the server
+//! removes them when the run's end of the socket closes, having reaped its children, as
+//! bubblewrap exits once its command's status is in, not when its sandbox is gone.
 //!
-//! The fork server dies with the run (PR_SET_PDEATHSIG) until it takes the directories
-//! over: only then, and only in a one-shot's server, does it give that up (and stop
-//! answering the terminal's signals), after which it waits at most [`LINGER`] for its
-//! children and gives each directory the usual 100 ms (`cgroup::remove`). A directory it
-//! could not remove is swept by the next run or daemon of the pid namespace
-//! (`cgroup::prepare`: the directory names a pid that is gone).
+//! **Outliving the run.** The server is the run's child but does not die with it (no
+//! PR_SET_PDEATHSIG): the run's end of the socket closing, however the run ends (killed
+//! outright too), is its cue to clean up and exit. It shares the run's process group, so it
+//! blocks the terminal's signals (a Ctrl-C, a hang-up as the terminal closes), and it holds
+//! none of the run's stdio: a caller reading the run's output to its end must not wait for
+//! the server. It waits at most [`LINGER`] for its children, and gives each cgroup directory
+//! the usual 100 ms (`cgroup::remove`). What it could not remove (it was killed too) is
+//! swept by a later run or daemon of the pid namespace: cgroup directories and homes name the
+//! pid of their run, which is gone.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
@@ -37,6 +41,7 @@ use super::{
     MAX_TEMPLATE_BYTES, REMOVE_AFTER,
 };
 use crate::sys::{self, Forked};
+use crate::workspaces::RemoveError;
 
 /// How long a one-shot's fork server waits for its children to be gone before it removes
 /// the run's directories anyway (an init is gone well within a millisecond of its verdict).
@@ -54,19 +59,15 @@ pub struct Ahead {
 /// one exec of a large binary (its loader, relocations and start-up) on a run's critical
 /// path; the daemon keeps [`super::start`], whose server holds nothing of the daemon's
 /// memory. The child starts from a copy of ours (the run's arguments, nothing secret of
-/// anyone else's) and keeps only the socket, the stdio it points at /dev/null and our stderr.
+/// anyone else's) and keeps only the socket; its stdio is /dev/null.
 pub fn fork_here(ahead: Ahead) -> io::Result<Spawner> {
     sys::assert_single_threaded()?;
     let (ours, server_end) = seqpacket_pair()?;
-    let parent = nix::unistd::getpid();
     match sys::fork()? {
         Forked::Child => {
             drop(ours);
-            let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
-            if nix::unistd::getppid() != parent {
-                sys::exit_child(1);
-            }
             sys::close_fds_above_stderr_except(&[server_end.as_raw_fd()]);
+            outlive_the_run();
             // One command: no next one to reuse its network namespace.
             serve(server_end, false, ahead)
         }
@@ -82,78 +83,151 @@ pub fn fork_here(ahead: Ahead) -> io::Result<Spawner> {
     }
 }
 
+/// What a one-shot run leaves behind, for its fork server to remove once the run is over
+/// ([`remove_leftovers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leftover {
+    /// A cgroup directory of the run's (its command's own: `cgroup::Placement::one_command`).
+    Cgroup(PathBuf),
+    /// A directory holding the cgroups of the runs and daemons of our pid namespace: those of
+    /// the dead are removed (`cgroup::remove_stale`).
+    StaleCgroups(PathBuf),
+    /// The run's home (`homes`), what is mounted beneath it unmounted or, without `unmount`,
+    /// left with the home.
+    Home { dir: PathBuf, unmount: bool },
+    /// The directory of the homes of runs: those of runs that are gone are removed
+    /// (`homes::remove_stale`).
+    StaleHomes(PathBuf),
+}
+
+impl Leftover {
+    /// Its kind's byte in a [`REMOVE_AFTER`] message.
+    fn kind(&self) -> u8 {
+        match self {
+            Self::Cgroup(_) => b'c',
+            Self::StaleCgroups(_) => b'C',
+            Self::Home { unmount: false, .. } => b'h',
+            Self::Home { unmount: true, .. } => b'H',
+            Self::StaleHomes(_) => b's',
+        }
+    }
+
+    fn path(&self) -> &PathBuf {
+        match self {
+            Self::Cgroup(p) | Self::StaleCgroups(p) | Self::StaleHomes(p) => p,
+            Self::Home { dir, .. } => dir,
+        }
+    }
+}
+
 impl Spawner {
-    /// A one-shot's last words to its fork server: remove `dirs` (the run's cgroup
-    /// directories, still busy with its init's exit) once its children are gone. `Ok` once
-    /// the server has taken them over and will outlive us; the server exits when our end
-    /// closes. A daemon's fork server refuses.
-    pub fn remove_after(&self, dirs: &[PathBuf]) -> io::Result<()> {
-        // A server that failed before may still owe an answer, which would pass for ours.
+    /// Tell a one-shot's fork server what the run will leave behind, to remove after it
+    /// (module docs). No answer: the server reads it before the end-of-file that the run's
+    /// exit makes. A daemon's server ignores it.
+    pub fn leave(&self, leftovers: &[Leftover]) -> io::Result<()> {
+        // A server that failed before may have read only part of what it was sent.
         if self.broken.load(Ordering::Acquire) {
             return Err(io::Error::other("the fork server failed before"));
         }
-        let mut message = vec![REMOVE_AFTER];
-        for dir in dirs {
-            message.extend_from_slice(dir.as_os_str().as_encoded_bytes());
-            message.push(0);
-        }
+        let message = encode(leftovers);
         if message.len() > MAX_TEMPLATE_BYTES {
-            return Err(io::Error::other("too many directories to hand over"));
+            return Err(io::Error::other("too many leftovers to hand over"));
         }
         let sock = self
             .sock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        nix::unistd::write(&*sock, &message)?;
-        let mut reply = [0u8; 4];
-        let read = nix::unistd::read(&*sock, &mut reply)?;
-        if read != reply.len() || i32::from_le_bytes(reply) != 1 {
-            return Err(io::Error::other("the fork server did not take them over"));
+        let sent = nix::unistd::write(&*sock, &message)?;
+        if sent != message.len() {
+            return Err(io::Error::other(
+                "the fork server took part of the leftovers",
+            ));
         }
         Ok(())
     }
 }
 
-/// The directories of a [`REMOVE_AFTER`] message (each path ends with a NUL).
-pub(super) fn parse_dirs(body: &[u8]) -> Vec<PathBuf> {
+/// A [`REMOVE_AFTER`] message: each leftover as its kind's byte, its path and a NUL.
+fn encode(leftovers: &[Leftover]) -> Vec<u8> {
+    let mut message = vec![REMOVE_AFTER];
+    for leftover in leftovers {
+        message.push(leftover.kind());
+        message.extend_from_slice(leftover.path().as_os_str().as_encoded_bytes());
+        message.push(0);
+    }
+    message
+}
+
+/// The leftovers of a [`REMOVE_AFTER`] message's body; entries of an unknown kind are left
+/// out (never removed on a guess).
+pub(super) fn parse(body: &[u8]) -> Vec<Leftover> {
+    use std::os::unix::ffi::OsStrExt;
     body.split(|b| *b == 0)
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            use std::os::unix::ffi::OsStrExt;
-            PathBuf::from(std::ffi::OsStr::from_bytes(p))
+        .filter_map(|entry| {
+            let (&kind, path) = entry.split_first()?;
+            let path = PathBuf::from(std::ffi::OsStr::from_bytes(path));
+            (!path.as_os_str().is_empty()).then_some(())?;
+            match kind {
+                b'c' => Some(Leftover::Cgroup(path)),
+                b'C' => Some(Leftover::StaleCgroups(path)),
+                b'h' | b'H' => Some(Leftover::Home {
+                    dir: path,
+                    unmount: kind == b'H',
+                }),
+                b's' => Some(Leftover::StaleHomes(path)),
+                _ => None,
+            }
         })
         .collect()
 }
 
-/// In a one-shot's server: take `dirs` over, to remove after the run ([`finish`]). From now
-/// on the run's exit must not kill us. Refused by a daemon's (`pooled`) server, whose
-/// directories the daemon removes itself.
-pub(super) fn take_over(pooled: bool, after_run: &mut Vec<PathBuf>, dirs: Vec<PathBuf>) -> bool {
-    if pooled || nix::sys::prctl::set_pdeathsig(None).is_err() {
-        return false;
+/// Remove what a run left, in this order: its cgroup directories (a parent stays busy while a
+/// child is in it, so these come before any sweep), its home, then what dead runs left. The
+/// home's errors are returned, for a run that removes its own leftovers to report.
+pub fn remove_leftovers(leftovers: Vec<Leftover>) -> Vec<(PathBuf, RemoveError)> {
+    let mut errors = Vec::new();
+    for leftover in &leftovers {
+        if let Leftover::Cgroup(dir) = leftover {
+            crate::cgroup::remove(dir);
+        }
     }
-    // The run's stderr, which we share, must not stay open after it: a caller reading it to
-    // its end would wait for us. Nor may the terminal's signals to the run's process group (a
-    // Ctrl-C, a hang-up as the terminal closes) end our clean-up: they stay blocked; we are
-    // gone within `LINGER` in any case.
+    for leftover in &leftovers {
+        if let Leftover::Home { dir, unmount } = leftover {
+            if let Err(err) = crate::homes::remove(dir, *unmount) {
+                errors.push((dir.clone(), err));
+            }
+        }
+    }
+    for leftover in &leftovers {
+        match leftover {
+            Leftover::StaleCgroups(dir) => crate::cgroup::remove_stale(dir),
+            Leftover::StaleHomes(dir) => crate::homes::remove_stale(dir),
+            Leftover::Cgroup(_) | Leftover::Home { .. } => {}
+        }
+    }
+    errors
+}
+
+/// In a one-shot's server, at its start: hold none of the run's stdio, and let no terminal
+/// signal to the run's process group end our clean-up (module docs). We are gone within
+/// [`LINGER`] of the run's end in any case.
+fn outlive_the_run() {
     sys::devnull_stdio(true);
     let mut terminal = nix::sys::signal::SigSet::empty();
     for signal in [Signal::SIGINT, Signal::SIGQUIT, Signal::SIGHUP] {
         terminal.add(signal);
     }
     let _ = terminal.thread_block();
-    after_run.extend(dirs);
-    true
 }
 
 /// The run is gone (its end of the socket closed): reap our children as they end, for at most
-/// [`LINGER`], then remove what they left and the directories the run handed over.
+/// [`LINGER`], then remove what they left and what the run left ([`remove_leftovers`]).
 pub(super) fn finish(
     children: &SignalFd,
     leaders: &mut std::collections::HashMap<Pid, Leader>,
     pools: &mut Option<Pools>,
     removals: &mut Removals,
-    after_run: Vec<PathBuf>,
+    after_run: Vec<Leftover>,
 ) {
     let deadline = Instant::now() + LINGER;
     loop {
@@ -179,9 +253,7 @@ pub(super) fn finish(
     for (dir, _) in removals.dirs.drain(..) {
         crate::cgroup::remove(&dir);
     }
-    for dir in after_run {
-        crate::cgroup::remove(&dir);
-    }
+    remove_leftovers(after_run);
 }
 
 #[cfg(test)]
@@ -189,17 +261,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_directories_handed_over_are_read_back_as_sent() {
-        let sent = [
-            PathBuf::from("/sys/fs/cgroup/pids/executor-7-ns1"),
-            PathBuf::from("/sys/fs/cgroup/unified/a b/executor-7-ns1"),
+    fn leftovers_are_read_back_as_sent_and_an_unknown_kind_is_left_out() {
+        let sent = vec![
+            Leftover::Cgroup(PathBuf::from("/sys/fs/cgroup/pids/executor-7-ns1")),
+            Leftover::StaleCgroups(PathBuf::from("/sys/fs/cgroup/unified/a b")),
+            Leftover::Home {
+                dir: PathBuf::from("/tmp/executor-homes-0/executor-home-7-ns1-00"),
+                unmount: false,
+            },
+            Leftover::Home {
+                dir: PathBuf::from("/tmp/h"),
+                unmount: true,
+            },
+            Leftover::StaleHomes(PathBuf::from("/tmp/executor-homes-0")),
         ];
-        let mut body = Vec::new();
-        for dir in &sent {
-            body.extend_from_slice(dir.as_os_str().as_encoded_bytes());
-            body.push(0);
-        }
-        assert_eq!(parse_dirs(&body), sent);
-        assert_eq!(parse_dirs(b""), Vec::<PathBuf>::new());
+        let message = encode(&sent);
+        assert_eq!(message[0], REMOVE_AFTER);
+        assert_eq!(parse(&message[1..]), sent);
+        assert_eq!(parse(b""), Vec::<Leftover>::new());
+        // An unknown kind, an empty path: nothing to remove.
+        assert_eq!(
+            parse(b"x/tmp/a\0c\0c/tmp/b\0"),
+            vec![Leftover::Cgroup(PathBuf::from("/tmp/b"))]
+        );
     }
 }

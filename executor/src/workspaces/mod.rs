@@ -5,7 +5,7 @@
 
 mod removal;
 
-pub use removal::{remove, remove_unmounting_nothing};
+pub use removal::{remove, remove_unmounting_nothing, RemoveError};
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};

@@ -305,14 +305,49 @@ fn mount_with_a_file(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("kept")
 }
 
-/// `executor run --profile landlock -- true` with `$TMPDIR` at `tmp`, to its end.
-fn run_true_in(tmp: &std::path::Path) {
-    let status = executor_run("landlock", &[], "true")
+/// A short `executor run --profile landlock` with `$TMPDIR` at `tmp`, to its end and its
+/// fork server's (which removes what the run leaves, and sweeps what dead runs left).
+async fn run_in(tmp: &std::path::Path) {
+    let mut run = executor_run("landlock", &[], "sleep 0.5")
         .env("TMPDIR", tmp)
         .stdout(Stdio::null())
-        .status()
+        .spawn()
         .unwrap();
-    assert!(status.success());
+    // Found while the command runs (its server is a child of the run until the run exits).
+    let server = {
+        let pid = run.id() as i32;
+        let mut found = None;
+        assert!(
+            eventually(PATIENCE, || {
+                found = children(pid).first().copied();
+                found.is_some()
+            })
+            .await
+        );
+        found.unwrap()
+    };
+    assert!(run.wait().unwrap().success());
+    assert!(eventually(PATIENCE, || !alive(server)).await);
+}
+
+/// The running processes whose parent is `pid`.
+fn children(pid: i32) -> Vec<i32> {
+    descendants(pid)
+        .into_iter()
+        .filter(|p| parent_of(*p) == Some(pid))
+        .collect()
+}
+
+/// The fork server of the run `pid` (its one child process), once the run's command runs.
+fn fork_server_of(pid: i32) -> i32 {
+    let children = children(pid);
+    assert_eq!(children.len(), 1, "the run's children: {children:?}");
+    children[0]
+}
+
+/// Whether `pid` is still a process (a zombie counts until it is reaped).
+fn alive(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Where runs of ours (root) make their homes in the temporary directory `dir`.
@@ -386,8 +421,9 @@ async fn a_run_makes_a_home_only_where_its_profile_gives_the_command_one_and_rem
         }
         kill_sleepers(&m);
         run.wait().unwrap();
+        // Removed by the run's fork server, just after the run has exited.
         assert!(
-            homes_in(tmp.path()).is_empty(),
+            eventually(PATIENCE, || homes_in(tmp.path()).is_empty()).await,
             "{profile}: the home outlived the run: {:?}",
             homes_in(tmp.path())
         );
@@ -395,7 +431,7 @@ async fn a_run_makes_a_home_only_where_its_profile_gives_the_command_one_and_rem
 }
 
 #[tokio::test]
-async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_ones_is_kept() {
+async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_run() {
     if !require("root", is_root()) {
         return;
     }
@@ -420,40 +456,57 @@ async fn a_home_left_by_a_killed_run_is_removed_by_the_next_run_but_a_running_on
             (run, m, new[0].clone())
         }
     };
-    // Two runs killed outright: their commands die with them, their homes stay (they could
-    // not remove them). Into one, a mount (as a dead command's home might hold one that its
-    // maker put there): a home is never unmounted to be removed.
+    // A run killed outright: its command dies with it, and its fork server, which outlives
+    // it, removes its home.
+    let (mut run, killed, home) = start(Vec::new()).await;
+    run.kill().unwrap();
+    run.wait().unwrap();
+    assert!(eventually(PATIENCE, || sleepers(&killed).is_empty()).await);
+    assert!(
+        eventually(PATIENCE, || !home.exists()).await,
+        "the fork server of a killed run left its home"
+    );
+    // Two runs killed outright together with their fork servers: their homes stay (nobody
+    // is left to remove them). Into one, a mount (as a dead command's home might hold one
+    // that its maker put there): a home is never unmounted to be removed.
     let mut left = Vec::new();
     for _ in 0..2 {
         let (mut run, killed, home) = start(left.clone()).await;
         left.push(home);
+        let server = fork_server_of(run.id() as i32);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(server),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
         run.kill().unwrap();
         run.wait().unwrap();
         assert!(eventually(PATIENCE, || sleepers(&killed).is_empty()).await);
+        assert!(eventually(PATIENCE, || !alive(server)).await);
     }
     assert_eq!(
         homes_in(tmp.path()),
         left,
-        "a killed run cannot remove its home"
+        "a run killed with its fork server cannot remove its home"
     );
     let mounted = left[1].join("tmp");
     let kept = mount_with_a_file(&mounted);
     // A run that is still going (the control): the next run leaves its home alone.
-    let (mut alive, running, alive_home) = start(left.clone()).await;
+    let (mut alive_run, running, alive_home) = start(left.clone()).await;
     // The next run: its own home and the first killed run's are gone after it; the running
     // one's is not, nor the one with a mount beneath it, whose mount is still there.
-    run_true_in(tmp.path());
+    run_in(tmp.path()).await;
     let mut expected = vec![left[1].clone(), alive_home];
     expected.sort();
     assert_eq!(homes_in(tmp.path()), expected);
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), "on the mount");
     nix::mount::umount(&mounted).unwrap();
     kill_sleepers(&running);
-    alive.wait().unwrap();
+    alive_run.wait().unwrap();
     // Without the mount, the next run removes it too.
-    run_true_in(tmp.path());
+    run_in(tmp.path()).await;
     assert!(
-        homes_in(tmp.path()).is_empty(),
+        eventually(PATIENCE, || homes_in(tmp.path()).is_empty()).await,
         "{:?}",
         homes_in(tmp.path())
     );
@@ -468,7 +521,7 @@ async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remov
     let tmp = private_tmpdir();
     // landlock hands its command's home to uid 65534, whose processes outside the sandbox
     // could mount into it (FUSE). Mounted while the command runs (here by the test, as root):
-    // the run leaves that home and the mount, and says why.
+    // the run's fork server leaves that home and the mount.
     let m = marker();
     let mut run = executor_run(
         "landlock",
@@ -477,7 +530,7 @@ async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remov
     )
     .env("TMPDIR", tmp.path())
     .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
+    .stderr(Stdio::null())
     .spawn()
     .unwrap();
     let mut home = String::new();
@@ -486,19 +539,20 @@ async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remov
         .unwrap();
     let home = std::path::PathBuf::from(home.trim());
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    let server = fork_server_of(run.id() as i32);
     let mounted = home.join("tmp");
     let kept = mount_with_a_file(&mounted);
     kill_sleepers(&m);
-    let out = run.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("has a mount beneath it"), "{stderr}");
+    run.wait().unwrap();
+    // Once the run's fork server, which removes what the run leaves, is gone too.
+    assert!(eventually(PATIENCE, || !alive(server)).await);
     assert_eq!(homes_in(tmp.path()), vec![home.clone()]);
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), "on the mount");
     // Control: once the mount is gone, the next run removes the home.
     nix::mount::umount(&mounted).unwrap();
-    run_true_in(tmp.path());
+    run_in(tmp.path()).await;
     assert!(
-        homes_in(tmp.path()).is_empty(),
+        eventually(PATIENCE, || homes_in(tmp.path()).is_empty()).await,
         "{:?}",
         homes_in(tmp.path())
     );
