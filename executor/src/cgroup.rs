@@ -196,13 +196,24 @@ pub struct Placement {
     pub one_command: bool,
 }
 
+/// A /proc file's text, empty if unreadable. Its size says 0, so `read_to_string` would start
+/// with a 32-byte read and double from there (eight reads for a mount table): one buffer of
+/// a few pages takes it in one.
+fn read_proc(path: &str) -> String {
+    use std::io::Read;
+    let mut text = String::with_capacity(16 * 1024);
+    match std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut text)) {
+        Ok(_) => text,
+        Err(_) => String::new(),
+    }
+}
+
 /// Find the hierarchies, create the daemon's parent cgroup in each, and remove what dead
 /// daemons left behind (not for [`Placement::one_command`]). A hierarchy or controller that
 /// cannot be used is logged, with the path and what would fix it, and left out.
 pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
-    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
-    let mountinfo = read("/proc/self/mountinfo");
-    let own = read("/proc/self/cgroup");
+    let mountinfo = read_proc("/proc/self/mountinfo");
+    let own = read_proc("/proc/self/cgroup");
     let mut root = CgroupRoot {
         one_command: placement.one_command,
         ..CgroupRoot::default()

@@ -99,6 +99,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         ProfileChoice {
             default: valid.profile.clone(),
             only_default: true,
+            parsed_default: named,
             ..ProfileChoice::default()
         },
         spawner,

@@ -169,6 +169,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                 probe_all: true,
                 only_default: false,
                 safe_default: true,
+                parsed_default: None,
             },
             spawner,
         )

@@ -60,6 +60,9 @@ pub(crate) struct ProfileChoice<'a> {
     /// Load the default profile alone (`executor run --profile`, whose one command uses no
     /// other): what only other profiles need is not gathered.
     pub(crate) only_default: bool,
+    /// The default built-in profile, parsed already (`executor run` reads it before anything
+    /// else, to prepare what it needs ahead): not parsed again.
+    pub(crate) parsed_default: Option<Profile>,
 }
 
 /// Where commands work and what the sandbox must keep from them.
@@ -84,11 +87,13 @@ pub(crate) async fn setup(
 ) -> anyhow::Result<Setup> {
     let mut profiles = match (&choice.default, choice.only_default) {
         // The one profile used: parsing all the shipped ones costs a one-shot 0.1 ms.
-        (Some(name), true) => Profile::builtin(name)
-            .transpose()?
-            .map(|p| (p.name.clone(), p))
-            .into_iter()
-            .collect(),
+        (Some(name), true) => match choice.parsed_default.filter(|p| &p.name == name) {
+            Some(parsed) => Some(parsed),
+            None => Profile::builtin(name).transpose()?,
+        }
+        .map(|p| (p.name.clone(), p))
+        .into_iter()
+        .collect(),
         _ => builtin_profiles()?,
     };
     if let Some(dir) = choice.dir {
