@@ -197,8 +197,9 @@ pub struct Placement {
 }
 
 /// A /proc file's text, empty if unreadable. Its size says 0, so `read_to_string` would start
-/// with a 32-byte read and double from there (eight reads for a mount table): one buffer of
-/// a few pages takes it in one.
+/// with a 32-byte read and double from there (eight reads for a mount table); into room made
+/// beforehand it reads 8 KiB at a time (std's cap for a file of unknown size), which takes
+/// the tables of most hosts in one read and the end-of-file.
 fn read_proc(path: &str) -> String {
     use std::io::Read;
     let mut text = String::with_capacity(16 * 1024);

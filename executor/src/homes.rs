@@ -25,6 +25,13 @@ pub(crate) struct TempHome {
 /// What every home's name starts with.
 const HOME_PREFIX: &str = "executor-home-";
 
+/// The temporary directory, absolute (`$TMPDIR` may be relative): a home's path goes into the
+/// command's plan and to the fork server, neither of which works where we do.
+fn temp_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir();
+    std::path::absolute(&dir).unwrap_or(dir)
+}
+
 /// `$TMPDIR/executor-homes-<euid>`, where this user's runs make their homes: made if missing,
 /// mode 0711 (a command of another uid reaches its own home in it, lists nothing, creates
 /// nothing). `None` where it is not a directory of ours that only we may write (someone made
@@ -33,7 +40,7 @@ const HOME_PREFIX: &str = "executor-home-";
 fn homes_dir() -> Option<std::path::PathBuf> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let euid = nix::unistd::geteuid().as_raw();
-    let dir = std::env::temp_dir().join(format!("executor-homes-{euid}"));
+    let dir = temp_dir().join(format!("executor-homes-{euid}"));
     match std::fs::DirBuilder::new().mode(0o711).create(&dir) {
         Ok(()) => {}
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -60,7 +67,7 @@ fn homes_dir() -> Option<std::path::PathBuf> {
         eprintln!(
             "executor: {} is not this user's own directory: the home goes into {} and homes of killed runs are not removed",
             dir.display(),
-            std::env::temp_dir().display()
+            temp_dir().display()
         );
         return None;
     }
@@ -76,7 +83,7 @@ impl TempHome {
             cgroup::pid_namespace()
         );
         let homes = homes_dir();
-        let parent = homes.clone().unwrap_or_else(std::env::temp_dir);
+        let parent = homes.clone().unwrap_or_else(temp_dir);
         for _ in 0..16 {
             let mut bytes = [0u8; 8];
             getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no random bytes: {e}"))?;

@@ -138,10 +138,10 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     let kept = engine.limits.max_output_bytes;
     // What the run leaves behind is its fork server's to remove after we exit; without one
     // (it could not be made, or failed), ours, after the command.
-    let leftovers = leftovers(&cgroups, home.as_ref());
-    let left = engine
-        .runner
-        .spawner()
+    let mut leftovers = leftovers(&cgroups, home.as_ref());
+    let server = engine.runner.spawner();
+    let left = server
+        .as_ref()
         .is_some_and(|server| server.leave(&leftovers).is_ok());
     if let Some(home) = home {
         home.leave();
@@ -183,7 +183,11 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(exit_code(result.returncode, result.extra.ended))
     });
-    if !left {
+    // The server may have died since (killed, out of memory): then they are ours again. The
+    // sweeps of dead runs' leftovers are not ours to wait for (a dead command's tree may be
+    // large): a later run's server does them.
+    if !left || server.is_none_or(|server| server.gone()) {
+        leftovers.retain(|l| matches!(l, Leftover::Cgroup(_) | Leftover::Home { .. }));
         for (dir, err) in crate::spawner::remove_leftovers(leftovers) {
             eprintln!("executor: cannot remove {}: {err}", dir.display());
         }

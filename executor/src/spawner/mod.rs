@@ -305,10 +305,16 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
     // what it was lent comes back (`Leader`); a helper's is only reaped.
     // SIGPIPE blocked too: a report for an init (`report_for_init`) to a daemon that stopped
     // reading fails instead of killing us. Workers start from an empty mask (`worker_start`).
+    // A one-shot run's server also keeps the terminal's signals blocked (`one_shot`).
     let mut chld = nix::sys::signal::SigSet::empty();
     chld.add(Signal::SIGCHLD);
     let mut blocked = chld;
     blocked.add(Signal::SIGPIPE);
+    if !pool {
+        for signal in one_shot::TERMINAL_SIGNALS {
+            blocked.add(signal);
+        }
+    }
     let children = sys::reset_signals().ok().and_then(|()| {
         blocked.thread_block().ok()?;
         nix::sys::signalfd::SignalFd::with_flags(
@@ -323,8 +329,10 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
     let mut leaders: std::collections::HashMap<Pid, Leader> = std::collections::HashMap::new();
     let mut removals = Removals::default();
     let mut removals_due: Option<Duration> = None;
-    // What a one-shot run leaves, to remove once it has gone (`one_shot`).
+    // What a one-shot run leaves, to remove once it has gone (`one_shot`), and whether a
+    // command came yet.
     let mut after_run: Vec<Leftover> = Vec::new();
+    let mut ran = false;
     // Workers built ahead are niced only where their priority can be given back (root, or
     // CAP_SYS_NICE): a command must never run at less than the normal priority.
     let nice_ahead = caps::has_cap(
@@ -403,9 +411,10 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
                 let _ = nix::unistd::write(&sock, &0i32.to_le_bytes());
                 continue;
             }
-            // A one-shot run's leftovers; a daemon removes its own.
+            // A one-shot run's leftovers, taken once and only before its command; a daemon
+            // removes its own.
             Ok(Some(Message::RemoveAfter(leftovers))) => {
-                if !pool {
+                if !pool && !ran && after_run.is_empty() {
                     after_run.extend(leftovers);
                 }
                 continue;
@@ -438,6 +447,7 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
             pools: &mut pools,
             net_ahead: &mut net_ahead,
         };
+        ran = true;
         let pid = dispatch(&sock, &mut workers, &request).map_or(0, Pid::as_raw);
         let _ = nix::unistd::write(&sock, &pid.to_le_bytes());
         drop(request.stdio);

@@ -17,11 +17,14 @@
 //! PR_SET_PDEATHSIG): the run's end of the socket closing, however the run ends (killed
 //! outright too), is its cue to clean up and exit. It shares the run's process group, so it
 //! blocks the terminal's signals (a Ctrl-C, a hang-up as the terminal closes), and it holds
-//! none of the run's stdio: a caller reading the run's output to its end must not wait for
-//! the server. It waits at most [`LINGER`] for its children, and gives each cgroup directory
-//! the usual 100 ms (`cgroup::remove`). What it could not remove (it was killed too) is
-//! swept by a later run or daemon of the pid namespace: cgroup directories and homes name the
-//! pid of their run, which is gone.
+//! neither the run's stdio nor its working directory: a caller reading the run's output to
+//! its end, or unmounting where it ran, must not wait for the server. It takes one list of
+//! leftovers, before the command only. It waits at most [`LINGER`] for its children (a
+//! command's process still there then could still shape the home, which is then left to a
+//! later sweep), and gives each cgroup directory the usual 100 ms (`cgroup::remove`). What it
+//! could not remove (it was killed too) is swept by a later run's server: cgroup directories
+//! and homes name the pid of their run, which is gone. A server that died before the run's
+//! end leaves the run to remove its cgroup directories and home itself ([`Spawner::gone`]).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
@@ -147,6 +150,24 @@ impl Spawner {
     }
 }
 
+impl Spawner {
+    /// Whether the server is gone (its end of the socket closed): then what it was told to
+    /// remove is its caller's again.
+    pub fn gone(&self) -> bool {
+        let sock = self
+            .sock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::empty())];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(_) => fds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
+            Err(_) => true,
+        }
+    }
+}
+
 /// A [`REMOVE_AFTER`] message: each leftover as its kind's byte, its path and a NUL.
 fn encode(leftovers: &[Leftover]) -> Vec<u8> {
     let mut message = vec![REMOVE_AFTER];
@@ -208,16 +229,17 @@ pub fn remove_leftovers(leftovers: Vec<Leftover>) -> Vec<(PathBuf, RemoveError)>
     errors
 }
 
-/// In a one-shot's server, at its start: hold none of the run's stdio, and let no terminal
-/// signal to the run's process group end our clean-up (module docs). We are gone within
-/// [`LINGER`] of the run's end in any case.
+/// The signals a terminal sends the run's whole process group (a Ctrl-C, a Ctrl-\, a hang-up
+/// as it closes): blocked in a one-shot's server (`serve`), so that none ends its clean-up.
+/// We are gone within [`LINGER`] of the run's end in any case.
+pub(super) const TERMINAL_SIGNALS: [Signal; 3] = [Signal::SIGINT, Signal::SIGQUIT, Signal::SIGHUP];
+
+/// In a one-shot's server, at its start: hold none of the run's stdio, nor its working
+/// directory (a caller waiting for the output's end, or to unmount where it ran, must not wait
+/// for us; module docs). Every path we are given is absolute.
 fn outlive_the_run() {
     sys::devnull_stdio(true);
-    let mut terminal = nix::sys::signal::SigSet::empty();
-    for signal in [Signal::SIGINT, Signal::SIGQUIT, Signal::SIGHUP] {
-        terminal.add(signal);
-    }
-    let _ = terminal.thread_block();
+    let _ = nix::unistd::chdir("/");
 }
 
 /// The run is gone (its end of the socket closed): reap our children as they end, for at most
@@ -227,12 +249,13 @@ pub(super) fn finish(
     leaders: &mut std::collections::HashMap<Pid, Leader>,
     pools: &mut Option<Pools>,
     removals: &mut Removals,
-    after_run: Vec<Leftover>,
+    mut after_run: Vec<Leftover>,
 ) {
     let deadline = Instant::now() + LINGER;
+    let mut any_left;
     loop {
         reap(leaders, pools, removals);
-        let any_left = nix::sys::wait::waitid(
+        any_left = nix::sys::wait::waitid(
             nix::sys::wait::Id::All,
             nix::sys::wait::WaitPidFlag::WEXITED
                 | nix::sys::wait::WaitPidFlag::WNOHANG
@@ -253,12 +276,32 @@ pub(super) fn finish(
     for (dir, _) in removals.dirs.drain(..) {
         crate::cgroup::remove(&dir);
     }
+    // A command's process still there after all this time (a supervisor stuck with it) could
+    // still shape the home: it is left to a later run's sweep, which unmounts nothing.
+    if any_left {
+        after_run.retain(|leftover| !matches!(leftover, Leftover::Home { .. }));
+    }
     remove_leftovers(after_run);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_is_gone_once_its_end_of_the_socket_closes_and_not_before() {
+        let (ours, theirs) = seqpacket_pair().unwrap();
+        let server = Spawner {
+            sock: Mutex::new(ours),
+            broken: AtomicBool::new(false),
+        };
+        assert!(!server.gone());
+        // Unread messages from it do not make it gone.
+        nix::unistd::write(&theirs, b"pid").unwrap();
+        assert!(!server.gone());
+        drop(theirs);
+        assert!(server.gone());
+    }
 
     #[test]
     fn leftovers_are_read_back_as_sent_and_an_unknown_kind_is_left_out() {

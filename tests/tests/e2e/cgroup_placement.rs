@@ -218,27 +218,29 @@ async fn a_one_shot_runs_its_command_in_cgroups_of_its_own_and_its_helper_does_n
     }
 }
 
+/// The cgroup directories of the one-shot run `pid`: below the test's own cgroups, which the
+/// run shares.
+pub(crate) fn run_cgroup_dirs(pid: u32) -> Vec<String> {
+    let own = paths_of(std::process::id() as i32);
+    let mut found = Vec::new();
+    for (key, mount) in &hierarchies() {
+        let home = format!("{mount}{}", own.get(key).map_or("", String::as_str));
+        for entry in std::fs::read_dir(&home).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&format!("executor-{pid}-ns")) {
+                found.push(format!("{home}/{name}"));
+            }
+        }
+    }
+    found
+}
+
 #[tokio::test]
 async fn a_one_shot_leaves_no_cgroup_directory_behind() {
     if !require("root", is_root()) {
         return;
     }
-    let own = paths_of(std::process::id() as i32);
     let places = hierarchies();
-    // The directories of the run `pid`: below the test's own cgroups, which the run shares.
-    let dirs_of = |pid: u32| -> Vec<String> {
-        let mut found = Vec::new();
-        for (key, mount) in &places {
-            let home = format!("{mount}{}", own.get(key).map_or("", String::as_str));
-            for entry in std::fs::read_dir(&home).unwrap().flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&format!("executor-{pid}-ns")) {
-                    found.push(format!("{home}/{name}"));
-                }
-            }
-        }
-        found
-    };
     for profile in ["landlock", "strict"] {
         let mut run = crate::run_local::executor_run(profile, &[], "exit 3")
             .stdout(Stdio::null())
@@ -249,9 +251,9 @@ async fn a_one_shot_leaves_no_cgroup_directory_behind() {
         // Those still busy with the command's init on its way out (its namespaces' teardown)
         // are removed by the run's fork server just after the run exits.
         assert!(
-            eventually(PATIENCE, || dirs_of(pid).is_empty()).await,
+            eventually(PATIENCE, || run_cgroup_dirs(pid).is_empty()).await,
             "[{profile}] left behind: {:?}",
-            dirs_of(pid)
+            run_cgroup_dirs(pid)
         );
     }
     // Control: a run whose command still runs has one in every hierarchy; interrupted, it
@@ -268,10 +270,10 @@ async fn a_one_shot_leaves_no_cgroup_directory_behind() {
         "control: the command did not start"
     );
     assert_eq!(
-        dirs_of(pid).len(),
+        run_cgroup_dirs(pid).len(),
         places.len(),
         "control: {:?}",
-        dirs_of(pid)
+        run_cgroup_dirs(pid)
     );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -284,8 +286,8 @@ async fn a_one_shot_leaves_no_cgroup_directory_behind() {
         "control: the command outlived its run"
     );
     assert!(
-        eventually(PATIENCE, || dirs_of(pid).is_empty()).await,
+        eventually(PATIENCE, || run_cgroup_dirs(pid).is_empty()).await,
         "control: left behind: {:?}",
-        dirs_of(pid)
+        run_cgroup_dirs(pid)
     );
 }

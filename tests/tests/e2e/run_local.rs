@@ -119,7 +119,7 @@ async fn a_run_past_its_timeout_exits_124_and_leaves_no_process_behind() {
 }
 
 #[tokio::test]
-async fn a_run_killed_outright_takes_its_command_and_fork_server_with_it() {
+async fn a_run_killed_outright_leaves_no_command_and_its_fork_server_exits_after_it() {
     if !require("root", is_root()) {
         return;
     }
@@ -345,9 +345,21 @@ fn fork_server_of(pid: i32) -> i32 {
     children[0]
 }
 
-/// Whether `pid` is still a process (a zombie counts until it is reaped).
+/// Whether `pid` is still a process that has not exited (a zombie waiting for a reaper that
+/// may never come, in a container whose pid 1 reaps nothing, counts as gone).
 fn alive(pid: i32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
 }
 
 /// Where runs of ours (root) make their homes in the temporary directory `dir`.
@@ -513,6 +525,111 @@ async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_ru
 }
 
 #[tokio::test]
+async fn a_ctrl_c_to_the_runs_process_group_leaves_its_fork_server_to_clean_up() {
+    if !require("root", is_root()) {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let tmp = private_tmpdir();
+    // As a terminal's Ctrl-C comes: to the whole foreground process group, the run's fork
+    // server included (the command runs in a session of its own).
+    let m = marker();
+    let mut run = executor_run("landlock", &[], &marked_sleep(&m))
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    let run_pid = run.id();
+    let server = fork_server_of(run_pid as i32);
+    // The server, seen from the host: the terminal's signals blocked (SIGHUP, SIGINT and
+    // SIGQUIT are bits 0-2 of its mask), none of the run's stdio, not in its directory. (Were
+    // it killed, the run would remove what it left itself: only this tells the two apart.)
+    let status = std::fs::read_to_string(format!("/proc/{server}/status")).unwrap();
+    let blocked = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+        .unwrap();
+    assert_eq!(
+        blocked & 0b111,
+        0b111,
+        "the server's blocked signals: {blocked:#x}"
+    );
+    for fd in 0..3 {
+        let target = std::fs::read_link(format!("/proc/{server}/fd/{fd}")).unwrap();
+        assert_eq!(target, std::path::Path::new("/dev/null"), "fd {fd}");
+    }
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{server}/cwd")).unwrap(),
+        std::path::Path::new("/")
+    );
+    // While the command runs: its home and cgroup directories are there (the control).
+    assert_eq!(homes_in(tmp.path()).len(), 1);
+    assert!(!crate::cgroup_placement::run_cgroup_dirs(run_pid).is_empty());
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(run_pid as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    assert_eq!(run.wait().unwrap().code(), Some(130));
+    assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+    // The server lived through the Ctrl-C, removed what the run left, and exited.
+    assert!(eventually(PATIENCE, || !alive(server)).await);
+    assert!(
+        homes_in(tmp.path()).is_empty(),
+        "{:?}",
+        homes_in(tmp.path())
+    );
+    assert_eq!(
+        crate::cgroup_placement::run_cgroup_dirs(run_pid),
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test]
+async fn a_run_whose_fork_server_died_removes_what_it_left_itself() {
+    if !require("root", is_root()) {
+        return;
+    }
+    let tmp = private_tmpdir();
+    let m = marker();
+    let mut run = executor_run("landlock", &[], &marked_sleep(&m))
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    let run_pid = run.id();
+    let server = fork_server_of(run_pid as i32);
+    // The control: what the run will leave is there while it runs.
+    assert_eq!(homes_in(tmp.path()).len(), 1);
+    assert!(!crate::cgroup_placement::run_cgroup_dirs(run_pid).is_empty());
+    // The server dies (its command's supervisor with it, and so the command): the run ends
+    // on its own, with nobody else to clean up after it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    run.wait().unwrap();
+    assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+    // Gone as soon as the run is: it removed them before it exited.
+    assert!(
+        homes_in(tmp.path()).is_empty(),
+        "{:?}",
+        homes_in(tmp.path())
+    );
+    assert_eq!(
+        crate::cgroup_placement::run_cgroup_dirs(run_pid),
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test]
 async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remove_it() {
     if !require("root", is_root()) {
         return;
@@ -539,13 +656,20 @@ async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remov
         .unwrap();
     let home = std::path::PathBuf::from(home.trim());
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
-    let server = fork_server_of(run.id() as i32);
+    let run_pid = run.id();
+    assert!(!crate::cgroup_placement::run_cgroup_dirs(run_pid).is_empty());
+    let server = fork_server_of(run_pid as i32);
     let mounted = home.join("tmp");
     let kept = mount_with_a_file(&mounted);
     kill_sleepers(&m);
     run.wait().unwrap();
-    // Once the run's fork server, which removes what the run leaves, is gone too.
+    // Once the run's fork server, which removes what the run leaves, is gone too: it removed
+    // the rest (the run's cgroup directories), not the home.
     assert!(eventually(PATIENCE, || !alive(server)).await);
+    assert_eq!(
+        crate::cgroup_placement::run_cgroup_dirs(run_pid),
+        Vec::<String>::new()
+    );
     assert_eq!(homes_in(tmp.path()), vec![home.clone()]);
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), "on the mount");
     // Control: once the mount is gone, the next run removes the home.
