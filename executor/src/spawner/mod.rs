@@ -30,7 +30,7 @@
 //! the run will leave behind (its cgroup directories, its home), which the server removes
 //! after the run has exited (`one_shot`); it does not die with the run.
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -38,29 +38,35 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
-use nix::sys::socket::{
-    recvmsg, sendmsg, setsockopt, socketpair, sockopt, AddressFamily, ControlMessage,
-    ControlMessageOwned, MsgFlags, SockFlag, SockType,
-};
+use nix::sys::socket::{sendmsg, setsockopt, sockopt, ControlMessage, MsgFlags};
 use nix::sys::time::TimeVal;
 use nix::unistd::Pid;
 
 mod cgroup_pool;
+mod inits;
 mod lease;
 mod net_pool;
 mod one_shot;
 mod root_pool;
+mod wire;
 
 pub use cgroup_pool::MAX_CHARGED;
 use lease::CgroupName;
 pub use lease::Lease;
 pub use one_shot::{fork_here, remove_leftovers, Ahead, Leftover};
 
-use crate::helper::{InitLoans, Place, Stdio};
+use crate::helper::{InitLoans, Place};
 use crate::plan::{SandboxPlan, Template};
 use crate::sys::{self, Forked};
 
 pub use net_pool::settles_empty;
+pub use wire::{receive_stdio, send_stdio, send_verdict};
+
+use inits::{reap, Leader, Removals};
+use wire::{
+    receive, receive_fds, seqpacket_pair, Message, Request, DISMISS_IDLE, REMOVE_AFTER, RUN,
+    RUN_AND_WARM,
+};
 
 /// How long an idle worker waits for a command before it is dismissed.
 const IDLE_FOR: Duration = Duration::from_secs(60);
@@ -93,14 +99,6 @@ impl std::fmt::Debug for Spawner {
     }
 }
 
-/// First byte of a message to the server: what it asks for.
-const RUN: u8 = 0;
-const RUN_AND_WARM: u8 = 1;
-const DISMISS_IDLE: u8 = 2;
-/// What a one-shot run leaves, to remove after it (`one_shot::Leftover`): for each, a kind's
-/// byte and a NUL-terminated path.
-const REMOVE_AFTER: u8 = 3;
-
 /// argv[1] that selects fork-server mode.
 pub const FORK_SERVER_ARG: &str = "__fork-server";
 
@@ -122,18 +120,6 @@ fn expire_idle<T>(
     free.iter()
         .map(|f| idle_for.saturating_sub(since(f).elapsed()))
         .min()
-}
-
-/// A connected pair of close-on-exec SOCK_SEQPACKET sockets: what the fork server talks to
-/// the daemon, its workers and its helpers over (a message keeps its bounds and carries
-/// descriptors).
-fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    Ok(socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )?)
 }
 
 /// Start the server from the main thread (PR_SET_PDEATHSIG follows the thread that forks).
@@ -251,27 +237,6 @@ impl Drop for Idle {
         let _ =
             nix::sys::socket::shutdown(self.control.as_raw_fd(), nix::sys::socket::Shutdown::Write);
     }
-}
-
-/// A worker whose init leads (a template with a pid namespace, `helper::leads`), from its fork
-/// until its init is reaped: what it was lent, and where its init says, as its last act, what
-/// of it may be lent again (`helper::verdict`).
-struct Leader {
-    template: Vec<u8>,
-    /// Our copy of its control socket.
-    control: OwnedFd,
-    /// Its cgroup directories' name, and the directories (not the caller's own).
-    name: String,
-    dirs: Vec<std::path::PathBuf>,
-    /// The name came from the cgroup pool and may go back to it.
-    pooled: bool,
-    /// The template's network namespaces are pooled; the one lent, if any (our copy).
-    net_pooled: bool,
-    ns: Option<OwnedFd>,
-    /// Our copy of its command's status pipe, once it has one: to report for an init that
-    /// died without reporting (the kernel's OOM group kill spares only what is exempt, and an
-    /// init without CAP_SYS_RESOURCE cannot exempt itself).
-    status: Option<OwnedFd>,
 }
 
 /// Whether a template's commands run unprivileged: a uid other than 0, no capability,
@@ -475,13 +440,6 @@ fn serve(sock: OwnedFd, pool: bool, ahead: Ahead) -> ! {
         // What was served comes first; then what reaped inits left to remove.
         removals_due = removals.try_now();
     }
-}
-
-/// One request of the daemon.
-struct Request {
-    warm: bool,
-    template: Vec<u8>,
-    stdio: [OwnedFd; 3],
 }
 
 /// What the fork server lends its workers, where it pools, and the socket it comes back on.
@@ -765,266 +723,9 @@ fn next_name(pools: &mut Option<Pools>) -> String {
     }
 }
 
-/// Reap our children that ended; give back or remove what each init was lent.
-fn reap(
-    leaders: &mut std::collections::HashMap<Pid, Leader>,
-    pools: &mut Option<Pools>,
-    removals: &mut Removals,
-) {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-    loop {
-        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) | Err(_) => return,
-            Ok(status) => {
-                if let Some(leader) = status.pid().and_then(|pid| leaders.remove(&pid)) {
-                    release(leader, status, pools, removals);
-                }
-            }
-        }
-    }
-}
-
-/// An init is gone, and with it every process of its namespace (the kernel empties a pid
-/// namespace before its init's exit completes): take back what it was lent if its verdict and
-/// the directories themselves say so (`cgroup_pool`, `net_pool`), else remove the
-/// directories and let the namespace go.
-fn release(
-    leader: Leader,
-    ended: nix::sys::wait::WaitStatus,
-    pools: &mut Option<Pools>,
-    removals: &mut Removals,
-) {
-    let verdict = receive_verdict(&leader.control);
-    let Leader {
-        template,
-        name,
-        dirs,
-        pooled,
-        net_pooled,
-        ns,
-        status,
-        ..
-    } = leader;
-    if let (None, Some(status), nix::sys::wait::WaitStatus::Signaled(_, signal, _)) =
-        (&verdict, status, ended)
-    {
-        report_for_init(&template, &name, &status, signal);
-    }
-    let (flags, made) = verdict.unwrap_or((0, None));
-    let Some(pools) = pools else {
-        removals.push(dirs);
-        return;
-    };
-    let cgroups =
-        flags & crate::helper::verdict::CGROUPS != 0 && pooled && cgroup_pool::clean(&dirs);
-    if cgroups {
-        pools.cgroups.take_back(&template, &name, dirs);
-    } else {
-        removals.push(dirs);
-    }
-    if flags & crate::helper::verdict::NET != 0 && net_pooled {
-        if let Some(ns) = ns.or(made) {
-            pools.nets.receive(&template, ns);
-        }
-    }
-}
-
-/// An init killed before its verdict (most likely by the kernel's OOM group kill, which takes
-/// its pid namespace, and so its command, with it): report the command's end as killed by
-/// that signal, with the limits its cgroups counted, in case init could not. The daemon takes
-/// the first report on the pipe; ours never waits for room.
-fn report_for_init(template: &[u8], name: &str, status: &OwnedFd, signal: Signal) {
-    let Ok(parsed) = serde_json::from_slice::<Template>(template) else {
-        return;
-    };
-    let report = crate::plan::HelperReport::Finished {
-        code: None,
-        signal: Some(signal as i32),
-        killed: 0,
-        stopped: false,
-        layers: parsed.layers.clone(),
-        limits_hit: crate::helper::limits_hit(&parsed, name),
-    };
-    let Ok(mut line) = serde_json::to_vec(&report) else {
-        return;
-    };
-    line.push(b'\n');
-    let mut fds = [PollFd::new(status.as_fd(), PollFlags::POLLOUT)];
-    if matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1)) {
-        let _ = nix::unistd::write(status, &line);
-    }
-}
-
 fn remove_dirs(dirs: &[std::path::PathBuf]) {
     for dir in dirs {
         crate::cgroup::remove(dir);
-    }
-}
-
-/// Cgroup directories of reaped inits to remove: tried once each when the loop has served
-/// what came (never on a request's path), again every [`Removals::RETRY`] while one is busy
-/// (a task still on its way out), given up after [`Removals::TRIES`] (the daemon removes its
-/// whole tree at its end, and a dead one's at the next start). The fork server never sleeps
-/// on a directory.
-#[derive(Default)]
-struct Removals {
-    dirs: Vec<(std::path::PathBuf, u32)>,
-}
-
-impl Removals {
-    const RETRY: Duration = Duration::from_millis(2);
-    const TRIES: u32 = 50;
-
-    fn push(&mut self, dirs: Vec<std::path::PathBuf>) {
-        self.dirs.extend(dirs.into_iter().map(|dir| (dir, 0)));
-    }
-
-    /// One try at each; how long until the next is due, if any is left.
-    fn try_now(&mut self) -> Option<Duration> {
-        self.dirs.retain_mut(|(dir, tries)| {
-            *tries += 1;
-            !crate::cgroup::try_remove(dir) && *tries < Self::TRIES
-        });
-        (!self.dirs.is_empty()).then_some(Self::RETRY)
-    }
-
-    fn due(&self) -> Option<Duration> {
-        (!self.dirs.is_empty()).then_some(Duration::ZERO)
-    }
-}
-
-/// Init's last act: its verdict (`helper::verdict` flags) on `control`, with its network
-/// namespace where it made it and it may be lent again. Never waits.
-pub fn send_verdict(control: &OwnedFd, flags: u8, ns: Option<&OwnedFd>) {
-    let fds: Vec<std::os::fd::RawFd> = ns.iter().map(|fd| fd.as_raw_fd()).collect();
-    let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
-        Vec::new()
-    } else {
-        vec![ControlMessage::ScmRights(&fds)]
-    };
-    let _ = sendmsg::<()>(
-        control.as_raw_fd(),
-        &[IoSlice::new(&[flags])],
-        &cmsgs,
-        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-        None,
-    );
-}
-
-/// An init's verdict, read once it is reaped (so it never waits): the flags, and the network
-/// namespace it sent.
-fn receive_verdict(control: &OwnedFd) -> Option<(u8, Option<OwnedFd>)> {
-    let mut buf = [0u8; 1];
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let msg = recvmsg::<()>(
-        control.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
-    )
-    .ok()?;
-    let bytes = msg.bytes;
-    let mut fds = Vec::new();
-    for cmsg in msg.cmsgs().ok()? {
-        if let ControlMessageOwned::ScmRights(raw) = cmsg {
-            fds.extend(raw.into_iter().map(sys::own_received_fd));
-        }
-    }
-    (bytes == 1).then(|| (buf[0], fds.pop()))
-}
-
-/// Send a worker its command's three descriptors.
-pub fn send_stdio(control: &OwnedFd, stdio: [&OwnedFd; 3]) -> io::Result<()> {
-    let fds = stdio.map(|fd| fd.as_raw_fd());
-    sendmsg::<()>(
-        control.as_raw_fd(),
-        &[IoSlice::new(b"run")],
-        &[ControlMessage::ScmRights(&fds)],
-        MsgFlags::empty(),
-        None,
-    )?;
-    Ok(())
-}
-
-/// In a worker: the command's descriptors, or `None` when the server closed the socket.
-pub fn receive_stdio(control: impl AsFd) -> io::Result<Option<Stdio>> {
-    let mut buf = [0u8; 16];
-    let Some((_, fds)) = receive_fds(control.as_fd(), &mut buf)? else {
-        return Ok(None);
-    };
-    let [lifeline, output, status] = three(fds)?;
-    Ok(Some(Stdio {
-        lifeline,
-        output,
-        status,
-    }))
-}
-
-/// One message and the descriptors that came with it, or `None` at end-of-file.
-fn receive_fds(
-    sock: std::os::fd::BorrowedFd<'_>,
-    buf: &mut [u8],
-) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
-    let mut iov = [IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 3]);
-    let msg = loop {
-        match recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other?,
-        }
-    };
-    if msg.bytes == 0 {
-        return Ok(None);
-    }
-    let truncated = msg
-        .flags
-        .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
-    let mut fds = Vec::new();
-    for cmsg in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(raw) = cmsg {
-            fds.extend(raw.into_iter().map(sys::own_received_fd));
-        }
-    }
-    if truncated {
-        return Err(io::Error::other("a message too large"));
-    }
-    Ok(Some((msg.bytes, fds)))
-}
-
-fn three(fds: Vec<OwnedFd>) -> io::Result<[OwnedFd; 3]> {
-    <[OwnedFd; 3]>::try_from(fds)
-        .map_err(|_| io::Error::other("a message without three descriptors"))
-}
-
-/// What the daemon asks of the server.
-enum Message {
-    Run(Request),
-    DismissIdle,
-    RemoveAfter(Vec<Leftover>),
-}
-
-/// One message of the daemon, or `None` at end-of-file.
-fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
-    let Some((bytes, fds)) = receive_fds(sock.as_fd(), buf)? else {
-        return Ok(None);
-    };
-    match buf[..bytes].split_first() {
-        Some((&DISMISS_IDLE, [])) if fds.is_empty() => Ok(Some(Message::DismissIdle)),
-        Some((&REMOVE_AFTER, leftovers)) if fds.is_empty() => {
-            Ok(Some(Message::RemoveAfter(one_shot::parse(leftovers))))
-        }
-        Some((&flag @ (RUN | RUN_AND_WARM), template)) => Ok(Some(Message::Run(Request {
-            warm: flag == RUN_AND_WARM,
-            template: template.to_vec(),
-            stdio: three(fds)?,
-        }))),
-        _ => Err(io::Error::other("a malformed request")),
     }
 }
 
