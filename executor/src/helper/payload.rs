@@ -3,7 +3,6 @@
 //! the hand-off of the command's lifeline and status pipe).
 
 use std::collections::BTreeMap;
-use std::io::IoSliceMut;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -13,9 +12,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::SignalFd;
-use nix::sys::socket::{
-    recvmsg, socketpair, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType,
-};
+use nix::sys::socket::{socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
@@ -435,22 +432,7 @@ pub struct HandedOver {
 /// (the supervisor checks the socket without allocating first), so it may allocate.
 pub fn take_handoff(from: &OwnedFd) -> Option<HandedOver> {
     let mut buf = vec![0u8; 4 + super::LINE_CHUNK];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = recvmsg::<()>(
-        from.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
-    )
-    .ok()?;
-    let bytes = msg.bytes;
-    let mut fds = Vec::new();
-    for cmsg in msg.cmsgs().ok()? {
-        if let ControlMessageOwned::ScmRights(raw) = cmsg {
-            fds.extend(raw.into_iter().map(sys::own_received_fd));
-        }
-    }
+    let (bytes, fds) = crate::spawner::receive_now::<2>(from.as_fd(), &mut buf)?;
     let [lifeline, status] = <[OwnedFd; 2]>::try_from(fds).ok()?;
     let main = i32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
     Some(HandedOver {

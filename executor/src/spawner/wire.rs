@@ -63,23 +63,32 @@ pub fn send_verdict(control: &OwnedFd, flags: u8, ns: Option<&OwnedFd>) {
 /// namespace it sent.
 pub(super) fn receive_verdict(control: &OwnedFd) -> Option<(u8, Option<OwnedFd>)> {
     let mut buf = [0u8; 1];
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let (bytes, mut fds) = receive_now::<1>(control.as_fd(), &mut buf)?;
+    (bytes == 1).then(|| (buf[0], fds.pop()))
+}
+
+/// One message already there and the (at most `N`) descriptors that came with it, without
+/// waiting: `None` when none is there or it cannot be read.
+pub fn receive_now<const N: usize>(
+    sock: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> Option<(usize, Vec<OwnedFd>)> {
+    let mut iov = [IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; N]);
     let msg = recvmsg::<()>(
-        control.as_raw_fd(),
+        sock.as_raw_fd(),
         &mut iov,
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
     )
     .ok()?;
-    let bytes = msg.bytes;
     let mut fds = Vec::new();
     for cmsg in msg.cmsgs().ok()? {
         if let ControlMessageOwned::ScmRights(raw) = cmsg {
             fds.extend(raw.into_iter().map(sys::own_received_fd));
         }
     }
-    (bytes == 1).then(|| (buf[0], fds.pop()))
+    Some((msg.bytes, fds))
 }
 
 /// Send a worker its command's three descriptors.

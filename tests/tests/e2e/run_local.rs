@@ -305,6 +305,51 @@ fn mount_with_a_file(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("kept")
 }
 
+/// A landlock run of a sleeper with `$TMPDIR` at `tmp`, once its command runs (in a process
+/// group of its own with `own_group`, as a terminal starts it): the run, its marker, its fork
+/// server, and its home, the one in `tmp` not in `known`. Its cgroup directories are there
+/// too (the control of every test that sees them gone).
+async fn sleeper_run(
+    tmp: &std::path::Path,
+    known: &[std::path::PathBuf],
+    own_group: bool,
+) -> SleeperRun {
+    use std::os::unix::process::CommandExt;
+    let marker = marker();
+    let mut command = executor_run("landlock", &[], &marked_sleep(&marker));
+    command
+        .env("TMPDIR", tmp)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if own_group {
+        command.process_group(0);
+    }
+    let run = command.spawn().unwrap();
+    assert!(eventually(PATIENCE, || sleepers(&marker).len() == 1).await);
+    let new: Vec<_> = homes_in(tmp)
+        .into_iter()
+        .filter(|h| !known.contains(h))
+        .collect();
+    assert_eq!(new.len(), 1, "{new:?}");
+    assert!(!crate::cgroup_placement::run_cgroup_dirs(run.id()).is_empty());
+    let server = fork_server_of(run.id() as i32);
+    SleeperRun {
+        pid: run.id(),
+        run,
+        marker,
+        server,
+        home: new[0].clone(),
+    }
+}
+
+struct SleeperRun {
+    run: std::process::Child,
+    pid: u32,
+    marker: String,
+    server: i32,
+    home: std::path::PathBuf,
+}
+
 /// A short `executor run --profile landlock` with `$TMPDIR` at `tmp`, to its end and its
 /// fork server's (which removes what the run leaves, and sweeps what dead runs left).
 async fn run_in(tmp: &std::path::Path) {
@@ -448,29 +493,14 @@ async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_ru
         return;
     }
     let tmp = private_tmpdir();
-    // A run of a sleeper, once it runs: the run, its marker and the one home that is new.
-    let start = |known: Vec<std::path::PathBuf>| {
-        let m = marker();
-        let run = executor_run("landlock", &[], &marked_sleep(&m))
-            .env("TMPDIR", tmp.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let dir = tmp.path().to_path_buf();
-        async move {
-            assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
-            let new: Vec<_> = homes_in(&dir)
-                .into_iter()
-                .filter(|h| !known.contains(h))
-                .collect();
-            assert_eq!(new.len(), 1, "{new:?}");
-            (run, m, new[0].clone())
-        }
-    };
     // A run killed outright: its command dies with it, and its fork server, which outlives
     // it, removes its home.
-    let (mut run, killed, home) = start(Vec::new()).await;
+    let SleeperRun {
+        mut run,
+        marker: killed,
+        home,
+        ..
+    } = sleeper_run(tmp.path(), &[], false).await;
     run.kill().unwrap();
     run.wait().unwrap();
     assert!(eventually(PATIENCE, || sleepers(&killed).is_empty()).await);
@@ -483,9 +513,14 @@ async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_ru
     // that its maker put there): a home is never unmounted to be removed.
     let mut left = Vec::new();
     for _ in 0..2 {
-        let (mut run, killed, home) = start(left.clone()).await;
+        let SleeperRun {
+            mut run,
+            marker: killed,
+            server,
+            home,
+            ..
+        } = sleeper_run(tmp.path(), &left, false).await;
         left.push(home);
-        let server = fork_server_of(run.id() as i32);
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(server),
             nix::sys::signal::Signal::SIGKILL,
@@ -504,7 +539,12 @@ async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_ru
     let mounted = left[1].join("tmp");
     let kept = mount_with_a_file(&mounted);
     // A run that is still going (the control): the next run leaves its home alone.
-    let (mut alive_run, running, alive_home) = start(left.clone()).await;
+    let SleeperRun {
+        run: mut alive_run,
+        marker: running,
+        home: alive_home,
+        ..
+    } = sleeper_run(tmp.path(), &left, false).await;
     // The next run: its own home and the first killed run's are gone after it; the running
     // one's is not, nor the one with a mount beneath it, whose mount is still there.
     run_in(tmp.path()).await;
@@ -529,21 +569,16 @@ async fn a_ctrl_c_to_the_runs_process_group_leaves_its_fork_server_to_clean_up()
     if !require("root", is_root()) {
         return;
     }
-    use std::os::unix::process::CommandExt;
     let tmp = private_tmpdir();
     // As a terminal's Ctrl-C comes: to the whole foreground process group, the run's fork
     // server included (the command runs in a session of its own).
-    let m = marker();
-    let mut run = executor_run("landlock", &[], &marked_sleep(&m))
-        .env("TMPDIR", tmp.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
-    let run_pid = run.id();
-    let server = fork_server_of(run_pid as i32);
+    let SleeperRun {
+        mut run,
+        pid: run_pid,
+        marker: m,
+        server,
+        ..
+    } = sleeper_run(tmp.path(), &[], true).await;
     // The server, seen from the host: the terminal's signals blocked (SIGHUP, SIGINT and
     // SIGQUIT are bits 0-2 of its mask), none of the run's stdio, not in its directory. (Were
     // it killed, the run would remove what it left itself: only this tells the two apart.)
@@ -566,9 +601,6 @@ async fn a_ctrl_c_to_the_runs_process_group_leaves_its_fork_server_to_clean_up()
         std::fs::read_link(format!("/proc/{server}/cwd")).unwrap(),
         std::path::Path::new("/")
     );
-    // While the command runs: its home and cgroup directories are there (the control).
-    assert_eq!(homes_in(tmp.path()).len(), 1);
-    assert!(!crate::cgroup_placement::run_cgroup_dirs(run_pid).is_empty());
     nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(run_pid as i32),
         nix::sys::signal::Signal::SIGINT,
@@ -595,19 +627,13 @@ async fn a_run_whose_fork_server_died_removes_what_it_left_itself() {
         return;
     }
     let tmp = private_tmpdir();
-    let m = marker();
-    let mut run = executor_run("landlock", &[], &marked_sleep(&m))
-        .env("TMPDIR", tmp.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
-    let run_pid = run.id();
-    let server = fork_server_of(run_pid as i32);
-    // The control: what the run will leave is there while it runs.
-    assert_eq!(homes_in(tmp.path()).len(), 1);
-    assert!(!crate::cgroup_placement::run_cgroup_dirs(run_pid).is_empty());
+    let SleeperRun {
+        mut run,
+        pid: run_pid,
+        marker: m,
+        server,
+        ..
+    } = sleeper_run(tmp.path(), &[], false).await;
     // The server dies (its command's supervisor with it, and so the command): the run ends
     // on its own, with nobody else to clean up after it.
     nix::sys::signal::kill(
