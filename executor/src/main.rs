@@ -24,13 +24,6 @@ mod sys;
 mod token;
 mod workspaces;
 
-/// The static (musl) build allocates with jemalloc (options in `sys::JEMALLOC_CONF`); the
-/// dynamic (glibc) build keeps glibc's malloc. `sys::tune_allocator` bounds either in the
-/// daemon. See ARCHITECTURE.md, "One static binary".
-#[cfg(target_env = "musl")]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::path::PathBuf;

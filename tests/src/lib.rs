@@ -59,8 +59,8 @@ pub const ALLOW_ALL_PROFILES: [&str; 8] = [
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Environment variable naming a directory that holds `executor` and `agent` to test instead
-/// of the workspace's debug build: `.ci/run` points it at the static (musl) release binaries of
-/// `.ci/build-static`, so the e2e, escape and agent suites run against the build that ships.
+/// of the workspace's debug build: `.ci/run` points it at the static release binaries of
+/// `.ci/build-static` (`target/static/`), so the e2e, escape and agent suites run against the build that ships.
 pub const BINARIES_ENV: &str = "EXECUTOR_TESTS_BINARIES";
 
 /// Path of a workspace binary, built once per test process so it is never stale; or, with

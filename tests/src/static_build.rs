@@ -18,9 +18,9 @@ pub fn target_dir() -> PathBuf {
     profile_dir.parent().unwrap().to_path_buf()
 }
 
-/// Path of the static release build of `executor` (x86_64 musl), built once per test process
-/// by `.ci/build-static`, the one place that builds it (and checks that it needs no loader or
-/// shared library).
+/// Path of the static release build of `executor` (`target/static/executor`, glibc linked
+/// statically), built once per test process by `.ci/build-static`, the one place that builds it
+/// (and checks that it needs no loader or shared library).
 pub fn static_executor() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT

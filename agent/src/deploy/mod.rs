@@ -149,8 +149,8 @@ pub fn from_config(
 }
 
 /// The static executor for targets that do not share this host's libraries: the configured
-/// one, else `executor-static` next to `agent`, else the musl release build of this
-/// workspace (`.ci/build-static` prints its path).
+/// one, else `executor-static` next to `agent`, else the static build of this workspace
+/// (`target/static/executor`, where `.ci/build-static` puts it and prints its path).
 pub fn static_executor(configured: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(path) = configured {
         if path.is_file() {
@@ -161,15 +161,15 @@ pub fn static_executor(configured: Option<&Path>) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot find this agent's own path")?;
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut candidates = vec![dir.join("executor-static")];
-    // target/<profile>/agent -> target/x86_64-unknown-linux-musl/release/executor
+    // target/<profile>/agent or target/static/agent -> target/static/executor
     if let Some(target) = dir.parent() {
-        candidates.push(target.join("x86_64-unknown-linux-musl/release/executor"));
+        candidates.push(target.join("static/executor"));
     }
     if let Some(found) = candidates.into_iter().find(|c| c.is_file()) {
         return Ok(found);
     }
     bail!(
-        "cannot find the static executor (executor-static next to agent, or the musl build): \
+        "cannot find the static executor (executor-static next to agent, or target/static/executor): \
          build it with `.ci/build-static` and pass --executor-static PATH \
          (environment.executor_static)"
     )

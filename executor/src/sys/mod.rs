@@ -274,7 +274,6 @@ pub fn reset_signals() -> io::Result<()> {
 /// arena. Fixed thresholds return large buffers to the kernel when freed, and two arenas are
 /// plenty for a daemon that mostly waits. Measured by the benchmark: idle RSS after output
 /// floods went from about 13 MiB to under 8 MiB.
-#[cfg(target_env = "gnu")]
 pub fn tune_allocator() {
     // SAFETY: mallopt only changes allocator parameters; called before any thread exists.
     // A parameter glibc refuses (returns 0) just keeps its default.
@@ -284,37 +283,6 @@ pub fn tune_allocator() {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
-
-/// The daemon of the static build: start jemalloc's background thread, which returns freed
-/// pages to the kernel on a timer (after [`JEMALLOC_CONF`]'s decay time) even while the daemon
-/// allocates nothing; without it jemalloc only purges during later allocations, and an idle
-/// daemon would keep what its last burst freed (16 MiB idle instead of 7 MiB, measured).
-/// Only the daemon calls this: the fork server and the helpers, started by exec, must stay
-/// single-threaded, and jemalloc starts no thread unless asked.
-#[cfg(target_env = "musl")]
-pub fn tune_allocator() {
-    // Fails only if jemalloc was built without background-thread support, which the workspace
-    // manifest keeps on; memory is then merely slower to return, as for glibc's defaults.
-    let _ = tikv_jemalloc_ctl::background_thread::write(true);
-}
-
-/// jemalloc's options for the static build, the bound [`tune_allocator`] gives glibc: two
-/// arenas instead of four per CPU, freed pages returned to the kernel 100 ms after they were
-/// last used (jemalloc's default is 10 s) rather than kept, and at most one background thread
-/// to do it. Returning pages at once (decay 0) kept memory as low but cost a third of the
-/// output throughput, every large buffer faulted in again; see bench/README.md.
-///
-/// jemalloc reads this string at its first allocation, before `main`, which is why it is a
-/// compiled-in symbol (`malloc_conf` in jemalloc's manual; prefixed `_rjem_` by the
-/// tikv-jemalloc-sys build) rather than a call. `_RJEM_MALLOC_CONF` in the environment still
-/// overrides it (`confirm_conf:true` prints what was read).
-#[cfg(target_env = "musl")]
-// SAFETY: jemalloc defines `const char *malloc_conf` as a weak NULL and only reads it; this
-// strong definition overrides it with a pointer to a NUL-terminated string that lives as
-// long as the program, the one thing jemalloc requires of it.
-#[export_name = "_rjem_malloc_conf"]
-pub static JEMALLOC_CONF: &u8 =
-    &b"narenas:2,dirty_decay_ms:100,muzzy_decay_ms:0,max_background_threads:1\0"[0];
 
 /// rmdir(2) of a path made beforehand, allocating nothing (after a child sharing our memory
 /// died where it may have held the allocator).
