@@ -397,7 +397,8 @@ fn derived_uid(name: &str) -> u32 {
 }
 
 /// Each client's identity is its own: not root, not the daemon's, not the shared one, not
-/// another client's, and not a user of this host (whose files and processes it would reach).
+/// another client's, and not a user or group of this host (whose files and processes it would
+/// reach), as `/etc/passwd` and `/etc/group` name them (`accounts`).
 fn check_uids(clients: &[Arc<Client>]) -> Result<(), String> {
     let daemon = nix::unistd::geteuid().as_raw();
     let mut seen: BTreeMap<u32, &str> = BTreeMap::new();
@@ -414,19 +415,17 @@ fn check_uids(clients: &[Arc<Client>]) -> Result<(), String> {
                 "clients {other:?} and {name:?} would both run as uid {uid}; set \"uid\" for one of them"
             ));
         }
-        if let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        if let Some(user) = crate::accounts::user_named(uid) {
             return Err(format!(
-                "client {name:?}: uid {uid} belongs to user {:?} on this host; set \"uid\" to an unused one",
-                user.name
+                "client {name:?}: uid {uid} belongs to user {user:?} on this host; set \"uid\" to an unused one"
             ));
         }
         // Its commands run with gid = uid: a group of the host would hand them its files
         // (103 ssl-cert: the host's TLS keys; shadow; disk).
-        if let Ok(Some(group)) = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(uid)) {
+        if let Some(group) = crate::accounts::group_named(uid) {
             return Err(format!(
-                "client {name:?}: its commands would run with gid {uid}, which is group {:?} on \
-                 this host; set \"uid\" to a number that is neither a user nor a group",
-                group.name
+                "client {name:?}: its commands would run with gid {uid}, which is group {group:?} on \
+                 this host; set \"uid\" to a number that is neither a user nor a group"
             ));
         }
     }
@@ -735,9 +734,7 @@ mod tests {
     fn a_client_uid_that_is_a_group_of_the_host_is_refused() {
         // A gid of the host with no user of the same number (ssl-cert, shadow on Debian).
         let Some(gid) = (1..60000u32).find(|n| {
-            nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(*n)).is_ok_and(|g| g.is_some())
-                && nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(*n))
-                    .is_ok_and(|u| u.is_none())
+            crate::accounts::group_named(*n).is_some() && crate::accounts::user_named(*n).is_none()
         }) else {
             return;
         };

@@ -77,6 +77,10 @@ pub(crate) struct ConnectArgs {
 pub(crate) struct Relay {
     host: String,
     port: u16,
+    /// `host` resolved once, before any command runs: a name lookup may load libc's modules
+    /// for the sources `/etc/nsswitch.conf` names, which a command of a profile that writes
+    /// `/etc` (task-container) could name for us (`accounts` says more).
+    addrs: Vec<SocketAddr>,
     pin: [u8; 32],
     token: String,
     /// Tells this daemon's connections from another executor's at the relay.
@@ -109,12 +113,19 @@ pub(crate) fn run(args: ConnectArgs) -> anyhow::Result<()> {
         .parse()
         .context("the relay URL's port is not a number")?;
     let pin = parse_pin(&args.tls_fingerprint)?;
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+        .with_context(|| format!("cannot resolve the relay's host {host:?}"))?
+        .collect();
+    if addrs.is_empty() {
+        bail!("the relay's host {host:?} has no address");
+    }
     let mut id = [0u8; 16];
     getrandom::fill(&mut id).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
     serve.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     serve.dial_out = Some(Relay {
         host,
         port,
+        addrs,
         pin,
         token,
         id: hex::encode(id),
@@ -157,7 +168,7 @@ pub(crate) async fn dial(relay: Relay, local: SocketAddr, shutdown: Cancellation
     tracing::info!(relay = %format!("{}:{}", relay.host, relay.port), "dialling out to the relay");
     loop {
         let attempt = tokio::time::timeout(DIAL_PATIENCE, async {
-            let tcp = TcpStream::connect((relay.host.as_str(), relay.port)).await?;
+            let tcp = TcpStream::connect(relay.addrs.as_slice()).await?;
             let _ = tcp.set_nodelay(true);
             if let Err(err) = keepalive(&tcp) {
                 tracing::debug!(%err, "cannot set TCP keepalive towards the relay");

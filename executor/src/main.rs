@@ -1,6 +1,7 @@
 //! `executor`: runs shell commands for agents, each as a new process session whose whole tree
 //! dies with it. See the README for the commands and `protocol/README.md` for the wire format.
 
+mod accounts;
 mod audit;
 mod cgroup;
 mod clients;

@@ -138,9 +138,9 @@ pub fn spawn_sharing_memory(
                 start.placed,
             )
         };
-        // A panic ends the child here, by `_exit`: never by abort(), whose signal libc (musl,
-        // glibc since 2.34) sends to the thread id kept in the thread-local storage we share
-        // with our parent (so to our parent, not to us).
+        // A panic ends the child here, by `_exit` (status 127): never by abort(), whose signal
+        // musl sends to the thread id cached in the thread-local storage we share with our
+        // parent (so to our parent, not to us); glibc asks the kernel.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| child(done, placed)));
         // It was to exec or exit; returning would end the clone in code of our parent's.
         exit_child(127)

@@ -64,11 +64,16 @@ async fn relay() -> Relay {
     }
 }
 
-fn executor_connect(relay: &Relay, pin: &str, state: &std::path::Path) -> tokio::process::Child {
+fn executor_connect(
+    relay: &Relay,
+    url: &str,
+    pin: &str,
+    state: &std::path::Path,
+) -> tokio::process::Child {
     tokio::process::Command::new(binary("executor"))
         .args([
             "connect",
-            &relay.url,
+            url,
             "--tls-fingerprint",
             pin,
             "--token-file",
@@ -99,7 +104,7 @@ async fn an_executor_dialling_out_serves_the_protocol_and_one_with_another_pin_g
     // Denial: a pin that is not the relay's. The handshake fails, the token is never sent,
     // the relay has nobody to offer, and the executor gives up and exits.
     let wrong = format!("sha256:{}", "0".repeat(64));
-    let mut impostor_side = executor_connect(&relay, &wrong, &states.path().join("a"));
+    let mut impostor_side = executor_connect(&relay, &relay.url, &wrong, &states.path().join("a"));
     let nothing = tokio::time::timeout(Duration::from_secs(4), relay.stdout.next_line()).await;
     assert!(
         nothing.is_err(),
@@ -107,8 +112,32 @@ async fn an_executor_dialling_out_serves_the_protocol_and_one_with_another_pin_g
     );
     assert!(wait_for(Duration::from_secs(30), || exited(&mut impostor_side)).await);
 
-    // Control: the right pin. The relay hands it out, and a client reaches it.
-    let mut executor = executor_connect(&relay, &relay.pin.clone(), &states.path().join("b"));
+    // A relay named by a host name that does not resolve: refused at start, before serving.
+    let unresolvable = relay.url.replace("127.0.0.1", "no-such-relay.invalid");
+    let refused = std::process::Command::new(binary("executor"))
+        .args(["connect", &unresolvable, "--tls-fingerprint", &relay.pin])
+        .args(["--token-file", &relay.token_file])
+        .arg("--state-dir")
+        .arg(states.path().join("c"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("cannot resolve the relay's host"),
+        "{:?}: {said}",
+        refused.status
+    );
+
+    // Control: the right pin, the relay named by a host name (resolved once, at start). The
+    // relay hands it out, and a client reaches it.
+    let by_name = relay.url.replace("127.0.0.1", "localhost");
+    assert_ne!(by_name, relay.url);
+    let mut executor = executor_connect(
+        &relay,
+        &by_name,
+        &relay.pin.clone(),
+        &states.path().join("b"),
+    );
     let line = tokio::time::timeout(Duration::from_secs(30), relay.stdout.next_line())
         .await
         .expect("no executor dialled in")

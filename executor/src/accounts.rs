@@ -1,0 +1,63 @@
+//! The host's users and groups by number, read from `/etc/passwd` and `/etc/group` themselves.
+//!
+//! Not through libc's `getpwuid`/`getgrgid`: those consult every source `/etc/nsswitch.conf`
+//! names, and for a source other than `files` glibc loads a module (`libnss_systemd.so.2`,
+//! `libnss_sss.so.2`) into the daemon. The executor that ships is one static binary (glibc
+//! linked in), which would load the machine's own modules, built against another libc; and a
+//! command that may write `/etc` (task-container) could name a module of its own for the
+//! root daemon to load at its next look. Users only another source knows (LDAP, systemd's
+//! dynamic users) are therefore not seen (README, clients file, `uid`).
+
+use std::path::Path;
+
+/// The name of the user whose uid is `uid` in `/etc/passwd`, if any.
+pub(crate) fn user_named(uid: u32) -> Option<String> {
+    name_with_id(Path::new("/etc/passwd"), uid)
+}
+
+/// The name of the group whose gid is `gid` in `/etc/group`, if any.
+pub(crate) fn group_named(gid: u32) -> Option<String> {
+    name_with_id(Path::new("/etc/group"), gid)
+}
+
+/// The first field of the first line of `file` (colon-separated, as passwd(5) and group(5))
+/// whose third field is `id`. A file that cannot be read names nobody.
+fn name_with_id(file: &Path, id: u32) -> Option<String> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let _password = fields.next()?;
+        let number = fields.next()?.trim().parse::<u32>().ok()?;
+        (number == id && !name.is_empty() && !name.starts_with('#')).then(|| name.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_name_by_the_third_field_and_skips_what_is_not_an_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("passwd");
+        std::fs::write(
+            &file,
+            "# comment:x:7:7\nroot:x:0:0:root:/root:/bin/bash\n\nbroken\n+:::\n\
+             ssl-cert:x:103:\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        )
+        .unwrap();
+        assert_eq!(name_with_id(&file, 0).as_deref(), Some("root"));
+        assert_eq!(name_with_id(&file, 103).as_deref(), Some("ssl-cert"));
+        assert_eq!(name_with_id(&file, 65534).as_deref(), Some("nobody"));
+        assert_eq!(name_with_id(&file, 7), None);
+        assert_eq!(name_with_id(&file, 1000), None);
+        assert_eq!(name_with_id(&dir.path().join("missing"), 0), None);
+    }
+
+    #[test]
+    fn this_hosts_root_user_and_group_are_found() {
+        assert_eq!(user_named(0).as_deref(), Some("root"));
+        assert_eq!(group_named(0).as_deref(), Some("root"));
+    }
+}
