@@ -20,6 +20,39 @@ pub(crate) fn group_named(gid: u32) -> Option<String> {
     name_with_id(Path::new("/etc/group"), gid)
 }
 
+/// The sources `/etc/nsswitch.conf` names for users or groups that these functions do not read:
+/// all but `files`, `compat` (the files, with NIS entries this host would not have) and
+/// `systemd` (its dynamic users, which have no files and are not a host's people). A
+/// client's `uid` that one of them knows (an LDAP or sssd user) is not refused; the daemon
+/// says so at start (`clients::check_uids`).
+pub(crate) fn unread_sources() -> Vec<String> {
+    std::fs::read_to_string("/etc/nsswitch.conf")
+        .map(|text| unread_sources_in(&text))
+        .unwrap_or_default()
+}
+
+fn unread_sources_in(nsswitch: &str) -> Vec<String> {
+    let mut unread: Vec<String> = Vec::new();
+    for line in nsswitch.lines() {
+        let line = line.split('#').next().unwrap_or_default();
+        let Some((database, sources)) = line.split_once(':') else {
+            continue;
+        };
+        if !matches!(database.trim(), "passwd" | "group") {
+            continue;
+        }
+        // Actions in brackets (`[NOTFOUND=return]`) are not sources.
+        for source in sources.split_whitespace().filter(|s| !s.starts_with('[')) {
+            if !matches!(source, "files" | "compat" | "systemd")
+                && !unread.iter().any(|u| u == source)
+            {
+                unread.push(source.to_string());
+            }
+        }
+    }
+    unread
+}
+
 /// The first field of the first line of `file` (colon-separated, as passwd(5) and group(5))
 /// whose third field is `id`. A file that cannot be read names nobody.
 fn name_with_id(file: &Path, id: u32) -> Option<String> {
@@ -53,6 +86,16 @@ mod tests {
         assert_eq!(name_with_id(&file, 7), None);
         assert_eq!(name_with_id(&file, 1000), None);
         assert_eq!(name_with_id(&dir.path().join("missing"), 0), None);
+    }
+
+    #[test]
+    fn sources_other_than_the_files_are_named_once_and_other_databases_ignored() {
+        let conf = "# passwd: ldap\npasswd:   files systemd\ngroup: files [NOTFOUND=return] sss ldap # x\n\
+                    hosts: files mdns4_minimal dns\nshadow: files sss\ngroup: sss\n";
+        assert_eq!(unread_sources_in(conf), ["sss", "ldap"]);
+        // Control: Debian's default, and compat.
+        assert!(unread_sources_in("passwd: files systemd\ngroup: compat systemd\n").is_empty());
+        assert!(unread_sources_in("").is_empty());
     }
 
     #[test]
