@@ -9,6 +9,7 @@ mod connection;
 mod processes;
 mod session;
 pub mod tls;
+mod transfers;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
