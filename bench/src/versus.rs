@@ -17,8 +17,9 @@ use anyhow::Context;
 
 use crate::client::Client;
 use crate::daemon::{machine_cpu_ms, Daemon};
+use crate::phases::echo;
 use crate::stats::{summarize, Summary};
-use crate::{echo, per_command_machine_ms, warmups, Progress};
+use crate::{per_command_machine_ms, warmups, Progress};
 
 /// Between two round trips: long enough for the daemon that just answered to build its next
 /// warm worker, so that this build ahead does not land on the other build's command (a
