@@ -8,16 +8,30 @@
 //! root daemon to load at its next look. Users only another source knows (LDAP, systemd's
 //! dynamic users) are therefore not seen (README, clients file, `uid`).
 
-use std::path::Path;
-
-/// The name of the user whose uid is `uid` in `/etc/passwd`, if any.
-pub(crate) fn user_named(uid: u32) -> Option<String> {
-    name_with_id(Path::new("/etc/passwd"), uid)
+/// `/etc/passwd` and `/etc/group` as read once (either unreadable: empty, naming nobody).
+pub(crate) struct Accounts {
+    passwd: String,
+    group: String,
 }
 
-/// The name of the group whose gid is `gid` in `/etc/group`, if any.
-pub(crate) fn group_named(gid: u32) -> Option<String> {
-    name_with_id(Path::new("/etc/group"), gid)
+impl Accounts {
+    pub(crate) fn read() -> Self {
+        let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+        Self {
+            passwd: read("/etc/passwd"),
+            group: read("/etc/group"),
+        }
+    }
+
+    /// The name of the user whose uid is `uid`, if any.
+    pub(crate) fn user_named(&self, uid: u32) -> Option<String> {
+        name_with_id(&self.passwd, uid)
+    }
+
+    /// The name of the group whose gid is `gid`, if any.
+    pub(crate) fn group_named(&self, gid: u32) -> Option<String> {
+        name_with_id(&self.group, gid)
+    }
 }
 
 /// The sources `/etc/nsswitch.conf` names for users or groups that these functions do not read:
@@ -53,10 +67,9 @@ fn unread_sources_in(nsswitch: &str) -> Vec<String> {
     unread
 }
 
-/// The first field of the first line of `file` (colon-separated, as passwd(5) and group(5))
-/// whose third field is `id`. A file that cannot be read names nobody.
-fn name_with_id(file: &Path, id: u32) -> Option<String> {
-    let text = std::fs::read_to_string(file).ok()?;
+/// The first field of the first line of `text` (colon-separated, as passwd(5) and group(5))
+/// whose third field is `id`.
+fn name_with_id(text: &str, id: u32) -> Option<String> {
     text.lines().find_map(|line| {
         let mut fields = line.split(':');
         let name = fields.next()?;
@@ -72,20 +85,14 @@ mod tests {
 
     #[test]
     fn finds_the_name_by_the_third_field_and_skips_what_is_not_an_entry() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("passwd");
-        std::fs::write(
-            &file,
-            "# comment:x:7:7\nroot:x:0:0:root:/root:/bin/bash\n\nbroken\n+:::\n\
-             ssl-cert:x:103:\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-        )
-        .unwrap();
-        assert_eq!(name_with_id(&file, 0).as_deref(), Some("root"));
-        assert_eq!(name_with_id(&file, 103).as_deref(), Some("ssl-cert"));
-        assert_eq!(name_with_id(&file, 65534).as_deref(), Some("nobody"));
-        assert_eq!(name_with_id(&file, 7), None);
-        assert_eq!(name_with_id(&file, 1000), None);
-        assert_eq!(name_with_id(&dir.path().join("missing"), 0), None);
+        let file = "# comment:x:7:7\nroot:x:0:0:root:/root:/bin/bash\n\nbroken\n+:::\n\
+                    ssl-cert:x:103:\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+        assert_eq!(name_with_id(file, 0).as_deref(), Some("root"));
+        assert_eq!(name_with_id(file, 103).as_deref(), Some("ssl-cert"));
+        assert_eq!(name_with_id(file, 65534).as_deref(), Some("nobody"));
+        assert_eq!(name_with_id(file, 7), None);
+        assert_eq!(name_with_id(file, 1000), None);
+        assert_eq!(name_with_id("", 0), None);
     }
 
     #[test]
@@ -100,7 +107,8 @@ mod tests {
 
     #[test]
     fn this_hosts_root_user_and_group_are_found() {
-        assert_eq!(user_named(0).as_deref(), Some("root"));
-        assert_eq!(group_named(0).as_deref(), Some("root"));
+        let accounts = Accounts::read();
+        assert_eq!(accounts.user_named(0).as_deref(), Some("root"));
+        assert_eq!(accounts.group_named(0).as_deref(), Some("root"));
     }
 }

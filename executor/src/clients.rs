@@ -413,6 +413,7 @@ fn check_uids(clients: &[Arc<Client>]) -> Result<(), String> {
         }
     }
     let mut seen: BTreeMap<u32, &str> = BTreeMap::new();
+    let accounts = crate::accounts::Accounts::read();
     for client in clients {
         let Some(uid) = client.uid else { continue };
         let name = client.name.as_str();
@@ -426,14 +427,14 @@ fn check_uids(clients: &[Arc<Client>]) -> Result<(), String> {
                 "clients {other:?} and {name:?} would both run as uid {uid}; set \"uid\" for one of them"
             ));
         }
-        if let Some(user) = crate::accounts::user_named(uid) {
+        if let Some(user) = accounts.user_named(uid) {
             return Err(format!(
                 "client {name:?}: uid {uid} belongs to user {user:?} on this host; set \"uid\" to an unused one"
             ));
         }
         // Its commands run with gid = uid: a group of the host would hand them its files
         // (103 ssl-cert: the host's TLS keys; shadow; disk).
-        if let Some(group) = crate::accounts::group_named(uid) {
+        if let Some(group) = accounts.group_named(uid) {
             return Err(format!(
                 "client {name:?}: its commands would run with gid {uid}, which is group {group:?} on \
                  this host; set \"uid\" to a number that is neither a user nor a group"

@@ -123,9 +123,10 @@ fn a_profile_that_writes_what_others_run_cannot_share_a_daemon_with_a_private_wo
 #[test]
 fn a_client_uid_that_is_a_group_of_the_host_is_refused() {
     // A gid of the host with no user of the same number (ssl-cert, shadow on Debian).
-    let Some(gid) = (1..60000u32).find(|n| {
-        crate::accounts::group_named(*n).is_some() && crate::accounts::user_named(*n).is_none()
-    }) else {
+    let accounts = crate::accounts::Accounts::read();
+    let Some(gid) = (1..60000u32)
+        .find(|n| accounts.group_named(*n).is_some() && accounts.user_named(*n).is_none())
+    else {
         return;
     };
     let err = table(&format!(
