@@ -400,18 +400,19 @@ fn derived_uid(name: &str) -> u32 {
 /// another client's, and not a user or group of this host (whose files and processes it would
 /// reach), as `/etc/passwd` and `/etc/group` name them (`accounts`).
 fn check_uids(clients: &[Arc<Client>]) -> Result<(), String> {
-    let daemon = nix::unistd::geteuid().as_raw();
-    if clients.iter().any(|c| c.uid.is_some()) {
-        let unread = crate::accounts::unread_sources();
-        if !unread.is_empty() {
-            tracing::warn!(
-                sources = %unread.join(","),
-                "clients' uids are checked against /etc/passwd and /etc/group only: users and \
-                 groups that /etc/nsswitch.conf's other sources know are not seen; give clients \
-                 uids none of them uses"
-            );
-        }
+    if clients.iter().all(|c| c.uid.is_none()) {
+        return Ok(());
     }
+    let unread = crate::accounts::unread_sources();
+    if !unread.is_empty() {
+        tracing::warn!(
+            sources = %unread.join(","),
+            "clients' uids are checked against /etc/passwd and /etc/group only: users and \
+             groups that /etc/nsswitch.conf's other sources know are not seen; give clients \
+             uids none of them uses"
+        );
+    }
+    let daemon = nix::unistd::geteuid().as_raw();
     let mut seen: BTreeMap<u32, &str> = BTreeMap::new();
     let accounts = crate::accounts::Accounts::read();
     for client in clients {
