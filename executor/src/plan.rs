@@ -230,6 +230,9 @@ pub struct PlanSettings {
     pub cgroups: CgroupRoot,
     /// The kernel's landlock ABI (0: none), read once at start.
     pub landlock_abi: u32,
+    /// Whether the commands' root has the `C.UTF-8` locale the profiles name; where it does
+    /// not, they get `C` (`crate::locale`).
+    pub utf8_locale: bool,
 }
 
 /// What the client asked for, already validated by `crate::request`, and who asks.
@@ -323,7 +326,21 @@ pub fn plan_command(
     };
     // Cleared environment, then HOME, the profile's defaults, the request: the request wins.
     let mut env = BTreeMap::from([("HOME".to_string(), home.display().to_string())]);
-    env.extend(profile.env.iter().map(|(k, v)| (k.clone(), expand(v))));
+    env.extend(profile.env.iter().map(|(k, v)| {
+        let value = expand(v);
+        // A locale the root lacks would make every command's shell warn before its output.
+        let missing = !settings.utf8_locale
+            && (k == "LANG" || k.starts_with("LC_"))
+            && value == crate::locale::UTF8;
+        (
+            k.clone(),
+            if missing {
+                crate::locale::FALLBACK.to_string()
+            } else {
+                value
+            },
+        )
+    }));
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 
     let cgroups = plan_cgroups(profile, &settings.cgroups);

@@ -27,6 +27,7 @@ fn settings() -> PlanSettings {
             one_command: false,
         },
         landlock_abi: 7,
+        utf8_locale: true,
     }
 }
 
@@ -435,4 +436,32 @@ fn request_cwd_is_used() {
     request.cwd = Some("/tmp".into());
     let plan = plan_command(&request, &builtin("trusted"), &settings()).unwrap();
     assert_eq!(plan.command.cwd, PathBuf::from("/tmp"));
+}
+
+#[test]
+fn a_root_without_the_utf8_locale_gets_c_unless_the_request_names_one() {
+    let profile = builtin("strict");
+    let with = plan_command(&spec("true"), &profile, &settings()).unwrap();
+    assert_eq!(with.command.env["LC_ALL"], "C.UTF-8");
+    assert_eq!(with.command.env["LANG"], "C.UTF-8");
+    let without = PlanSettings {
+        utf8_locale: false,
+        ..settings()
+    };
+    let plan = plan_command(&spec("true"), &profile, &without).unwrap();
+    assert_eq!(plan.command.env["LC_ALL"], "C");
+    assert_eq!(plan.command.env["LANG"], "C");
+    // Only the locale changes.
+    let mut rest = plan.command.env.clone();
+    let mut before = with.command.env.clone();
+    for name in ["LC_ALL", "LANG"] {
+        rest.remove(name);
+        before.remove(name);
+    }
+    assert_eq!(rest, before);
+    // A locale the request names is the request's business.
+    let mut asked = spec("true");
+    asked.env.insert("LC_ALL".into(), "C.UTF-8".into());
+    let plan = plan_command(&asked, &profile, &without).unwrap();
+    assert_eq!(plan.command.env["LC_ALL"], "C.UTF-8");
 }
