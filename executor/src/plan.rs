@@ -302,6 +302,17 @@ pub enum PlanError {
         dir: PathBuf,
         rule: PathBuf,
     },
+    #[error(
+        "cannot work in {cwd} under profile {profile}: the sandbox's root has no {cwd}; it \
+         holds only {shown}. Work beneath the workspace, or make {cwd} the workspace (start \
+         the agent or `executor run` there, or `executor serve --workspace {cwd}`)"
+    )]
+    CwdNotInRoot {
+        profile: String,
+        cwd: PathBuf,
+        /// What the root holds, in words.
+        shown: String,
+    },
 }
 
 /// Build the plan for one command.
@@ -368,6 +379,14 @@ pub fn plan_command(
     if let Some(root) = &spec.private_root {
         check_private_workspaces(profile, root, &sandbox)?;
     }
+    let cwd = spec.cwd.clone().unwrap_or_else(|| workspace.clone());
+    if let Some(mounts) = sandbox
+        .mounts
+        .as_ref()
+        .filter(|m| m.root == RootMode::Empty)
+    {
+        check_cwd_in_root(profile, mounts, workspace, &cwd)?;
+    }
     let layers = layers(&cgroups, &sandbox);
     let mut missing: Vec<String> = rights
         .missing
@@ -386,11 +405,58 @@ pub fn plan_command(
         },
         command: CommandPlan {
             argv,
-            cwd: spec.cwd.clone().unwrap_or_else(|| workspace.clone()),
+            cwd,
             env,
             stdin: spec.stdin,
             builtin: spec.builtin.clone(),
         },
+    })
+}
+
+/// A root of the profile's own holds only what it mounts (and the directories on the way to
+/// them): a working directory elsewhere would fail at the command's `chdir` with ENOENT,
+/// which says nothing of why (the directory exists on the host). Refused here, saying what the
+/// root holds.
+fn check_cwd_in_root(
+    profile: &Profile,
+    mounts: &MountPlan,
+    workspace: &Path,
+    cwd: &Path,
+) -> Result<(), PlanError> {
+    let fixed = ["/proc", "/dev"].map(PathBuf::from);
+    let mut shown = mounts
+        .read_only
+        .iter()
+        .chain(&mounts.writable)
+        .chain(mounts.tmpfs.iter().map(|(path, _)| path))
+        .chain(&fixed);
+    if shown.any(|m| cwd.starts_with(m) || m.starts_with(cwd)) {
+        return Ok(());
+    }
+    let read_only: Vec<String> = mounts
+        .read_only
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let mut parts = vec![format!(
+        "system directories, read-only ({})",
+        read_only.join(", ")
+    )];
+    for path in &mounts.writable {
+        if path == workspace {
+            parts.push(format!("the workspace {} (writable)", path.display()));
+        } else {
+            parts.push(format!("{} (writable)", path.display()));
+        }
+    }
+    for (path, _) in &mounts.tmpfs {
+        parts.push(format!("{} (private)", path.display()));
+    }
+    parts.push("/proc and a minimal /dev".into());
+    Err(PlanError::CwdNotInRoot {
+        profile: profile.name.clone(),
+        cwd: cwd.to_path_buf(),
+        shown: parts.join(", "),
     })
 }
 

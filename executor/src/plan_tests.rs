@@ -465,3 +465,50 @@ fn a_root_without_the_utf8_locale_gets_c_unless_the_request_names_one() {
     let plan = plan_command(&asked, &profile, &without).unwrap();
     assert_eq!(plan.command.env["LC_ALL"], "C.UTF-8");
 }
+
+#[test]
+fn a_cwd_outside_a_new_root_is_refused_saying_what_the_root_holds() {
+    let strict = builtin("strict");
+    let mut request = spec("true");
+    request.cwd = Some("/testbed".into());
+    let err = plan_command(&request, &strict, &settings()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, PlanError::CwdNotInRoot { profile, cwd, .. }
+            if profile == "strict" && cwd == Path::new("/testbed")),
+        "{err:?}"
+    );
+    assert!(
+        text.contains("the sandbox's root has no /testbed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the workspace /srv/state/workspace (writable)"),
+        "{text}"
+    );
+    assert!(text.contains("/tmp (private)"), "{text}");
+    assert!(text.contains("--workspace /testbed"), "{text}");
+    // Controls: what the root holds, beneath it, and the directories on the way to a mount.
+    for cwd in [
+        "/srv/state/workspace/src",
+        "/tmp",
+        "/usr/lib",
+        "/",
+        "/srv",
+        "/proc/self",
+    ] {
+        request.cwd = Some(cwd.into());
+        assert!(
+            plan_command(&request, &strict, &settings()).is_ok(),
+            "{cwd} refused"
+        );
+    }
+    // A profile that shows the host's root leaves the cwd to the command's `cd`.
+    request.cwd = Some("/testbed".into());
+    for name in ["landlock", "task-container", "trusted"] {
+        assert!(
+            plan_command(&request, &builtin(name), &settings()).is_ok(),
+            "{name}"
+        );
+    }
+}
