@@ -8,6 +8,7 @@ mod attach;
 mod batch;
 mod cli;
 mod config;
+mod config_files;
 mod console;
 mod cp;
 mod demo;
