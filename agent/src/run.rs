@@ -12,7 +12,7 @@ use crate::config::{self, Config, Mode};
 use crate::console::Console;
 use crate::deploy::flags::ExecutorArgs;
 use crate::deploy::{Deployed, TaskSpec};
-use crate::executor_client::{Environment, PROFILE_PREFERENCE};
+use crate::executor_client::Environment;
 use crate::model::{self, Kind, Model};
 use crate::templates::Templates;
 use crate::{demo, trajectory};
@@ -284,26 +284,16 @@ async fn start_environment(
     demo_dir: Option<&Path>,
 ) -> anyhow::Result<Environment> {
     let local = target.local_fs;
-    let mut env =
-        Environment::open_endpoint(&target.endpoint, config.environment.clone(), target.owned)
-            .await?;
-    let layers = env.profile_layers();
-    if local {
-        eprintln!(
-            "executor: profile {:?} (the strongest usable here, preferring {}); layers: {}",
-            env.effective_profile(),
-            PROFILE_PREFERENCE.join(" > "),
-            layers.join(", ")
-        );
-    } else {
-        eprintln!(
-            "executor: {} at {}, profile {:?}; layers: {}",
-            env.hello.server,
-            target.endpoint.url,
-            env.effective_profile(),
-            layers.join(", ")
-        );
+    let mut env = Environment::open_endpoint(
+        &target.endpoint,
+        config.environment.clone(),
+        target.profile_choice(),
+    )
+    .await?;
+    if !local {
+        eprintln!("executor: {} at {}", env.hello.server, target.endpoint.url);
     }
+    eprintln!("{}", env.profile_line());
     let prepared = async {
         if let Some(dir) = demo_dir {
             // A local executor shares our filesystem: the repository goes in the demo

@@ -176,9 +176,12 @@ async fn with_executor(
     let mut stop = ctx.stop.clone();
     ctx.progress.worker(slot, &format!("{id}: connecting"));
     let opened = async {
-        let mut env =
-            Environment::open_endpoint(&deployed.endpoint, environment.clone(), deployed.owned)
-                .await?;
+        let mut env = Environment::open_endpoint(
+            &deployed.endpoint,
+            environment.clone(),
+            deployed.profile_choice(),
+        )
+        .await?;
         if let Err(e) = env.prepare().await {
             env.close().await;
             anyhow::bail!("{e}");

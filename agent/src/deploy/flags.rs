@@ -26,8 +26,10 @@ pub struct ExecutorArgs {
     /// The `executor` binary to start locally (default: next to `agent`, then PATH).
     #[arg(long, value_name = "PATH")]
     pub executor_bin: Option<PathBuf>,
-    /// Sandbox profile (default: the strongest an executor we started offers, else the
-    /// executor's default).
+    /// Sandbox profile. Default: for a local executor, the strongest of strict and landlock
+    /// whose commands can write the workspace (task-container and trusted only when named);
+    /// for one we deployed elsewhere, the strongest it offers that works; else the executor's
+    /// default.
     #[arg(long)]
     pub profile: Option<String>,
     #[command(flatten)]
