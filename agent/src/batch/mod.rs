@@ -183,7 +183,7 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
             _ = hup.recv() => interrupted = stop(&stop_tx, &outputs, interrupted),
         }
     }
-    progress.finish();
+    progress.finish(interrupted);
     if kind_name == "docker" {
         // Every container of ours was removed as its instance ended; make sure.
         match crate::deploy::reap::reap(&ctx.config.environment.docker, Some(&run_id)).await {
@@ -194,12 +194,26 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
             )),
         }
     }
-    say(&format!(
-        "batch: {} in {:.1}s; preds: {}",
-        if interrupted { "interrupted" } else { "done" },
-        started.elapsed().as_secs_f64(),
-        outputs.preds_path().display()
-    ));
+    let counts = progress.counts();
+    if interrupted {
+        let never = total.saturating_sub(counts.done + counts.interrupted);
+        say(&format!(
+            "batch: interrupted after {:.1}s: {} of {total} instances done, {} interrupted, {never} \
+             not started; run the same command again to do the {} left; preds: {}",
+            started.elapsed().as_secs_f64(),
+            counts.done,
+            counts.interrupted,
+            counts.interrupted + never,
+            outputs.preds_path().display()
+        ));
+    } else {
+        say(&format!(
+            "batch: done in {:.1}s: {} of {total} instances; preds: {}",
+            started.elapsed().as_secs_f64(),
+            counts.done,
+            outputs.preds_path().display()
+        ));
+    }
     Ok(if interrupted { INTERRUPTED } else { 0 })
 }
 
