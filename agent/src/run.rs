@@ -116,10 +116,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
                 .filter(|m| !m.is_empty())
         })
         .or_else(|| args.demo.then(|| "scripted".to_string()))
-        .context(
-            "no model: pass --model NAME (or set model.model_name); for a run without an LLM use \
-             --model scripted --script FILE, or --demo",
-        )?;
+        .with_context(|| no_model(config.model.script.is_some(), "agent run"))?;
     config.model.model_name = Some(model_name.clone());
     let kind = Kind::resolve(config.model.model_class.as_deref(), &model_name)?;
     let model = build_model(&config, kind, &model_name, args.demo)?;
@@ -411,6 +408,24 @@ fn resolve_mode(args: &RunArgs, config: &Config) -> anyhow::Result<Mode> {
         Some(mode) => Ok(mode),
         None if terminal => Ok(Mode::Confirm),
         None => Ok(Mode::Yolo),
+    }
+}
+
+/// Why a run has no model, and what to pass. `script`: a script was given, which only the
+/// scripted model reads.
+pub fn no_model(script: bool, command: &str) -> String {
+    if script {
+        format!(
+            "no model: --script FILE (model.script) is read by the scripted model, which is \
+             named like any other: add `-m scripted` to `{command}` (or name a language model \
+             with --model NAME, or MSWEA_MODEL_NAME)"
+        )
+    } else {
+        format!(
+            "no model: pass --model NAME to `{command}` (or set model.model_name, or \
+             MSWEA_MODEL_NAME); without a language model: `-m scripted --script FILE`, or \
+             `agent run --demo`"
+        )
     }
 }
 

@@ -89,7 +89,7 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
                 .ok()
                 .filter(|m| !m.is_empty())
         })
-        .context("no model: pass --model NAME (or model.model_name)")?;
+        .with_context(|| crate::run::no_model(config.model.script.is_some(), "agent batch"))?;
     config.model.model_name = Some(model_name.clone());
     let kind = Kind::resolve(config.model.model_class.as_deref(), &model_name)?;
     let templates = crate::run::templates_from(&mut config, kind);

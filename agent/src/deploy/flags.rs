@@ -38,7 +38,9 @@ pub struct ExecutorArgs {
 
 #[derive(Args, Clone, Default)]
 pub struct DeployArgs {
-    /// Where executors run: local, remote, docker, ssh (environment.deployment).
+    /// Where executors run (environment.deployment): local (started here), remote (running
+    /// ones, --executor URL), docker (a container per task), ssh (copied to a host), reverse
+    /// (executors that dial in to us, for targets behind NAT).
     #[arg(long = "deploy", value_name = "KIND", value_parser = ["local", "remote", "docker", "ssh", "reverse"])]
     pub deployment: Option<String>,
     /// Seconds an executor may take to come up and answer (environment.start_timeout).
