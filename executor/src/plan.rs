@@ -313,6 +313,18 @@ pub enum PlanError {
         /// What the root holds, in words.
         shown: String,
     },
+    #[error(
+        "cannot work in {cwd} under profile {profile}: {} in the sandbox is a private tmpfs, \
+         empty when each command starts, so {cwd} on the host is not there. Work beneath the \
+         workspace, or make {cwd} the workspace (start the agent or `executor run` there, or \
+         `executor serve --workspace {cwd}`)",
+        tmpfs.display()
+    )]
+    CwdInFreshTmpfs {
+        profile: String,
+        cwd: PathBuf,
+        tmpfs: PathBuf,
+    },
 }
 
 /// Build the plan for one command.
@@ -424,13 +436,29 @@ fn check_cwd_in_root(
     cwd: &Path,
 ) -> Result<(), PlanError> {
     let fixed = ["/proc", "/dev"].map(PathBuf::from);
-    let mut shown = mounts
-        .read_only
-        .iter()
-        .chain(&mounts.writable)
-        .chain(mounts.tmpfs.iter().map(|(path, _)| path))
-        .chain(&fixed);
-    if shown.any(|m| cwd.starts_with(m) || m.starts_with(cwd)) {
+    let bound = || {
+        mounts
+            .read_only
+            .iter()
+            .chain(&mounts.writable)
+            .chain(&fixed)
+    };
+    let tmpfs = || mounts.tmpfs.iter().map(|(path, _)| path);
+    // The mount the cwd lies in is the deepest that holds it; a tmpfs starts empty for every
+    // command, so only the tmpfs itself (and what another mount puts in it) is there.
+    let holder = bound()
+        .chain(tmpfs())
+        .filter(|m| cwd.starts_with(m))
+        .max_by_key(|m| m.components().count());
+    let fresh = holder.filter(|m| tmpfs().any(|t| t == *m) && cwd != m.as_path());
+    if let Some(tmp) = fresh {
+        return Err(PlanError::CwdInFreshTmpfs {
+            profile: profile.name.clone(),
+            cwd: cwd.to_path_buf(),
+            tmpfs: tmp.clone(),
+        });
+    }
+    if holder.is_some() || bound().chain(tmpfs()).any(|m| m.starts_with(cwd)) {
         return Ok(());
     }
     let read_only: Vec<String> = mounts

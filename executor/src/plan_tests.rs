@@ -503,6 +503,23 @@ fn a_cwd_outside_a_new_root_is_refused_saying_what_the_root_holds() {
             "{cwd} refused"
         );
     }
+    // A directory of the host's /tmp is not in strict's /tmp, a fresh tmpfs; one the
+    // workspace puts there is.
+    request.cwd = Some("/tmp/build".into());
+    let err = plan_command(&request, &strict, &settings()).unwrap_err();
+    assert!(
+        matches!(&err, PlanError::CwdInFreshTmpfs { tmpfs, .. } if tmpfs == Path::new("/tmp")),
+        "{err:?}"
+    );
+    assert!(err
+        .to_string()
+        .contains("/tmp in the sandbox is a private tmpfs"));
+    let in_tmp = PlanSettings {
+        workspace: "/tmp/work".into(),
+        ..settings()
+    };
+    request.cwd = Some("/tmp/work/src".into());
+    assert!(plan_command(&request, &strict, &in_tmp).is_ok());
     // A profile that shows the host's root leaves the cwd to the command's `cd`.
     request.cwd = Some("/testbed".into());
     for name in ["landlock", "task-container", "trusted"] {
