@@ -193,7 +193,10 @@ async fn with_executor(
         _ = stopped(&mut stop) => return Finished::failed(ExitStatus::Interrupted.as_str(), "interrupted while connecting"),
     };
     let mut env = match opened {
-        Ok(Ok(env)) => env,
+        Ok(Ok(env)) => {
+            ctx.outputs.log(&format!("{id}: {}", env.profile_line()));
+            env
+        }
         Ok(Err(e)) => {
             let reason = format!(
                 "the executor at {} is not usable: {e:#}",

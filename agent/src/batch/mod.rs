@@ -118,9 +118,19 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
     let (run_id, deployment) = crate::deploy::for_new_run(&config.environment, "b")?;
     let kind_name = deployment.kind();
     let workers = args.workers.max(1).min(todo.len().max(1));
+    let profile = match (&config.environment.profile, kind_name) {
+        (Some(named), _) => format!("profile {named:?} (named)"),
+        (None, "local") => {
+            "profile strict, else landlock, per instance (the log says which)".into()
+        }
+        (None, "remote" | "reverse") => "the executors' default profiles".into(),
+        (None, _) => {
+            "the strongest profile each executor offers that works (the log says which)".into()
+        }
+    };
     eprintln!(
         "batch: {} instances ({} selected, {skipped} already in {}), {workers} worker(s), \
-         deployment {kind_name}, model {model_name}; output in {}",
+         deployment {kind_name}, {profile}, model {model_name}; output in {}",
         todo.len(),
         total_selected,
         outputs.preds_path().display(),
