@@ -342,8 +342,12 @@ def test_the_local_executor_never_steps_down_to_a_profile_that_writes_the_host(
     text = str(refused.value)
     assert f"neither strict nor landlock can run commands that write {private}" in text
     assert "owned by root, mode 0700" in text
-    assert "strict: its commands cannot write" in text
-    assert "landlock: its commands cannot write" in text
+    # What each lacked: here the sandbox's uid cannot even enter it.
+    assert (
+        "strict: environment_error: sandbox setup failed at stage cwd: cannot enter working "
+        f"directory {private}" in text
+    )
+    assert "; landlock: environment_error: " in text
     assert "profile: task-container" in text
     assert f"chown -R 65534:65534 {private}" in text
     assert not marker.exists()

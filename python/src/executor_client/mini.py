@@ -454,7 +454,7 @@ def _no_local_profile(place: str, refused: list[str]) -> str:
     """Neither strict nor landlock can write `place` on this machine: what each lacked, who
     owns it, and the ways out. Never a silent step down to a profile that writes the host."""
     try:
-        st = os.stat(place)
+        st = Path(place).stat()
         owner = "root" if st.st_uid == 0 else f"uid {st.st_uid}"
         described = f"owned by {owner}, mode {st.st_mode & 0o7777:04o}"
     except OSError:
