@@ -160,6 +160,9 @@ def _batch(agent_bin: str, home: Path, scripts: Path, out: Path) -> subprocess.P
             "batch",
             "--subset",
             str(home / "instances.jsonl"),
+            # agent/README's example config: mini's own, found by name.
+            "-c",
+            "swebench.yaml",
             "-m",
             "scripted",
             "--script",
@@ -236,6 +239,8 @@ def test_a_three_instance_batch_stopped_with_ctrl_c_and_resumed(home: Path, agen
     assert sorted(predictions) == sorted(ids)
     for i in ids:
         assert predictions[i]["model_patch"].startswith("patch-of-"), predictions[i]
+    trajectory = json.loads((out / "third" / "third.traj.json").read_text())
+    assert trajectory["info"]["config"]["agent"]["step_limit"] == 250  # swebench.yaml's
     log = (out / "minisweagent.log").read_text()
     assert 'second: executor: profile "strict"' in log
     assert "\x1b" not in log
