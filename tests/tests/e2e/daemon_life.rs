@@ -256,6 +256,17 @@ async fn commands_still_run_when_the_fork_server_dies() {
             .layers
             .contains(&"seccomp".to_string()));
     }
+    // Said in the log once, in words a user can act on, not once per command.
+    let log = daemon.log();
+    assert_eq!(
+        log.matches(
+            "the fork server (the process that starts each command's sandbox) stopped working; \
+             commands still run, with the same isolation"
+        )
+        .count(),
+        1,
+        "{log}"
+    );
     // Nothing outlives an exec'd helper's command either: not what it left behind, not a
     // command timed out (with a pid namespace the exec'd helper stands in for the fork
     // server and relays the lifeline to init; without one it watches the command itself).
