@@ -158,9 +158,18 @@ async fn audit_log_has_one_line_per_command_without_the_token() {
 #[tokio::test]
 async fn a_local_executor_dies_with_the_agent_that_started_it_even_by_sigkill() {
     let m = marker();
+    // A directory the sandbox's uid may write: the agent runs nothing in one it cannot
+    // (agent `choices::`).
+    let here = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        here.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let mut agent = std::process::Command::new(executor_tests::binary("agent"))
         .args(["exec", "--timeout", "600", "--"])
         .arg(marked_sleep(&m))
+        .current_dir(here.path())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
