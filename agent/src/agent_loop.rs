@@ -344,6 +344,11 @@ impl Agent {
         self.n_calls += 1;
         let step_no = self.n_calls;
         let deadline = self.deadline;
+        // A batch worker's line says what the worker waits for (its timer then counts the
+        // model's time, not the last command's); stderr of a single run needs no such line.
+        if let Some(status) = &self.settings.status {
+            status(&format!("[step {step_no}] waiting for the model"));
+        }
         let result = tokio::select! {
             r = self.model.query(&self.messages) => r,
             caught = self.interrupts.recv() => {

@@ -91,6 +91,7 @@ pub async fn exec_with_stdin(
     let env = env_pairs(&args.place.env)?;
     let profile = reached.profile(args.executor.profile.as_deref()).await?;
     let mut client = reached.client().await?;
+    crate::target::say_default_profile(&profile, client.hello());
     let outcome = async {
         client.require("processes", "`agent exec --stdin`")?;
         let id = client.new_id("exec");
@@ -155,6 +156,7 @@ async fn shell_with(
     };
     let profile = reached.profile(args.executor.profile.as_deref()).await?;
     let mut client = reached.client().await?;
+    crate::target::say_default_profile(&profile, client.hello());
     let outcome = async {
         client.require("processes", "`agent shell`")?;
         client.require("pty", "`agent shell`")?;

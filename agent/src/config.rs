@@ -6,34 +6,37 @@
 //! unchanged.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    // Causes are in the messages, not `source`s: `{:#}` would print them twice.
+    #[error("cannot read config file {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("config file {path} is not valid YAML: {source}")]
+    #[error(transparent)]
+    NotFound(crate::config_files::NotFound),
+    #[error("config file {path} is not valid YAML: {error}")]
     Yaml {
-        path: PathBuf,
-        source: serde_norway::Error,
+        path: String,
+        error: serde_norway::Error,
     },
     #[error(
         "config override {spec:?} is not KEY=VALUE with a dotted key such as agent.step_limit=10"
     )]
     Override { spec: String },
-    #[error("config override {spec:?}: the value is not valid YAML: {source}")]
+    #[error("config override {spec:?}: the value is not valid YAML: {error}")]
     OverrideValue {
         spec: String,
-        source: serde_norway::Error,
+        error: serde_norway::Error,
     },
     #[error("invalid configuration: {0}")]
-    Invalid(#[from] serde_json::Error),
+    Invalid(serde_json::Error),
 }
 
 /// The whole configuration.
@@ -261,8 +264,8 @@ pub struct EnvironmentConfig {
     /// Reconnection attempts after a lost connection before `EnvironmentError`.
     #[serde(default = "default_reconnect_attempts")]
     pub reconnect_attempts: u32,
-    /// Where executors run: `local`, `remote`, `docker`, `ssh` (default: `remote` when an
-    /// executor URL is given, else `local`).
+    /// Where executors run: `local`, `remote`, `docker`, `ssh`, `reverse` (default: `remote`
+    /// when an executor URL is given, else `local`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment: Option<String>,
     /// Seconds a deployment may take to give a usable executor (not a command timeout).
@@ -355,11 +358,11 @@ pub fn load(sources: &[String]) -> Result<Config, ConfigError> {
         let layer = if looks_like_override(source) {
             override_tree(source)?
         } else {
-            read_file(Path::new(source))?
+            read_config(source)?
         };
         merge(&mut tree, layer);
     }
-    Ok(serde_json::from_value(tree)?)
+    serde_json::from_value(tree).map_err(ConfigError::Invalid)
 }
 
 fn looks_like_override(source: &str) -> bool {
@@ -375,14 +378,21 @@ fn looks_like_override(source: &str) -> bool {
     }
 }
 
-fn read_file(path: &Path) -> Result<Value, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let value: Value = serde_norway::from_str(&text).map_err(|source| ConfigError::Yaml {
-        path: path.to_path_buf(),
-        source,
+/// A config given by path or by name (`swebench.yaml`: see [`crate::config_files::find`]).
+fn read_config(spec: &str) -> Result<Value, ConfigError> {
+    let found = crate::config_files::find(spec).map_err(ConfigError::NotFound)?;
+    let text = match &found {
+        crate::config_files::Found::File(path) => {
+            std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+                path: path.clone(),
+                error,
+            })?
+        }
+        crate::config_files::Found::Bundled { text, .. } => text.to_string(),
+    };
+    let value: Value = serde_norway::from_str(&text).map_err(|error| ConfigError::Yaml {
+        path: found.describe(),
+        error,
     })?;
     Ok(if value.is_null() {
         Value::Object(Map::new())
@@ -395,11 +405,10 @@ fn override_tree(spec: &str) -> Result<Value, ConfigError> {
     let Some((key, raw)) = spec.split_once('=') else {
         return Err(ConfigError::Override { spec: spec.into() });
     };
-    let value: Value =
-        serde_norway::from_str(raw).map_err(|source| ConfigError::OverrideValue {
-            spec: spec.into(),
-            source,
-        })?;
+    let value: Value = serde_norway::from_str(raw).map_err(|error| ConfigError::OverrideValue {
+        spec: spec.into(),
+        error,
+    })?;
     let mut tree = value;
     for part in key.rsplit('.') {
         if part.is_empty() {

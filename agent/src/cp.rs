@@ -150,6 +150,7 @@ pub async fn cp(args: CpArgs) -> anyhow::Result<u8> {
 async fn copy_with(args: &CpArgs, copy: Copy, reached: &Reached) -> anyhow::Result<()> {
     let profile = reached.profile(args.executor.profile.as_deref()).await?;
     let mut client = reached.client().await?;
+    crate::target::say_default_profile(&profile, client.hello());
     let result = async {
         client.require("files", "file copies")?;
         match copy {

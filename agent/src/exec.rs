@@ -103,7 +103,7 @@ async fn exec_with(
     // A local executor: the strongest profile whose commands can write here, as `run` does.
     let profile = reached.profile(args.executor.profile.as_deref()).await?;
     let target = &reached.target;
-    let (mut ws, _hello) = executor_client::connect(
+    let (mut ws, hello) = executor_client::connect(
         &target.endpoint.url,
         target.endpoint.token.as_deref(),
         &reached.tls,
@@ -115,6 +115,7 @@ async fn exec_with(
             target.endpoint.url
         )
     })?;
+    crate::target::say_default_profile(&profile, &hello);
     let request = ExecRequest {
         id: "exec".into(),
         command: args.command.join(" "),

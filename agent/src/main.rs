@@ -8,6 +8,7 @@ mod attach;
 mod batch;
 mod cli;
 mod config;
+mod config_files;
 mod console;
 mod cp;
 mod demo;
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

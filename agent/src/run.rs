@@ -12,7 +12,7 @@ use crate::config::{self, Config, Mode};
 use crate::console::Console;
 use crate::deploy::flags::ExecutorArgs;
 use crate::deploy::{Deployed, TaskSpec};
-use crate::executor_client::{Environment, PROFILE_PREFERENCE};
+use crate::executor_client::Environment;
 use crate::model::{self, Kind, Model};
 use crate::templates::Templates;
 use crate::{demo, trajectory};
@@ -116,10 +116,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
                 .filter(|m| !m.is_empty())
         })
         .or_else(|| args.demo.then(|| "scripted".to_string()))
-        .context(
-            "no model: pass --model NAME (or set model.model_name); for a run without an LLM use \
-             --model scripted --script FILE, or --demo",
-        )?;
+        .with_context(|| no_model(config.model.script.is_some(), "agent run"))?;
     config.model.model_name = Some(model_name.clone());
     let kind = Kind::resolve(config.model.model_class.as_deref(), &model_name)?;
     let model = build_model(&config, kind, &model_name, args.demo)?;
@@ -284,26 +281,16 @@ async fn start_environment(
     demo_dir: Option<&Path>,
 ) -> anyhow::Result<Environment> {
     let local = target.local_fs;
-    let mut env =
-        Environment::open_endpoint(&target.endpoint, config.environment.clone(), target.owned)
-            .await?;
-    let layers = env.profile_layers();
-    if local {
-        eprintln!(
-            "executor: profile {:?} (the strongest usable here, preferring {}); layers: {}",
-            env.effective_profile(),
-            PROFILE_PREFERENCE.join(" > "),
-            layers.join(", ")
-        );
-    } else {
-        eprintln!(
-            "executor: {} at {}, profile {:?}; layers: {}",
-            env.hello.server,
-            target.endpoint.url,
-            env.effective_profile(),
-            layers.join(", ")
-        );
+    let mut env = Environment::open_endpoint(
+        &target.endpoint,
+        config.environment.clone(),
+        target.profile_choice(),
+    )
+    .await?;
+    if !local {
+        eprintln!("executor: {} at {}", env.hello.server, target.endpoint.url);
     }
+    eprintln!("{}", env.profile_line());
     let prepared = async {
         if let Some(dir) = demo_dir {
             // A local executor shares our filesystem: the repository goes in the demo
@@ -421,6 +408,24 @@ fn resolve_mode(args: &RunArgs, config: &Config) -> anyhow::Result<Mode> {
         Some(mode) => Ok(mode),
         None if terminal => Ok(Mode::Confirm),
         None => Ok(Mode::Yolo),
+    }
+}
+
+/// Why a run has no model, and what to pass. `script`: a script was given, which only the
+/// scripted model reads.
+pub fn no_model(script: bool, command: &str) -> String {
+    if script {
+        format!(
+            "no model: --script FILE (model.script) is read by the scripted model, which is \
+             named like any other: add `-m scripted` to `{command}` (or name a language model \
+             with --model NAME, or MSWEA_MODEL_NAME)"
+        )
+    } else {
+        format!(
+            "no model: pass --model NAME to `{command}` (or set model.model_name, or \
+             MSWEA_MODEL_NAME); without a language model: `-m scripted --script FILE`, or \
+             `agent run --demo`"
+        )
     }
 }
 

@@ -8,7 +8,7 @@ use crate::agent_loop::Interrupts;
 use crate::config;
 use crate::deploy::flags::ExecutorArgs;
 use crate::deploy::{Deployed, TaskSpec};
-use crate::executor_client::{Client, ClientError, Environment};
+use crate::executor_client::{profile_line, Client, ClientError, Environment};
 use crate::tls::Tls;
 
 /// An executor ready for connections. [`Reached::stop`] tears down what was started for it.
@@ -79,19 +79,25 @@ pub async fn reach(
 }
 
 impl Reached {
-    /// The profile requests name: `--profile`, else for an executor we started the strongest
-    /// whose commands can write here (as `run` picks), else none (the executor's default).
+    /// The profile requests name, said on stderr with why: `--profile`; for an executor we
+    /// started, the strongest whose commands can write here (as `run` chooses, so never
+    /// task-container or trusted on this host by itself); else none: the executor's default,
+    /// said by [`say_default_profile`] once the command's connection has its hello.
     pub async fn profile(&self, flag: Option<&str>) -> anyhow::Result<Option<String>> {
         match flag {
-            Some(p) => Ok(Some(p.to_string())),
+            Some(p) => {
+                eprintln!("{}", profile_line(p, "named with --profile", &[]));
+                Ok(Some(p.to_string()))
+            }
             None if self.target.owned => {
                 let mut probe = Environment::open_endpoint(
                     &self.target.endpoint,
                     config::EnvironmentConfig::default(),
-                    true,
+                    self.target.profile_choice(),
                 )
                 .await?;
                 probe.close().await;
+                eprintln!("{}", probe.profile_line());
                 Ok(probe.profile.clone())
             }
             None => Ok(None),
@@ -112,4 +118,22 @@ impl Reached {
     pub async fn stop(self) {
         self.target.stop().await;
     }
+}
+
+/// For a request that names no profile: the executor's default, said on stderr as
+/// [`Reached::profile`] says the others.
+pub fn say_default_profile(profile: &Option<String>, hello: &protocol::Hello) {
+    if profile.is_some() {
+        return;
+    }
+    let layers = hello
+        .profiles
+        .iter()
+        .find(|p| p.name == hello.default_profile)
+        .map(|p| p.layers.clone())
+        .unwrap_or_default();
+    eprintln!(
+        "{}",
+        profile_line(&hello.default_profile, "the executor's default", &layers)
+    );
 }

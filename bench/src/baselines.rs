@@ -224,8 +224,8 @@ pub fn measure(spawn: &Spawn, settings: &Settings) -> anyhow::Result<BareReport>
 }
 
 /// One-shot runs of `true`, start to exit, each `runs` times: `executor run` per profile and
-/// binary (`executors`: a label and a path; it starts, probes only the profile it is given,
-/// runs the command and cleans up), bwrap (with PATH alone, and in landlock's environment),
+/// binary, and without `--profile` (`executors`: a label and a path; it starts, loads only the
+/// profile it is given or chooses, runs the command and cleans up), bwrap (with PATH alone, and in landlock's environment),
 /// and a bare `bash -c true`. Each is measured twice
 /// per round: in a loop (right after another row's run, as a script's loop runs them) and
 /// alone (after [`ALONE_AFTER`] of idleness, as a command typed by hand). The candidates take
@@ -263,6 +263,20 @@ pub fn oneshot(
         .collect();
     let mut candidates: Vec<Candidate> = Vec::new();
     for (name, executor) in executors {
+        // Without --profile: the run chooses (strict, else landlock), and must cost no more
+        // than naming the profile it chooses.
+        let dir_none = dir.clone();
+        candidates.push(Candidate {
+            label: format!("{name} run (no --profile: chooses strict, else landlock)"),
+            make: Box::new(move || {
+                let mut c = Command::new(executor);
+                c.args(["run", "--cwd"]).arg(&dir_none).args(["--", "true"]);
+                c
+            }),
+            optional: false,
+            looped: Vec::with_capacity(runs),
+            alone: Vec::with_capacity(runs),
+        });
         for profile in profiles {
             let dir = dir.clone();
             candidates.push(Candidate {

@@ -39,16 +39,33 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         };
         env.insert(name.to_string(), value.to_string());
     }
+    // Without --profile, the strongest (strict) is set up as if named, and landlock takes its
+    // place only where strict's set-up fails before the command runs: no probe command first,
+    // which cost a one-shot as much as its own command. task-container and trusted run only
+    // when named.
+    let by_name = args.profile.is_some();
+    let first = args
+        .profile
+        .unwrap_or_else(|| crate::profile::DEFAULT_PREFERENCE[0].to_string());
+    if by_name {
+        eprintln!("executor: profile {first:?} (named with --profile)");
+    } else {
+        eprintln!(
+            "executor: profile {first:?} (the strongest; {} where strict cannot run here; \
+             --profile NAME to choose)",
+            crate::profile::DEFAULT_PREFERENCE[1..].join(", then ")
+        );
+    }
     let request = protocol::ExecRequest {
         id: "local".into(),
         command: args.command.join(" "),
         cwd: Some(cwd.display().to_string()),
         env,
         timeout: Some(args.timeout),
-        profile: args.profile,
+        profile: Some(first),
         stream: true,
     };
-    let valid = request::validate(request, &limits)?;
+    let mut valid = request::validate(request, &limits)?;
     let interpreter = interpreter(&args.common.interpreter)?;
     // Before the runtime's threads exist: a fork server forked from us spares the run an
     // exec of our binary as its helper. Where it cannot be made, the helper is exec'd.
@@ -146,7 +163,9 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(home) = home {
         home.leave();
     }
-    let code = rt.block_on(async move {
+    // A home made for a profile the run steps down to: removed when dropped, after the command.
+    let mut fallback_home: Option<TempHome> = None;
+    let code = rt.block_on(async {
         let (tx, mut rx) = mpsc::channel::<ServerMessage>(16);
         // tokio's stdout: a reader that stops reading blocks its writes, never the runtime's
         // one thread (the timeout still fires).
@@ -159,17 +178,34 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         });
-        let sink = OutputSink {
+        let to = Arc::new(tx);
+        let sink = || OutputSink {
             id: valid.id.clone(),
-            to: Arc::new(tx),
+            to: to.clone(),
         };
-        let stop = async {
+        let stop = || async {
             let _ = tokio::signal::ctrl_c().await;
             StopReason::Cancelled
         };
-        let result = engine
-            .execute(&valid, crate::runner::Io::Capture(Some(sink)), stop)
+        let mut result = engine
+            .execute(&valid, crate::runner::Io::Capture(Some(sink())), stop())
             .await;
+        // The command did not run (an error, never a result): where the profile was ours to
+        // choose, the next one takes its place.
+        let mut choices = crate::profile::DEFAULT_PREFERENCE[1..].iter();
+        while let (false, Err(err), Some(next)) = (by_name, &result, choices.next()) {
+            let failed = valid.profile.clone().unwrap_or_default();
+            eprintln!(
+                "executor: profile {next:?} instead: {failed} cannot run here ({}: {})",
+                err.code, err.message
+            );
+            fallback_home = step_down(&mut engine, next)?;
+            valid.profile = Some(next.to_string());
+            result = engine
+                .execute(&valid, crate::runner::Io::Capture(Some(sink())), stop())
+                .await;
+        }
+        drop(to);
         let _ = printer.await;
         let result = result.map_err(|e| anyhow::anyhow!("{}: {}", e.code, e.message))?;
         if !result.exception_info.is_empty() {
@@ -183,6 +219,8 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(exit_code(result.returncode, result.extra.ended))
     });
+    // Removed as it drops, now that its command is over.
+    drop(fallback_home);
     // The server may have died since (killed, out of memory): then they are ours again. The
     // sweeps of dead runs' leftovers are not ours to wait for (a dead command's tree may be
     // large): a later run's server does them.
@@ -193,6 +231,27 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     code
+}
+
+/// Load built-in profile `name` into `engine` for a run stepping down to it, with the home it
+/// gives its commands (made now; the caller removes it after the command).
+fn step_down(engine: &mut crate::engine::Engine, name: &str) -> anyhow::Result<Option<TempHome>> {
+    let profile = crate::profile::Profile::builtin(name)
+        .transpose()?
+        .with_context(|| format!("no built-in profile {name:?}"))?;
+    let home = match homes::owner(&profile) {
+        Some(owner) => {
+            let home = TempHome::create(owner)?;
+            engine.plan_settings.home = home.dir.clone();
+            Some(home)
+        }
+        None => {
+            engine.plan_settings.home = "/nonexistent".into();
+            None
+        }
+    };
+    engine.profiles.insert(profile.name.clone(), profile);
+    Ok(home)
 }
 
 /// What a run leaves behind once its command is over ([`Leftover`]): its cgroup directories,

@@ -11,6 +11,7 @@ mod files;
 mod helper;
 mod homes;
 mod local;
+mod locale;
 mod metrics;
 mod plan;
 mod profile;

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{CgroupRoot, Controller};
+
+mod cwd;
 use crate::profile::{LandlockFeature, Namespace, Network, Profile, RootMode};
 
 /// What the helper applies, in the order `crate::helper` documents: the sandbox, which can be
@@ -230,6 +232,9 @@ pub struct PlanSettings {
     pub cgroups: CgroupRoot,
     /// The kernel's landlock ABI (0: none), read once at start.
     pub landlock_abi: u32,
+    /// Whether the commands' root has the `C.UTF-8` locale the profiles name; where it does
+    /// not, they get `C` (`crate::locale`).
+    pub utf8_locale: bool,
 }
 
 /// What the client asked for, already validated by `crate::request`, and who asks.
@@ -299,6 +304,29 @@ pub enum PlanError {
         dir: PathBuf,
         rule: PathBuf,
     },
+    #[error(
+        "cannot work in {cwd} under profile {profile}: the sandbox's root has no {cwd}; it \
+         holds only {shown}. Work beneath the workspace, or make {cwd} the workspace (start \
+         the agent or `executor run` there, or `executor serve --workspace {cwd}`)"
+    )]
+    CwdNotInRoot {
+        profile: String,
+        cwd: PathBuf,
+        /// What the root holds, in words.
+        shown: String,
+    },
+    #[error(
+        "cannot work in {cwd} under profile {profile}: {} in the sandbox is a private tmpfs, \
+         empty when each command starts, so {cwd} on the host is not there. Work beneath the \
+         workspace, or make {cwd} the workspace (start the agent or `executor run` there, or \
+         `executor serve --workspace {cwd}`)",
+        tmpfs.display()
+    )]
+    CwdInFreshTmpfs {
+        profile: String,
+        cwd: PathBuf,
+        tmpfs: PathBuf,
+    },
 }
 
 /// Build the plan for one command.
@@ -323,7 +351,21 @@ pub fn plan_command(
     };
     // Cleared environment, then HOME, the profile's defaults, the request: the request wins.
     let mut env = BTreeMap::from([("HOME".to_string(), home.display().to_string())]);
-    env.extend(profile.env.iter().map(|(k, v)| (k.clone(), expand(v))));
+    env.extend(profile.env.iter().map(|(k, v)| {
+        let value = expand(v);
+        // A locale the root lacks would make every command's shell warn before its output.
+        let missing = !settings.utf8_locale
+            && (k == "LANG" || k.starts_with("LC_"))
+            && value == crate::locale::UTF8;
+        (
+            k.clone(),
+            if missing {
+                crate::locale::FALLBACK.to_string()
+            } else {
+                value
+            },
+        )
+    }));
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
 
     let cgroups = plan_cgroups(profile, &settings.cgroups);
@@ -351,6 +393,14 @@ pub fn plan_command(
     if let Some(root) = &spec.private_root {
         check_private_workspaces(profile, root, &sandbox)?;
     }
+    let cwd = spec.cwd.clone().unwrap_or_else(|| workspace.clone());
+    if let Some(mounts) = sandbox
+        .mounts
+        .as_ref()
+        .filter(|m| m.root == RootMode::Empty)
+    {
+        cwd::check_in_root(profile, mounts, workspace, &cwd)?;
+    }
     let layers = layers(&cgroups, &sandbox);
     let mut missing: Vec<String> = rights
         .missing
@@ -369,7 +419,7 @@ pub fn plan_command(
         },
         command: CommandPlan {
             argv,
-            cwd: spec.cwd.clone().unwrap_or_else(|| workspace.clone()),
+            cwd,
             env,
             stdin: spec.stdin,
             builtin: spec.builtin.clone(),

@@ -27,6 +27,7 @@ fn settings() -> PlanSettings {
             one_command: false,
         },
         landlock_abi: 7,
+        utf8_locale: true,
     }
 }
 
@@ -435,4 +436,96 @@ fn request_cwd_is_used() {
     request.cwd = Some("/tmp".into());
     let plan = plan_command(&request, &builtin("trusted"), &settings()).unwrap();
     assert_eq!(plan.command.cwd, PathBuf::from("/tmp"));
+}
+
+#[test]
+fn a_root_without_the_utf8_locale_gets_c_unless_the_request_names_one() {
+    let profile = builtin("strict");
+    let with = plan_command(&spec("true"), &profile, &settings()).unwrap();
+    assert_eq!(with.command.env["LC_ALL"], "C.UTF-8");
+    assert_eq!(with.command.env["LANG"], "C.UTF-8");
+    let without = PlanSettings {
+        utf8_locale: false,
+        ..settings()
+    };
+    let plan = plan_command(&spec("true"), &profile, &without).unwrap();
+    assert_eq!(plan.command.env["LC_ALL"], "C");
+    assert_eq!(plan.command.env["LANG"], "C");
+    // Only the locale changes.
+    let mut rest = plan.command.env.clone();
+    let mut before = with.command.env.clone();
+    for name in ["LC_ALL", "LANG"] {
+        rest.remove(name);
+        before.remove(name);
+    }
+    assert_eq!(rest, before);
+    // A locale the request names is the request's business.
+    let mut asked = spec("true");
+    asked.env.insert("LC_ALL".into(), "C.UTF-8".into());
+    let plan = plan_command(&asked, &profile, &without).unwrap();
+    assert_eq!(plan.command.env["LC_ALL"], "C.UTF-8");
+}
+
+#[test]
+fn a_cwd_outside_a_new_root_is_refused_saying_what_the_root_holds() {
+    let strict = builtin("strict");
+    let mut request = spec("true");
+    request.cwd = Some("/testbed".into());
+    let err = plan_command(&request, &strict, &settings()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, PlanError::CwdNotInRoot { profile, cwd, .. }
+            if profile == "strict" && cwd == Path::new("/testbed")),
+        "{err:?}"
+    );
+    assert!(
+        text.contains("the sandbox's root has no /testbed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the workspace /srv/state/workspace (writable)"),
+        "{text}"
+    );
+    assert!(text.contains("/tmp (private)"), "{text}");
+    assert!(text.contains("--workspace /testbed"), "{text}");
+    // Controls: what the root holds, beneath it, and the directories on the way to a mount.
+    for cwd in [
+        "/srv/state/workspace/src",
+        "/tmp",
+        "/usr/lib",
+        "/",
+        "/srv",
+        "/proc/self",
+    ] {
+        request.cwd = Some(cwd.into());
+        assert!(
+            plan_command(&request, &strict, &settings()).is_ok(),
+            "{cwd} refused"
+        );
+    }
+    // A directory of the host's /tmp is not in strict's /tmp, a fresh tmpfs; one the
+    // workspace puts there is.
+    request.cwd = Some("/tmp/build".into());
+    let err = plan_command(&request, &strict, &settings()).unwrap_err();
+    assert!(
+        matches!(&err, PlanError::CwdInFreshTmpfs { tmpfs, .. } if tmpfs == Path::new("/tmp")),
+        "{err:?}"
+    );
+    assert!(err
+        .to_string()
+        .contains("/tmp in the sandbox is a private tmpfs"));
+    let in_tmp = PlanSettings {
+        workspace: "/tmp/work".into(),
+        ..settings()
+    };
+    request.cwd = Some("/tmp/work/src".into());
+    assert!(plan_command(&request, &strict, &in_tmp).is_ok());
+    // A profile that shows the host's root leaves the cwd to the command's `cd`.
+    request.cwd = Some("/testbed".into());
+    for name in ["landlock", "task-container", "trusted"] {
+        assert!(
+            plan_command(&request, &builtin(name), &settings()).is_ok(),
+            "{name}"
+        );
+    }
 }

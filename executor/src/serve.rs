@@ -507,8 +507,11 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
         .finish(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: a log file or a pipe (an agent keeps ours in a
+    // file, a batch copies it into minisweagent.log) gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),

@@ -156,6 +156,8 @@ pub(crate) async fn setup(
         loader_files,
         cgroups: cgroups.clone(),
         landlock_abi: crate::sys::landlock_abi(),
+        // Every profile's root is made of this host's directories.
+        utf8_locale: crate::locale::root_has(Path::new("/"), crate::locale::UTF8),
     };
     let mut engine = Engine::new(limits, plan_settings, helper_exe(), profiles, String::new());
     if let Some(spawner) = spawner {

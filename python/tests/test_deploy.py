@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import shared_dir, wait_until
 
 from executor_client import DeploymentError
 from executor_client.launch import Deployment
@@ -120,12 +120,16 @@ def test_deployment_without_an_image(stand_in):
     assert stand_in()[0]["argv"] == ["deploy", "up", "--deploy", "remote", "--json"]
 
 
-def test_the_real_agent_deploys_a_local_executor(agent_bin, executor_bin, tmp_path):
+def test_the_real_agent_deploys_a_local_executor(agent_bin, executor_bin, monkeypatch):
     os.environ.setdefault("EXECUTOR_BIN", executor_bin)
+    # Its workspace is the current directory: one the sandbox's uid may write, since on this
+    # machine only strict or landlock is ever chosen.
+    monkeypatch.chdir(shared_dir())
     env = ExecutorEnvironment(deployment="local", agent_bin=agent_bin)
     deployment = env._resources.deployment
     assert deployment is not None
     try:
+        assert env.profile == "strict"
         assert env.execute({"command": "echo deployed"})["output"] == "deployed\n"
     finally:
         env.close()
@@ -145,7 +149,9 @@ def test_mini_extra_executor_puts_our_class_in_the_docker_slot(stand_in, monkeyp
     monkeypatch.setattr(swebench, "get_sb_environment", swebench.get_sb_environment)
     monkeypatch.setattr(swebench_single, "get_sb_environment", swebench_single.get_sb_environment)
     instance = {"instance_id": "demo__slot-1", "image_name": "img/slot:1"}
-    # Control: without it, a class named by its path gets no image from mini.
+    # Control: without it, a class named by its path gets no image from mini (and starts a
+    # local executor here, in a directory the sandbox's uid may write).
+    monkeypatch.chdir(shared_dir())
     unpatched = swebench.get_sb_environment(
         {"environment": {"environment_class": "executor_client.mini.ExecutorEnvironment"}},
         instance,

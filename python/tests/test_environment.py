@@ -5,6 +5,7 @@ with the differences a sandbox makes on purpose (no host environment, the execut
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import platform
 import subprocess
@@ -16,7 +17,7 @@ from minisweagent.environments import get_environment
 from minisweagent.environments.local import LocalEnvironment
 from minisweagent.exceptions import Submitted
 
-from executor_client import ExecutorClientError
+from executor_client import DeploymentError, ExecutorClientError
 from executor_client.mini import ExecutorEnvironment, ExecutorEnvironmentConfig
 
 CLASS = "executor_client.mini.ExecutorEnvironment"
@@ -328,24 +329,49 @@ def test_close_stops_the_local_executor_and_garbage_collection_too(executor_bin)
     wait_until(lambda: process.poll() is not None, timeout=10, what="the executor to stop")
 
 
-def test_the_local_executor_takes_the_strongest_profile_that_can_write_the_directory(
-    executor_bin, tmp_path
+def test_the_local_executor_never_steps_down_to_a_profile_that_writes_the_host(
+    executor_bin, tmp_path, caplog
 ):
-    # A directory only root can write: uid 65534 (strict, landlock) cannot work in it.
+    # A directory only root can write: uid 65534 (strict, landlock) cannot work in it, and
+    # task-container (root, the host's /usr writable) is never chosen by itself.
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
-    environment = ExecutorEnvironment(cwd=str(private))
+    marker = Path("/usr/local") / f"executor-fallback-{os.getpid()}"
+    with pytest.raises(DeploymentError) as refused:
+        ExecutorEnvironment(cwd=str(private))
+    text = str(refused.value)
+    assert f"neither strict nor landlock can run commands that write {private}" in text
+    assert "owned by root, mode 0700" in text
+    # What each lacked: here the sandbox's uid cannot even enter it.
+    assert (
+        "strict: environment_error: sandbox setup failed at stage cwd: cannot enter working "
+        f"directory {private}" in text
+    )
+    assert "; landlock: environment_error: " in text
+    assert "profile: task-container" in text
+    assert f"chown -R 65534:65534 {private}" in text
+    assert not marker.exists()
+    # Named, task-container runs there (root in its own namespaces), and says why.
+    caplog.set_level(logging.INFO, logger="minisweagent.environment")
+    named = ExecutorEnvironment(cwd=str(private), profile="task-container")
     try:
-        assert environment.profile == "task-container"
-        assert environment.execute({"command": "touch made && echo ok"})["output"] == "ok\n"
+        assert named.profile == "task-container"
+        assert named.execute({"command": "touch made && id -u"})["output"] == "0\n"
+        assert (private / "made").exists()
     finally:
-        environment.close()
-    # Control: a directory the sandbox's identity may write gets strict.
+        named.close()
+    assert "'task-container' profile (named in the environment's config" in caplog.text
+    # Control: a directory the sandbox's identity may write gets strict, and the log says why.
+    caplog.clear()
     shared = ExecutorEnvironment(cwd=shared_dir())
     try:
         assert shared.profile == "strict"
+        assert shared.execute({"command": "id -u"})["output"] == "65534\n"
     finally:
         shared.close()
+    assert "'strict' profile (the strongest of strict > landlock whose commands can" in (
+        caplog.text
+    )
 
 
 def test_a_timeout_kills_the_whole_tree_on_the_host(env):

@@ -77,8 +77,9 @@ impl Rootfs {
             0o644,
         );
         fs.text("etc/group", "root:x:0:\nnogroup:x:65534:\n", 0o644);
-        // The profiles set LC_ALL=C.UTF-8; without its files bash warns on every command.
-        fs.host_tree("usr/lib/locale/C.utf8");
+        // No locale files, as in a busybox task image: the executor gives commands `C` here
+        // (the profiles' C.UTF-8 only where the root has it), so bash never warns before
+        // their output (containers' `locale::`).
         fs
     }
 

@@ -176,9 +176,12 @@ async fn with_executor(
     let mut stop = ctx.stop.clone();
     ctx.progress.worker(slot, &format!("{id}: connecting"));
     let opened = async {
-        let mut env =
-            Environment::open_endpoint(&deployed.endpoint, environment.clone(), deployed.owned)
-                .await?;
+        let mut env = Environment::open_endpoint(
+            &deployed.endpoint,
+            environment.clone(),
+            deployed.profile_choice(),
+        )
+        .await?;
         if let Err(e) = env.prepare().await {
             env.close().await;
             anyhow::bail!("{e}");
@@ -190,7 +193,10 @@ async fn with_executor(
         _ = stopped(&mut stop) => return Finished::failed(ExitStatus::Interrupted.as_str(), "interrupted while connecting"),
     };
     let mut env = match opened {
-        Ok(Ok(env)) => env,
+        Ok(Ok(env)) => {
+            ctx.outputs.log(&format!("{id}: {}", env.profile_line()));
+            env
+        }
         Ok(Err(e)) => {
             let reason = format!(
                 "the executor at {} is not usable: {e:#}",

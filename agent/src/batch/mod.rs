@@ -89,7 +89,7 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
                 .ok()
                 .filter(|m| !m.is_empty())
         })
-        .context("no model: pass --model NAME (or model.model_name)")?;
+        .with_context(|| crate::run::no_model(config.model.script.is_some(), "agent batch"))?;
     config.model.model_name = Some(model_name.clone());
     let kind = Kind::resolve(config.model.model_class.as_deref(), &model_name)?;
     let templates = crate::run::templates_from(&mut config, kind);
@@ -118,9 +118,19 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
     let (run_id, deployment) = crate::deploy::for_new_run(&config.environment, "b")?;
     let kind_name = deployment.kind();
     let workers = args.workers.max(1).min(todo.len().max(1));
+    let profile = match (&config.environment.profile, kind_name) {
+        (Some(named), _) => format!("profile {named:?} (named)"),
+        (None, "local") => {
+            "profile strict, else landlock, per instance (the log says which)".into()
+        }
+        (None, "remote" | "reverse") => "the executors' default profiles".into(),
+        (None, _) => {
+            "the strongest profile each executor offers that works (the log says which)".into()
+        }
+    };
     eprintln!(
         "batch: {} instances ({} selected, {skipped} already in {}), {workers} worker(s), \
-         deployment {kind_name}, model {model_name}; output in {}",
+         deployment {kind_name}, {profile}, model {model_name}; output in {}",
         todo.len(),
         total_selected,
         outputs.preds_path().display(),
@@ -183,7 +193,7 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
             _ = hup.recv() => interrupted = stop(&stop_tx, &outputs, interrupted),
         }
     }
-    progress.finish();
+    progress.finish(interrupted);
     if kind_name == "docker" {
         // Every container of ours was removed as its instance ended; make sure.
         match crate::deploy::reap::reap(&ctx.config.environment.docker, Some(&run_id)).await {
@@ -194,12 +204,26 @@ pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
             )),
         }
     }
-    say(&format!(
-        "batch: {} in {:.1}s; preds: {}",
-        if interrupted { "interrupted" } else { "done" },
-        started.elapsed().as_secs_f64(),
-        outputs.preds_path().display()
-    ));
+    let counts = progress.counts();
+    if interrupted {
+        let never = total.saturating_sub(counts.done + counts.interrupted);
+        say(&format!(
+            "batch: interrupted after {:.1}s: {} of {total} instances done, {} interrupted, {never} \
+             not started; run the same command again to do the {} left; preds: {}",
+            started.elapsed().as_secs_f64(),
+            counts.done,
+            counts.interrupted,
+            counts.interrupted + never,
+            outputs.preds_path().display()
+        ));
+    } else {
+        say(&format!(
+            "batch: done in {:.1}s: {} of {total} instances; preds: {}",
+            started.elapsed().as_secs_f64(),
+            counts.done,
+            outputs.preds_path().display()
+        ));
+    }
     Ok(if interrupted { INTERRUPTED } else { 0 })
 }
 

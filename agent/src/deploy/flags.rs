@@ -26,8 +26,10 @@ pub struct ExecutorArgs {
     /// The `executor` binary to start locally (default: next to `agent`, then PATH).
     #[arg(long, value_name = "PATH")]
     pub executor_bin: Option<PathBuf>,
-    /// Sandbox profile (default: the strongest an executor we started offers, else the
-    /// executor's default).
+    /// Sandbox profile. Default: for a local executor, the strongest of strict and landlock
+    /// whose commands can write the workspace (task-container and trusted only when named);
+    /// for one we deployed elsewhere, the strongest it offers that works; else the executor's
+    /// default.
     #[arg(long)]
     pub profile: Option<String>,
     #[command(flatten)]
@@ -36,7 +38,9 @@ pub struct ExecutorArgs {
 
 #[derive(Args, Clone, Default)]
 pub struct DeployArgs {
-    /// Where executors run: local, remote, docker, ssh (environment.deployment).
+    /// Where executors run (environment.deployment): local (started here), remote (running
+    /// ones, --executor URL), docker (a container per task), ssh (copied to a host), reverse
+    /// (executors that dial in to us, for targets behind NAT).
     #[arg(long = "deploy", value_name = "KIND", value_parser = ["local", "remote", "docker", "ssh", "reverse"])]
     pub deployment: Option<String>,
     /// Seconds an executor may take to come up and answer (environment.start_timeout).

@@ -273,3 +273,12 @@ pub fn make_open_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `root`, `alice (uid 1000)`, or `uid 1000` when the host names no such user.
+pub fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) if uid == 0 => user.name,
+        Ok(Some(user)) => format!("{} (uid {uid})", user.name),
+        _ => format!("uid {uid}"),
+    }
+}

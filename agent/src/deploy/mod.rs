@@ -71,6 +71,13 @@ pub struct Deployed {
 }
 
 impl Deployed {
+    /// How the profile is chosen when none is named: a local executor's among strict and
+    /// landlock only, another executor we started among what it offers, a shared one's
+    /// default.
+    pub fn profile_choice(&self) -> crate::executor_client::Choice {
+        crate::executor_client::Choice::for_deployment(self.kind, self.owned)
+    }
+
     /// The executor's own log so far (for error reports), where we have it.
     pub fn log(&self) -> String {
         self.handle.log()

@@ -6,8 +6,9 @@
 //! quarantined (30 s, doubling on each further failure up to 10 min, logged) and the task
 //! takes another, so one dead executor does not fail every task that draws it (it came back
 //! at once and drew most of a batch). When every executor of the pool is in quarantine, a
-//! task fails at once with the last reason instead of waiting (a single dead executor is an
-//! error to `agent exec` and `agent run`, not a hang).
+//! task fails at once with the last reason instead of waiting. A single executor is no pool: one
+//! that cannot be reached fails the task at once, saying so and nothing about quarantines (the
+//! next task tries it again).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -133,6 +134,15 @@ impl Deployment for Pool {
                     Ok(()) => {
                         self.set_penalty(index, Duration::ZERO);
                         break index;
+                    }
+                    // One executor is no pool: no other to take while it sits out, so it
+                    // is tried again by the next task, and the error says only what failed.
+                    Err(reason) if self.executors.len() == 1 => {
+                        let _ = self.give_back.try_send(index);
+                        anyhow::bail!(
+                            "cannot reach the executor at {}: {reason}",
+                            self.executors[index].url
+                        );
                     }
                     Err(reason) => self.quarantine(index, &reason),
                 }

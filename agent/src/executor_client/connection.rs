@@ -83,6 +83,37 @@ pub async fn resume(ws: &mut Ws, session: &str, awaiting: &[String]) -> Result<R
         .unwrap_or_else(|_| Err("no answer to resume in time".into()))
 }
 
+/// What an HTTP refusal of the upgrade means, for the statuses the executor answers with:
+/// 401 for a token it does not know or no token at all (which of the two, we know), 403 for
+/// a browser `Origin` or a `Host` it refuses. Retrying cannot help either.
+fn refused_status(
+    error: &tokio_tungstenite::tungstenite::Error,
+    sent_token: bool,
+) -> Option<String> {
+    let tokio_tungstenite::tungstenite::Error::Http(response) = error else {
+        return None;
+    };
+    match response.status().as_u16() {
+        401 if sent_token => Some(
+            "the executor refused the token we sent (HTTP 401 Unauthorized): it is not this \
+             executor's token; check --token-file / environment.token_file / EXECUTOR_TOKEN"
+                .into(),
+        ),
+        401 => Some(
+            "the executor requires a token and none was given (HTTP 401 Unauthorized): pass \
+             --token-file PATH (environment.token_file) or set EXECUTOR_TOKEN"
+                .into(),
+        ),
+        403 => Some(
+            "the executor refused the connection (HTTP 403 Forbidden): it refuses requests \
+             whose Origin header is not in its --allow-origin list, and on a loopback listener \
+             a Host that is not a loopback name"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
 /// Open a connection and read the hello.
 pub async fn connect(
     url: &str,
@@ -109,7 +140,13 @@ pub async fn connect(
                 reason,
                 retry: false,
             },
-            None => ConnectError::from(e.to_string()),
+            None => match refused_status(&e, token.is_some()) {
+                Some(reason) => ConnectError {
+                    reason,
+                    retry: false,
+                },
+                None => ConnectError::from(e.to_string()),
+            },
         })?;
         loop {
             match ws.next().await {

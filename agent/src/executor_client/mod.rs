@@ -26,7 +26,7 @@ pub use client::{
     ClientError,
 };
 pub use connection::{connect, Ws};
-pub use profile::PROFILE_PREFERENCE;
+pub use profile::{profile_line, Choice, PROFILE_PREFERENCE};
 use session::Attempt;
 
 use crate::config::EnvironmentConfig;
@@ -73,6 +73,8 @@ pub struct Environment {
     pub hello: Hello,
     /// The profile sent with every request; `None` leaves it to the executor's default.
     pub profile: Option<String>,
+    /// Why it is the one (named, the executor's default, chosen), for [`Environment::profile_line`].
+    pub profile_why: String,
     pub config: EnvironmentConfig,
     env: BTreeMap<String, String>,
     /// Set when the configured interpreter differs from the executor's.
@@ -100,28 +102,22 @@ impl Environment {
     pub async fn open_endpoint(
         endpoint: &crate::deploy::Endpoint,
         mut config: EnvironmentConfig,
-        choose_strongest: bool,
+        choice: Choice,
     ) -> anyhow::Result<Self> {
         if endpoint.tls_fingerprint.is_some() || endpoint.tls_ca.is_some() {
             config.tls_fingerprint.clone_from(&endpoint.tls_fingerprint);
             config.tls_ca.clone_from(&endpoint.tls_ca);
         }
-        Self::open(
-            &endpoint.url,
-            endpoint.token.clone(),
-            config,
-            choose_strongest,
-        )
-        .await
+        Self::open(&endpoint.url, endpoint.token.clone(), config, choice).await
     }
 
-    /// Connect, read the hello, and settle the profile. `choose_strongest` applies the
-    /// preference order when no profile is configured (local executors).
+    /// Connect, read the hello, and settle the profile: the configured one, else as `choice`
+    /// says (the executor's default, or the strongest that works of those we may choose).
     pub async fn open(
         url: &str,
         token: Option<String>,
         config: EnvironmentConfig,
-        choose_strongest: bool,
+        choice: Choice,
     ) -> anyhow::Result<Self> {
         let tls = Tls::new(config.tls_fingerprint.as_deref(), config.tls_ca.as_deref())?;
         let (ws, hello) = connect(url, token.as_deref(), &tls)
@@ -186,6 +182,11 @@ impl Environment {
             token,
             tls,
             ws: Some(ws),
+            profile_why: if profile.is_some() {
+                "named with --profile or environment.profile".to_string()
+            } else {
+                "the executor's default".to_string()
+            },
             hello,
             profile,
             config,
@@ -202,8 +203,8 @@ impl Environment {
         // An executor may have no default profile (none of its defaults runs on its host):
         // then requests must name one, and we choose as for a local executor.
         let no_default = environment.hello.default_profile.is_empty();
-        if environment.profile.is_none() && (choose_strongest || no_default) {
-            environment.profile = Some(environment.strongest_usable_profile().await?);
+        if environment.profile.is_none() && (choice != Choice::Default || no_default) {
+            environment.profile = Some(environment.strongest_usable_profile(choice).await?);
         }
         Ok(environment)
     }

@@ -10,7 +10,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use super::session::CUT_SHORT;
-use super::{Environment, Output};
+use super::{Choice, Environment, Output};
 use crate::config::EnvironmentConfig;
 
 use protocol::{
@@ -158,7 +158,7 @@ async fn next_client_message(ws: &mut WebSocketStream<TcpStream>) -> Option<Clie
 }
 
 async fn open(url: &str) -> Environment {
-    Environment::open(url, None, EnvironmentConfig::default(), false)
+    Environment::open(url, None, EnvironmentConfig::default(), Choice::Default)
         .await
         .unwrap()
 }

@@ -214,11 +214,20 @@ impl Runner {
             let template = serde_json::to_vec(&plan.template).map_err(RunError::Plan)?;
             let mut command = serde_json::to_vec(&plan.command).map_err(RunError::Plan)?;
             command.push(b'\n');
+            let broken_before = spawner.is_broken();
             match fork_helper(spawner, &template, warm, &command, output) {
                 Ok((helper, written)) => return Ok((helper, command.split_off(written))),
-                Err(err) => {
-                    tracing::warn!(%err, "fork server failed; starting the helper by exec");
-                }
+                // Said once, when it happens, in words a user can act on; every command after
+                // it takes the same slower path without a line each.
+                Err(err) if !broken_before => tracing::warn!(
+                    %err,
+                    "the fork server (the process that starts each command's sandbox) stopped \
+                     working; commands still run, with the same isolation, each started by \
+                     executing the executor binary again: about a millisecond slower each, and \
+                     no sandbox is built ahead of its command. Nothing to do unless it comes \
+                     back after a restart of the executor: then report it with this log"
+                ),
+                Err(err) => tracing::debug!(%err, "fork server unusable; helper started by exec"),
             }
         }
         // Exec mode: the template's length on a line, the template, then the command line

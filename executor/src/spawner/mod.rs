@@ -169,6 +169,11 @@ impl Spawner {
         result
     }
 
+    /// Whether it failed once: every later command is started by exec.
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
     /// Dismiss every idle worker: their templates name clients as they were, and a reload
     /// of the clients file may have changed what a client is.
     pub fn dismiss_idle(&self) -> io::Result<()> {

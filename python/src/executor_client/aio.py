@@ -898,7 +898,13 @@ class AsyncClient:
             raise PinMismatchError(e.pinned, e.presented) from None
         except InvalidStatus as e:
             status = e.response.status_code
-            hint = {401: " (wrong or missing token)", 403: " (Origin or Host refused)"}
+            refused = (
+                ": the token sent is not this executor's (check token_file or EXECUTOR_TOKEN)"
+                if self._token
+                else ": it requires a token and none was given (token, token_file or "
+                "EXECUTOR_TOKEN)"
+            )
+            hint = {401: refused, 403: " (Origin or Host refused)"}
             raise ConnectError(
                 f"the executor at {self.url} refused the connection: HTTP {status}"
                 + hint.get(status, ""),

@@ -43,6 +43,10 @@ from .sync import Client
 
 #: Profiles from strongest to weakest; where we choose, we take the first that works.
 PROFILE_PREFERENCE = ("strict", "landlock", "task-container", "trusted")
+#: What we choose from by ourselves for an executor on this machine: the profiles that confine
+#: commands to the working directory. task-container (root, the host's system directories
+#: writable) and trusted (no sandbox) would write this machine itself: only when named.
+LOCAL_CHOICES = ("strict", "landlock")
 #: `busy` / `quota_exceeded` answers retried (with backoff up to 5 s) before giving up.
 BUSY_RETRIES = 8
 SUBMIT_SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -228,7 +232,10 @@ class ExecutorEnvironment:
 
     def _start(self) -> None:
         config = self.config
-        choose = False
+        # Which profiles we may choose from when none is named: none (the executor's default),
+        # those an executor started for us offers, or for one on this machine strict and
+        # landlock only.
+        choose: tuple[str, ...] | None = None
         token = None
         if config.url:
             url, token_file, fingerprint = config.url, config.token_file, config.tls_fingerprint
@@ -250,15 +257,20 @@ class ExecutorEnvironment:
             )
             url, token_file = deployment.url, deployment.token_file
             fingerprint = deployment.tls_fingerprint or config.tls_fingerprint
-            # Started for us alone (not a shared remote one): take the strongest that works.
-            choose = deployment.owned
+            # Started for us alone (not a shared remote one): take the strongest that works;
+            # on this machine, never one that writes it.
+            if deployment.deployment == "local":
+                choose = LOCAL_CHOICES
+            elif deployment.owned:
+                choose = PROFILE_PREFERENCE
         else:
             local = LocalExecutor.start(config.cwd or str(Path.cwd()), binary=config.executor_bin)
             self._resources.local = local
             self.logger.info("started a local executor at %s", local.url)
             url, token_file, fingerprint = local.url, local.token_file, None
-            # Ours alone, with every profile: take the strongest that works here.
-            choose = True
+            # Ours alone: the strongest of strict and landlock that works here (the others
+            # are allowed, to be named, never chosen).
+            choose = LOCAL_CHOICES
         client = Client.connect(
             url,
             token=token,
@@ -288,26 +300,36 @@ class ExecutorEnvironment:
                     f"{summary.unavailable_reason or 'no reason given'}"
                 )
             self.profile = config.profile
-        elif choose or not hello.default_profile:
-            self.profile = self._strongest_usable_profile()
+            why = "named in the environment's config (profile)"
+        elif choose is not None or not hello.default_profile:
+            self.profile, why = self._strongest_usable_profile(choose or PROFILE_PREFERENCE)
+        else:
+            why = "the executor's default"
+        self.logger.info(
+            "commands run under the executor's %r profile (%s); layers: %s",
+            self._effective_profile(),
+            why,
+            ", ".join(self._profile_layers()),
+        )
 
-    def _strongest_usable_profile(self) -> str:
-        """The first profile (strongest first) the executor reports available and under which
-        a probe can write the working directory: only a command shows whether the sandbox's
-        identity may write it (uid 65534 cannot write a directory that is yours alone)."""
+    def _strongest_usable_profile(self, choices: tuple[str, ...]) -> tuple[str, str]:
+        """The first of `choices` (strongest first) the executor reports available and under
+        which a probe can write the working directory (only a command shows whether the
+        sandbox's identity may write it: uid 65534 cannot write a directory that is yours
+        alone), and why it is the one."""
         hello = self.client.hello
         names = [p.name for p in hello.profiles]
-        ordered = [p for p in PROFILE_PREFERENCE if p in names]
-        ordered += [p for p in names if p not in ordered]
+        ordered = [p for p in PROFILE_PREFERENCE if p in names and p in choices]
+        if choices == PROFILE_PREFERENCE:
+            ordered += [p for p in names if p not in ordered]
         place = self.config.cwd or hello.workspace
+        refused: list[str] = []
         for name in ordered:
             summary = hello.profile(name)
             if summary is not None and not summary.available:
-                self.logger.info(
-                    "not using profile %s: unavailable on this host (%s)",
-                    name,
-                    summary.unavailable_reason,
-                )
+                why = f"unavailable on this host ({summary.unavailable_reason})"
+                self.logger.info("not using profile %s: %s", name, why)
+                refused.append(f"{name}: {why}")
                 continue
             try:
                 probe = self.client.exec(
@@ -318,15 +340,24 @@ class ExecutorEnvironment:
                 )
             except ExecutorEnvironmentError as e:
                 self.logger.info("not using profile %s: %s", name, e)
+                refused.append(f"{name}: {e}")
                 continue
             if probe.returncode == 0:
-                level = logging.INFO if name in ("strict", "landlock") else logging.WARNING
-                self.logger.log(level, "commands run under the executor's %r profile", name)
-                return name
-            self.logger.info("not using profile %s: its commands cannot write %s", name, place)
+                if choices == LOCAL_CHOICES:
+                    return name, (
+                        f"the strongest of {' > '.join(LOCAL_CHOICES)} whose commands can write "
+                        f"{place}; task-container and trusted run only when named"
+                    )
+                return name, f"the strongest offered whose commands can write {place}"
+            why = f"its commands cannot write {place}"
+            self.logger.info("not using profile %s: %s", name, why)
+            refused.append(f"{name}: {why}")
+        if choices == LOCAL_CHOICES:
+            raise DeploymentError(_no_local_profile(place, refused))
         raise DeploymentError(
-            f"no profile of the executor can run commands that write {place}; make it "
-            "writable for the sandbox or name a profile"
+            f"no profile of the executor can run commands that write {place} "
+            f"({'; '.join(refused) or 'it offers none'}); make it writable by uid 65534 (the "
+            "identity of strict and landlock) or name a profile"
         )
 
     def _effective_profile(self) -> str:
@@ -417,6 +448,38 @@ class ExecutorEnvironment:
             "profile": self._effective_profile(),
             "profile_layers": self._profile_layers(),
         }
+
+
+def _no_local_profile(place: str, refused: list[str]) -> str:
+    """Neither strict nor landlock can write `place` on this machine: what each lacked, who
+    owns it, and the ways out. Never a silent step down to a profile that writes the host."""
+    try:
+        st = Path(place).stat()
+        owner = "root" if st.st_uid == 0 else f"uid {st.st_uid}"
+        described = f"owned by {owner}, mode {st.st_mode & 0o7777:04o}"
+    except OSError:
+        st = None
+        described = "which cannot be read"
+    ways = [
+        "work in a directory uid 65534 (the identity of strict and landlock) may write, or make "
+        f"this one so (`chown -R 65534:65534 {place}`, or `chmod -R o+w {place}`)"
+    ]
+    if st is not None and st.st_uid != 0 and os.geteuid() == 0:
+        ways.append(
+            "run as the directory's owner: a local executor of an ordinary user runs landlock's "
+            "commands as that user"
+        )
+    ways.append(
+        "only in a disposable task container (a SWE-bench image's /testbed), name "
+        "`profile: task-container` in the environment's config: its commands run as root and "
+        "can write this machine's system directories"
+    )
+    return (
+        f"neither strict nor landlock can run commands that write {place} ({described}): "
+        f"{'; '.join(refused) or 'the executor offers neither'}. ExecutorEnvironment chooses "
+        "only between those two by itself; task-container and trusted write the host and run "
+        f"only when named. Ways out: {'; or '.join(ways)}"
+    )
 
 
 def _exception_output(error: Exception, output: str) -> dict[str, Any]:

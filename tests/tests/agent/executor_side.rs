@@ -273,9 +273,28 @@ async fn agent_exec_prints_output_and_exits_with_the_return_code() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_exec_starts_and_stops_a_local_executor_without_a_url() {
-    let (code, out, err) = agent_exec(&["--", "echo local"]).await;
+    // In a directory the sandbox's identity may write (a root-owned one is refused:
+    // `choices::`).
+    let s = Scratch::new();
+    let out = tokio::time::timeout(
+        PATIENCE,
+        tokio::process::Command::new(binary("agent"))
+            .args(["exec", "--", "echo local"])
+            .current_dir(s.path())
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("agent exec did not finish")
+    .unwrap();
+    let (code, out, err) = (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
     assert_eq!((code, out.as_str()), (0, "local\n"), "{err}");
     assert!(err.contains("started a local executor"), "{err}");
+    assert!(err.contains("executor: profile \"strict\""), "{err}");
 }
 
 /// Kills the child when the test ends, however it ends.

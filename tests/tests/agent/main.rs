@@ -3,10 +3,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod attached;
+mod choices;
 mod copies;
 mod executor_side;
 mod exits;
 mod interactive;
+mod messages;
 mod mock;
 mod models;
 mod resume;
@@ -61,13 +63,17 @@ impl Default for Scratch {
 }
 
 impl Scratch {
+    /// Writable by the sandbox's identity (uid 65534 under strict and landlock): a local
+    /// executor works here under strict, as in a user's own checkout (the agent never steps
+    /// down to a profile that writes the host).
     pub fn new() -> Self {
-        Self {
-            dir: tempfile::Builder::new()
-                .prefix("agent-e2e-")
-                .tempdir()
-                .unwrap(),
-        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new()
+            .prefix("agent-e2e-")
+            .tempdir()
+            .unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        Self { dir }
     }
 
     pub fn path(&self) -> &Path {

@@ -3,6 +3,7 @@
 //! so and carry the load with landlock; a `--privileged` one can run strict. The host sees
 //! every container process, and checks for survivors there.
 
+mod locale;
 mod no_bash;
 mod privileged;
 mod survivors;

@@ -123,8 +123,10 @@ async fn on_a_terminal_a_batch_draws_a_bar_with_eta_and_a_status_table_not_plain
         .unwrap();
     eprintln!("--- terminal ---\n{screen}");
     assert_eq!(bench.preds().len(), 2);
-    // The bar, finished, with its count and ETA; the table with both ids under Submitted.
-    assert!(screen.contains("2/2 instances, ETA"), "{screen}");
+    // The bar, finished, with its count (no ETA before a first instance is done: none of
+    // indicatif's `ETA 0s`); the table with both ids under Submitted.
+    assert!(screen.contains("2/2 instances done"), "{screen}");
+    assert!(!screen.contains("ETA 0s"), "{screen}");
     assert!(screen.contains('='), "{screen}");
     assert!(screen.contains("exit status  count  recent"), "{screen}");
     // Its rows are drawn over each other with cursor moves, not newlines: the last one drawn.

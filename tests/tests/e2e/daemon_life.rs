@@ -158,9 +158,18 @@ async fn audit_log_has_one_line_per_command_without_the_token() {
 #[tokio::test]
 async fn a_local_executor_dies_with_the_agent_that_started_it_even_by_sigkill() {
     let m = marker();
+    // A directory the sandbox's uid may write: the agent runs nothing in one it cannot
+    // (agent `choices::`).
+    let here = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        here.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let mut agent = std::process::Command::new(executor_tests::binary("agent"))
         .args(["exec", "--timeout", "600", "--"])
         .arg(marked_sleep(&m))
+        .current_dir(here.path())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -256,6 +265,17 @@ async fn commands_still_run_when_the_fork_server_dies() {
             .layers
             .contains(&"seccomp".to_string()));
     }
+    // Said in the log once, in words a user can act on, not once per command.
+    let log = daemon.log();
+    assert_eq!(
+        log.matches(
+            "the fork server (the process that starts each command's sandbox) stopped working; \
+             commands still run, with the same isolation"
+        )
+        .count(),
+        1,
+        "{log}"
+    );
     // Nothing outlives an exec'd helper's command either: not what it left behind, not a
     // command timed out (with a pid namespace the exec'd helper stands in for the fork
     // server and relays the lifeline to init; without one it watches the command itself).

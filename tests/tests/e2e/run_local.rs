@@ -59,6 +59,59 @@ async fn a_run_passes_on_the_output_and_the_exit_status_under_each_profile() {
 }
 
 #[tokio::test]
+async fn a_run_without_profile_takes_strict_or_else_landlock_and_says_which_and_why() {
+    if !require("root", is_root()) {
+        return;
+    }
+    let run = |uid: Option<u32>| {
+        let exe = executor_tests::binary("executor");
+        let mut c = match uid {
+            Some(id) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    format!("--reuid={id}"),
+                    format!("--regid={id}"),
+                    "--clear-groups".into(),
+                ])
+                .arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        c.args(["run", "--cwd", "/tmp", "--", "id -u; echo $LC_ALL"]);
+        c.output().unwrap()
+    };
+    // As root: strict, chosen as the strongest, said before the command's output.
+    let root = run(None);
+    let stderr = String::from_utf8_lossy(&root.stderr);
+    assert_eq!(root.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stderr,
+        "executor: profile \"strict\" (the strongest; landlock where strict cannot run \
+         here; --profile NAME to choose)\n"
+    );
+    assert_eq!(String::from_utf8_lossy(&root.stdout), "65534\nC.UTF-8\n");
+    // As an ordinary user strict cannot build its namespaces: landlock takes its place, the
+    // command runs once, and stderr says why.
+    let user = run(Some(65534));
+    let stderr = String::from_utf8_lossy(&user.stderr);
+    assert_eq!(user.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&user.stdout), "65534\nC.UTF-8\n");
+    assert!(
+        stderr.contains(
+            "executor: profile \"landlock\" instead: strict cannot run here (environment_error: "
+        ),
+        "{stderr}"
+    );
+    // Named, it is the one used, and said so; never task-container by itself.
+    let named = executor_run("landlock", &[], "true").output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&named.stderr),
+        "executor: profile \"landlock\" (named with --profile)\n"
+    );
+}
+
+#[tokio::test]
 async fn a_run_past_its_timeout_exits_124_and_leaves_no_process_behind() {
     if !require("root", is_root()) {
         return;
