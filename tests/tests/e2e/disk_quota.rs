@@ -1,0 +1,337 @@
+//! Disk quotas: a client's workspace, home and temporary space are a filesystem of its own (an
+//! ext4 image on a loop device). Writing past the quota fails inside the sandbox with ENOSPC
+//! and the result names the quota; other clients, and the same client under its quota, write
+//! on; the files are on the host where the hello says; nothing stays mounted or attached once
+//! the daemon stops.
+
+use std::path::Path;
+use std::time::Duration;
+
+use executor_tests::{eventually, is_root, req, require, Client, Daemon, PATIENCE};
+use nix::sys::signal::Signal;
+
+use crate::clients::{clients_file, connect, start, ALICE, BOB};
+
+const MIB: u64 = 1024 * 1024;
+
+/// Whether this host can have loop devices (root, and /dev/loop-control).
+fn loops_available() -> bool {
+    require("root", is_root())
+        && require(
+            "loop devices (/dev/loop-control)",
+            Path::new("/dev/loop-control").exists(),
+        )
+}
+
+fn in_profile(id: &str, command: &str, profile: &str) -> protocol::ExecRequest {
+    let mut r = req(id, command);
+    r.profile = Some(profile.into());
+    r.timeout = Some(60.0);
+    r
+}
+
+async fn run(client: &mut Client, r: protocol::ExecRequest) -> protocol::ExecResult {
+    let id = r.id.clone();
+    client
+        .exec(r)
+        .await
+        .result
+        .unwrap_or_else(|err| panic!("{id}: {err:?}"))
+}
+
+/// Mount points beneath `dir`, from the host's mount table.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| Path::new(p).starts_with(dir))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Loop devices whose backing file is beneath `dir` (`losetup -a`).
+fn loops_under(dir: &Path) -> Vec<String> {
+    let out = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&*dir.to_string_lossy()))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Unmounts what is left beneath a state directory when a test fails before its daemon
+/// stopped (the harness kills a daemon with SIGKILL, which unmounts nothing). Declared before
+/// the daemon, so that it runs after the daemon is gone.
+#[derive(Default)]
+struct Leftovers(Option<std::path::PathBuf>);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        if let Some(state) = &self.0 {
+            for point in mounts_under(state) {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&point)
+                    .status();
+            }
+        }
+    }
+}
+
+/// Stop the daemon as an operator would, then check that it left no mount and no loop device.
+async fn stop_and_check_nothing_left(mut daemon: Daemon) {
+    let state = daemon.state.path().to_path_buf();
+    assert!(
+        !mounts_under(&state).is_empty() && !loops_under(&state).is_empty(),
+        "volumes mounted while the daemon runs"
+    );
+    let status = daemon.signal_and_wait(Signal::SIGTERM);
+    assert!(status.success(), "{status:?}\n{}", daemon.log());
+    // The loop device goes with the filesystem's last reference (autoclear), which the
+    // kernel drops once the daemon's sandboxes are gone: allow it a moment on a busy machine.
+    let gone = eventually(PATIENCE, || {
+        mounts_under(&state).is_empty() && loops_under(&state).is_empty()
+    })
+    .await;
+    assert!(
+        gone,
+        "left after the daemon stopped: mounts {:?}, loop devices {:?}\n{}",
+        mounts_under(&state),
+        loops_under(&state),
+        daemon.log()
+    );
+}
+
+#[tokio::test]
+async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_others_write_on() {
+    if !loops_available() {
+        return;
+    }
+    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
+         "disk_quota_bytes": 16 * MIB},
+        {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client",
+         "disk_quota_bytes": 64 * MIB},
+    ]}));
+    let mut leftovers = Leftovers::default();
+    let daemon = start(&file, &[]);
+    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let mut alice = connect(&daemon, ALICE).await;
+    let mut bob = connect(&daemon, BOB).await;
+    let quota = &alice.hello.disk_quota;
+    assert_eq!(quota.mechanism, "ext4_loop", "{quota:?}");
+    assert_eq!(quota.bytes, Some(16 * MIB));
+    assert_eq!(quota.covers, ["workspace", "home", "tmp"]);
+    assert_eq!(bob.hello.disk_quota.bytes, Some(64 * MIB));
+
+    // Past the quota: dd fails with ENOSPC inside the sandbox; the result names the quota.
+    let full = run(
+        &mut alice,
+        in_profile(
+            "fill",
+            "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
+            "strict",
+        ),
+    )
+    .await;
+    assert!(
+        full.output.contains("No space left on device") && full.output.contains("rc=1"),
+        "{full:?}"
+    );
+    assert!(
+        full.extra.limits_hit.contains(&"disk_bytes".to_string()),
+        "{full:?}"
+    );
+    assert!(!full.extra.limits_hit.contains(&"disk_files".to_string()));
+    // The file is on the host, in the client's workspace the hello named, cut at the quota.
+    let big = Path::new(&alice.hello.workspace).join("big");
+    let size = std::fs::metadata(&big).unwrap().len();
+    assert!(size > 8 * MIB && size < 16 * MIB, "{size}");
+
+    // Another client writes twice as much, on a filesystem of its own.
+    let other = run(
+        &mut bob,
+        in_profile(
+            "write",
+            "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
+            "strict",
+        ),
+    )
+    .await;
+    assert!(other.output.contains("rc=0"), "{other:?}");
+    assert!(other.extra.limits_hit.is_empty(), "{other:?}");
+    let bobs = Path::new(&bob.hello.workspace).join("big");
+    assert_eq!(std::fs::metadata(&bobs).unwrap().len(), 32 * MIB);
+
+    // The same client, under its quota again, writes fine; its home and TMPDIR count too
+    // (landlock's commands have them).
+    let again = run(
+        &mut alice,
+        in_profile(
+            "again",
+            "rm big && dd if=/dev/zero of=small bs=1M count=4 2>&1 && echo rc=$?",
+            "strict",
+        ),
+    )
+    .await;
+    assert!(again.output.contains("rc=0"), "{again:?}");
+    assert!(again.extra.limits_hit.is_empty(), "{again:?}");
+    let tmp = run(
+        &mut alice,
+        in_profile(
+            "tmp",
+            "dd if=/dev/zero of=\"$TMPDIR/t\" bs=1M count=32 2>&1; echo rc=$?; echo tmp=$TMPDIR",
+            "landlock",
+        ),
+    )
+    .await;
+    assert!(
+        tmp.output.contains("No space left on device") && tmp.output.contains("rc=1"),
+        "{tmp:?}"
+    );
+    assert!(
+        tmp.extra.limits_hit.contains(&"disk_bytes".to_string()),
+        "{tmp:?}"
+    );
+    let home = run(
+        &mut alice,
+        in_profile("home", "rm \"$TMPDIR/t\"; echo $HOME", "landlock"),
+    )
+    .await;
+    let home = home.output.trim();
+    // The home is the client's own, on its volume (not the host's /tmp).
+    assert!(
+        mounts_under(daemon.state.path())
+            .iter()
+            .any(|m| Path::new(home).starts_with(m)),
+        "{home} is on no volume: {:?}",
+        mounts_under(daemon.state.path())
+    );
+    drop((alice, bob));
+    stop_and_check_nothing_left(daemon).await;
+}
+
+#[tokio::test]
+async fn creating_files_past_the_file_quota_gets_enospc_and_the_result_names_the_file_quota() {
+    if !loops_available() {
+        return;
+    }
+    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
+         "disk_quota_bytes": 32 * MIB, "disk_quota_files": 100},
+        {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client",
+         "disk_quota_bytes": 32 * MIB},
+    ]}));
+    let mut leftovers = Leftovers::default();
+    let daemon = start(&file, &[]);
+    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let mut alice = connect(&daemon, ALICE).await;
+    let mut bob = connect(&daemon, BOB).await;
+    assert_eq!(alice.hello.disk_quota.files, Some(100));
+    let touch =
+        "for i in $(seq 1 300); do touch f$i 2>&1 || { echo stopped=$i; break; }; done; ls | wc -l";
+    let full = run(&mut alice, in_profile("files", touch, "strict")).await;
+    assert!(
+        full.output.contains("No space left on device") && full.output.contains("stopped="),
+        "{full:?}"
+    );
+    assert!(
+        full.extra.limits_hit.contains(&"disk_files".to_string()),
+        "{full:?}"
+    );
+    assert!(!full.extra.limits_hit.contains(&"disk_bytes".to_string()));
+    // On the host: fewer files than asked for, more than none.
+    let made = std::fs::read_dir(&alice.hello.workspace).unwrap().count();
+    assert!((50..300).contains(&made), "{made}");
+    // Bob's quota has files to spare (one per 16 KiB: 2048).
+    let fine = run(&mut bob, in_profile("files", touch, "strict")).await;
+    assert!(!fine.output.contains("stopped="), "{fine:?}");
+    assert!(fine.extra.limits_hit.is_empty(), "{fine:?}");
+    assert_eq!(
+        std::fs::read_dir(&bob.hello.workspace).unwrap().count(),
+        300
+    );
+    // Alice, under her quota again, creates files.
+    let again = run(
+        &mut alice,
+        in_profile("again", "rm -f f*; touch a b c && echo made", "strict"),
+    )
+    .await;
+    assert!(again.output.contains("made"), "{again:?}");
+    assert!(again.extra.limits_hit.is_empty(), "{again:?}");
+    drop((alice, bob));
+    stop_and_check_nothing_left(daemon).await;
+}
+
+#[tokio::test]
+async fn a_single_token_daemon_puts_its_workspace_under_the_quota_its_flags_set() {
+    if !loops_available() {
+        return;
+    }
+    let mut leftovers = Leftovers::default();
+    let daemon = Daemon::start_with(&[
+        "--disk-quota-bytes",
+        &(16 * MIB).to_string(),
+        "--disk-quota-files",
+        "1000",
+    ]);
+    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let mut client = daemon.connect().await;
+    let quota = &client.hello.disk_quota;
+    assert_eq!(quota.mechanism, "ext4_loop", "{quota:?}");
+    assert_eq!((quota.bytes, quota.files), (Some(16 * MIB), Some(1000)));
+    let workspace = Path::new(&client.hello.workspace).to_path_buf();
+    assert!(
+        mounts_under(daemon.state.path())
+            .iter()
+            .any(|m| workspace.starts_with(m)),
+        "{} is on no volume",
+        workspace.display()
+    );
+    let full = run(
+        &mut client,
+        in_profile(
+            "fill",
+            "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
+            "strict",
+        ),
+    )
+    .await;
+    assert!(full.output.contains("No space left on device"), "{full:?}");
+    assert!(full.extra.limits_hit.contains(&"disk_bytes".to_string()));
+    let small = run(
+        &mut client,
+        in_profile("small", "rm big; echo hi > small && cat small", "strict"),
+    )
+    .await;
+    assert_eq!(small.output, "hi\n");
+    assert!(small.extra.limits_hit.is_empty(), "{small:?}");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("small")).unwrap(),
+        "hi\n"
+    );
+    // The daemon's own files are not on the volume: its audit log is still written.
+    assert!(
+        eventually(Duration::from_secs(10), || daemon
+            .audit()
+            .iter()
+            .any(|r| r["id"] == "small"))
+        .await
+    );
+    drop(client);
+    stop_and_check_nothing_left(daemon).await;
+}
+
+#[tokio::test]
+async fn without_a_quota_the_hello_says_none_and_why() {
+    let daemon = Daemon::start();
+    let client = daemon.connect().await;
+    let quota = &client.hello.disk_quota;
+    assert_eq!(quota.mechanism, "none");
+    assert!(quota.reason.contains("no disk quota is set"), "{quota:?}");
+    assert!(mounts_under(daemon.state.path()).is_empty());
+}
