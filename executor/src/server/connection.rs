@@ -566,6 +566,11 @@ impl Connection {
                 "the executor is shutting down",
             ));
         }
+        // Every command leaves a record: none is accepted that the audit log could not keep.
+        self.daemon
+            .audit
+            .ready()
+            .map_err(|why| ExecError::new(ErrorCode::EnvironmentError, why))?;
         let mut valid = validate(req, limits)
             .map_err(|err| ExecError::new(ErrorCode::BadRequest, err.to_string()))?;
         // The client's entry as of the last reload: limits and profiles may have changed.

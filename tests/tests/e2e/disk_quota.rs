@@ -335,3 +335,73 @@ async fn without_a_quota_the_hello_says_none_and_why() {
     assert!(quota.reason.contains("no disk quota is set"), "{quota:?}");
     assert!(mounts_under(daemon.state.path()).is_empty());
 }
+
+#[tokio::test]
+async fn commands_are_refused_while_the_audit_log_cannot_reserve_its_disk_and_accepted_once_it_can()
+{
+    if !require("root (to mount a small tmpfs)", is_root()) {
+        return;
+    }
+    // A small filesystem for the state directory, nearly filled before the daemon starts: the
+    // audit log cannot reserve its 8 MiB ahead.
+    let fs = tempfile::Builder::new()
+        .prefix("executor-small-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "mode=0755,size=16m", "tmpfs"])
+        .arg(fs.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(fs.path().to_path_buf());
+    let filler = fs.path().join("filler");
+    let status = std::process::Command::new("fallocate")
+        .args(["-l", "14m"])
+        .arg(&filler)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
+        state_parent: Some(fs.path().to_path_buf()),
+        ..Default::default()
+    });
+    let mut client = daemon.connect().await;
+    let refused = client.exec(req("refused", "echo ran")).await.result;
+    let err = refused.expect_err("accepted without the audit log's reserve");
+    assert_eq!(err.code, protocol::ErrorCode::EnvironmentError);
+    assert!(
+        err.message.contains("audit log") && err.message.contains("reserved"),
+        "{err:?}"
+    );
+    // Space freed: the reserve is taken on the next command, which runs and is recorded.
+    std::fs::remove_file(&filler).unwrap();
+    let ran = client.run("ran", "echo ran").await;
+    assert_eq!(ran.output, "ran\n");
+    assert!(
+        eventually(Duration::from_secs(10), || daemon
+            .audit()
+            .iter()
+            .any(|r| r["id"] == "ran"))
+        .await
+    );
+    // The log holds its reserve: blocks allocated past its end.
+    let log = daemon.state.path().join("audit.jsonl");
+    let meta = std::fs::metadata(&log).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        meta.blocks() * 512 >= meta.len() + 4 * MIB,
+        "{} bytes, {} allocated",
+        meta.len(),
+        meta.blocks() * 512
+    );
+}
