@@ -405,3 +405,43 @@ async fn commands_are_refused_while_the_audit_log_cannot_reserve_its_disk_and_ac
         meta.blocks() * 512
     );
 }
+
+#[tokio::test]
+async fn executor_check_says_which_disk_quota_mechanism_this_host_has_and_why_not_when_none() {
+    if !loops_available() {
+        return;
+    }
+    let check = |user: Option<u32>| {
+        let mut command = match user {
+            None => std::process::Command::new(executor_tests::binary("executor")),
+            Some(id) => {
+                let mut c = std::process::Command::new("setpriv");
+                c.arg(format!("--reuid={id}"))
+                    .arg(format!("--regid={id}"))
+                    .arg("--clear-groups")
+                    .arg(executor_tests::binary("executor"));
+                c
+            }
+        };
+        let out = command.arg("check").output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("disk quotas:"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let root = check(None);
+    assert!(root.starts_with("disk quotas: ext4_loop"), "{root}");
+    // Not root: no loop device can be had, and the line says so.
+    let user = check(Some(65534));
+    assert!(
+        user.starts_with("disk quotas: none") && user.contains("not root"),
+        "{user}"
+    );
+    // The probe left nothing mounted or attached.
+    assert!(loops_under(Path::new("/var/tmp/executor-check-")).is_empty());
+    assert!(!std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains("executor-check-"));
+}
