@@ -445,3 +445,103 @@ async fn executor_check_says_which_disk_quota_mechanism_this_host_has_and_why_no
         .unwrap()
         .contains("executor-check-"));
 }
+
+#[tokio::test]
+async fn a_session_scratch_is_on_its_clients_volume_and_goes_with_the_session() {
+    if !loops_available() {
+        return;
+    }
+    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_connection",
+         "disk_quota_bytes": 16 * MIB},
+    ]}));
+    let mut leftovers = Leftovers::default();
+    let daemon = start(&file, &[]);
+    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let mut alice = connect(&daemon, ALICE).await;
+    let scratch = Path::new(&alice.hello.workspace).to_path_buf();
+    let full = run(
+        &mut alice,
+        in_profile(
+            "fill",
+            "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
+            "strict",
+        ),
+    )
+    .await;
+    assert!(full.output.contains("No space left on device"), "{full:?}");
+    assert!(full.extra.limits_hit.contains(&"disk_bytes".to_string()));
+    let volume = mounts_under(daemon.state.path());
+    assert!(
+        volume.iter().any(|m| scratch.starts_with(m)),
+        "{} is on no volume: {volume:?}",
+        scratch.display()
+    );
+    assert!(scratch.join("big").exists());
+    // The session ends: its scratch goes, and with it the space it held.
+    drop(alice);
+    assert!(
+        eventually(PATIENCE, || !scratch.exists()).await,
+        "{} left",
+        scratch.display()
+    );
+    let mut again = connect(&daemon, ALICE).await;
+    let fits = run(
+        &mut again,
+        in_profile(
+            "fits",
+            "dd if=/dev/zero of=f bs=1M count=8 2>&1; echo rc=$?",
+            "strict",
+        ),
+    )
+    .await;
+    assert!(fits.output.contains("rc=0"), "{fits:?}");
+    assert!(fits.extra.limits_hit.is_empty(), "{fits:?}");
+    drop(again);
+    stop_and_check_nothing_left(daemon).await;
+}
+
+#[tokio::test]
+async fn a_quota_larger_than_the_hosts_free_disk_is_refused_with_an_error_naming_it() {
+    if !loops_available() {
+        return;
+    }
+    // A petabyte: no test machine has it free. Control: a small quota on the same host is
+    // had (the other tests).
+    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
+         "disk_quota_bytes": 1u64 << 50},
+        {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client",
+         "disk_quota_bytes": 16 * MIB},
+    ]}));
+    let mut leftovers = Leftovers::default();
+    let daemon = start(&file, &[]);
+    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let mut alice = connect(&daemon, ALICE).await;
+    let mut bob = connect(&daemon, BOB).await;
+    let err = alice
+        .exec(in_profile("big", "echo ran > f", "strict"))
+        .await
+        .result
+        .expect_err("ran without its quota");
+    assert_eq!(err.code, protocol::ErrorCode::EnvironmentError);
+    assert!(
+        err.message.contains("disk quota") && err.message.contains("free"),
+        "{err:?}"
+    );
+    // Nothing was allocated for it on the host.
+    assert!(!daemon.state.path().join("volumes/alice.img").exists());
+    assert!(!daemon
+        .state
+        .path()
+        .join("volumes/alice.img.partial")
+        .exists());
+    let ok = run(
+        &mut bob,
+        in_profile("small", "echo ran > f && cat f", "strict"),
+    )
+    .await;
+    assert_eq!(ok.output, "ran\n");
+    drop((alice, bob));
+    stop_and_check_nothing_left(daemon).await;
+}
