@@ -256,7 +256,7 @@ impl Volumes {
         run(
             "mount",
             &point,
-            std::process::Command::new("mount")
+            std::process::Command::new(tool("mount"))
                 .args(["-t", "ext4", "-o", "loop,nosuid,nodev"])
                 .arg(&image)
                 .arg(&point),
@@ -312,7 +312,7 @@ impl Volumes {
         let made = run(
             "mkfs.ext4",
             &partial,
-            std::process::Command::new("mkfs.ext4")
+            std::process::Command::new(tool("mkfs.ext4"))
                 .args(["-q", "-F", "-m", "0", "-N"])
                 .arg(quota.files.to_string())
                 .args(["-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"])
@@ -438,6 +438,17 @@ fn unescape_mountinfo(field: &str) -> PathBuf {
         }
     }
     PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// A system tool by its path: in `PATH`, or where Debian puts it (root's `PATH` may lack the
+/// sbin directories when the daemon is started by a service manager or a script).
+fn tool(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// Run a tool to its end; its stderr is the error.
