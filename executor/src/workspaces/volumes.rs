@@ -217,8 +217,14 @@ impl Volumes {
         if let Some(point) = mounted.get(name) {
             return Ok(point.clone());
         }
+        let started = std::time::Instant::now();
         self.mount_new(name, quota)?;
         let point = self.mount_point(name);
+        tracing::info!(
+            volume = name,
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            "disk quota volume mounted"
+        );
         mounted.insert(name.to_string(), point.clone());
         Ok(point)
     }
