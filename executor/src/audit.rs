@@ -75,7 +75,7 @@ impl Reserve {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let len = self.file.metadata().map(|m| m.len()).unwrap_or(0);
-        if state.1.is_none() && state.0 >= len + RESERVE_BYTES / 2 {
+        if state.1.is_none() && state.0 >= len.saturating_add(RESERVE_BYTES / 2) {
             return Ok(());
         }
         let outcome = nix::fcntl::fallocate(
@@ -90,6 +90,15 @@ impl Reserve {
                     tracing::info!(path = %self.path.display(), "the audit log has its disk reserved again: commands are accepted");
                 }
                 state.0 = len + RESERVE_BYTES;
+                Ok(())
+            }
+            // A filesystem that cannot reserve (some network and FUSE filesystems) is not a
+            // full disk: said once, and commands go on.
+            Err(nix::errno::Errno::EOPNOTSUPP) => {
+                if state.0 != u64::MAX {
+                    tracing::warn!(path = %self.path.display(), "the audit log's filesystem cannot reserve disk ahead (fallocate unsupported): a client filling it could stop the log");
+                    state.0 = u64::MAX;
+                }
                 Ok(())
             }
             Err(err) => {
