@@ -400,12 +400,7 @@ fn disk_quotas() -> Result<(), String> {
         .mode(0o700)
         .create(&dir)
         .map_err(|err| format!("no directory to try one in: {}: {err}", dir.display()))?;
-    let volumes = crate::workspaces::Volumes::new(
-        dir.join("images"),
-        dir.join("mounts"),
-        dir.join("shared"),
-        None,
-    );
+    let volumes = crate::workspaces::Volumes::new(dir.join("images"), dir.join("mounts"), None);
     let outcome = volumes.probe();
     // Emptied by the probe (the image removed, the volume unmounted).
     let _ = std::fs::remove_dir_all(&dir);

@@ -63,7 +63,6 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     let mut volumes = workspaces::Volumes::new(
         state_dir.join("volumes"),
         workspaces_root.join("volume"),
-        state_dir.join("shared-volume"),
         default_quota,
     );
     volumes.clear_leftovers();

@@ -121,8 +121,6 @@ pub struct Volumes {
     /// Where clients' volumes are mounted (beneath the workspaces' root, which no command
     /// reaches but for its own).
     mounts: PathBuf,
-    /// Where the shared volume is mounted (the daemon's default workspace's place).
-    shared: PathBuf,
     /// The quota of clients whose entry sets none, and of the shared volume (`--disk-quota-*`).
     pub default: Option<DiskQuota>,
     /// Whether the shared workspace is on the shared volume (it is not when the operator
@@ -135,16 +133,10 @@ pub struct Volumes {
 }
 
 impl Volumes {
-    pub fn new(
-        images: PathBuf,
-        mounts: PathBuf,
-        shared: PathBuf,
-        default: Option<DiskQuota>,
-    ) -> Self {
+    pub fn new(images: PathBuf, mounts: PathBuf, default: Option<DiskQuota>) -> Self {
         Self {
             images,
             mounts,
-            shared,
             default,
             shared_workspace: false,
             probed: std::sync::OnceLock::new(),
@@ -199,11 +191,7 @@ impl Volumes {
 
     /// Where the volume `name` is mounted (whether or not it is now).
     pub fn mount_point(&self, name: &str) -> PathBuf {
-        if name == SHARED {
-            self.shared.clone()
-        } else {
-            self.mounts.join(name)
-        }
+        self.mounts.join(name)
     }
 
     /// Mount the volume `name` (made for `quota` if it has no image yet) and return where;
@@ -383,7 +371,7 @@ impl Volumes {
             .lines()
             .filter_map(|line| line.split(' ').nth(4))
             .map(unescape_mountinfo)
-            .filter(|p| (p.starts_with(&self.mounts) && p != &self.mounts) || p == &self.shared)
+            .filter(|p| p.starts_with(&self.mounts) && p != &self.mounts)
             .collect();
         points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         for point in points {

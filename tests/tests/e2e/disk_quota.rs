@@ -273,12 +273,15 @@ async fn a_single_token_daemon_puts_its_workspace_under_the_quota_its_flags_set(
         return;
     }
     let mut leftovers = Leftovers::default();
-    let daemon = Daemon::start_with(&[
+    let quota = (16 * MIB).to_string();
+    let mut flags = vec![
         "--disk-quota-bytes",
-        &(16 * MIB).to_string(),
+        quota.as_str(),
         "--disk-quota-files",
         "1000",
-    ]);
+    ];
+    flags.extend(executor_tests::ALLOW_ALL_PROFILES);
+    let daemon = Daemon::start_with(&flags);
     leftovers.0 = Some(daemon.state.path().to_path_buf());
     let mut client = daemon.connect().await;
     let quota = &client.hello.disk_quota;
@@ -314,6 +317,40 @@ async fn a_single_token_daemon_puts_its_workspace_under_the_quota_its_flags_set(
         std::fs::read_to_string(workspace.join("small")).unwrap(),
         "hi\n"
     );
+    // Every profile writes the workspace on its volume, and is bound by its quota.
+    for profile in ["landlock", "task-container"] {
+        let wrote = run(
+            &mut client,
+            in_profile(
+                profile,
+                &format!("echo {profile} > {profile} && cat {profile}"),
+                profile,
+            ),
+        )
+        .await;
+        assert_eq!(wrote.output, format!("{profile}\n"), "{wrote:?}");
+        assert_eq!(
+            std::fs::read_to_string(workspace.join(profile)).unwrap(),
+            format!("{profile}\n")
+        );
+        let full = run(
+            &mut client,
+            in_profile(
+                "fill",
+                "dd if=/dev/zero of=big bs=1M count=32 2>&1; rm -f big",
+                profile,
+            ),
+        )
+        .await;
+        assert!(
+            full.output.contains("No space left on device"),
+            "{profile}: {full:?}"
+        );
+        assert!(
+            full.extra.limits_hit.is_empty(),
+            "{profile}: removed before the end: {full:?}"
+        );
+    }
     // The daemon's own files are not on the volume: its audit log is still written.
     assert!(
         eventually(Duration::from_secs(10), || daemon
