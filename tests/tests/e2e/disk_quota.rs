@@ -582,3 +582,35 @@ async fn a_quota_larger_than_the_hosts_free_disk_is_refused_with_an_error_naming
     drop((alice, bob));
     stop_and_check_nothing_left(daemon).await;
 }
+
+#[tokio::test]
+async fn an_upload_past_the_quota_fails_with_enospc_and_a_smaller_one_lands() {
+    if !loops_available() {
+        return;
+    }
+    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
+         "disk_quota_bytes": 16 * MIB},
+    ]}));
+    let mut leftovers = Leftovers::default();
+    let daemon = start(&file, &[]);
+    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let mut alice = connect(&daemon, ALICE).await;
+    let workspace = Path::new(&alice.hello.workspace).to_path_buf();
+    let big = vec![7u8; 32 * MIB as usize];
+    let err = alice
+        .upload(executor_tests::upload_req("big", "big.bin"), &big)
+        .await
+        .expect_err("32 MiB uploaded into a 16 MiB quota");
+    assert!(err.message.contains("No space left on device"), "{err:?}");
+    assert!(!workspace.join("big.bin").exists());
+    let small = vec![7u8; 4 * MIB as usize];
+    let done = alice
+        .upload(executor_tests::upload_req("small", "small.bin"), &small)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(done.bytes, 4 * MIB);
+    assert_eq!(std::fs::read(workspace.join("small.bin")).unwrap(), small);
+    drop(alice);
+    stop_and_check_nothing_left(daemon).await;
+}
