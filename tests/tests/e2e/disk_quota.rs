@@ -614,3 +614,52 @@ async fn an_upload_past_the_quota_fails_with_enospc_and_a_smaller_one_lands() {
     drop(alice);
     stop_and_check_nothing_left(daemon).await;
 }
+
+#[tokio::test]
+async fn a_restart_after_sigkill_unmounts_what_was_left_and_the_workspace_keeps_its_files() {
+    if !loops_available() {
+        return;
+    }
+    let quota = (16 * MIB).to_string();
+    let flags = ["--disk-quota-bytes", quota.as_str()];
+    let mut leftovers = Leftovers::default();
+    let mut daemon = Daemon::start_with(&flags);
+    let state = daemon.state.path().to_path_buf();
+    leftovers.0 = Some(state.clone());
+    let mut client = daemon.connect().await;
+    let kept = run(
+        &mut client,
+        in_profile("keep", "echo kept > kept", "strict"),
+    )
+    .await;
+    assert_eq!(kept.returncode, 0, "{kept:?}");
+    drop(client);
+    // Killed: nothing of the daemon unmounts its volume.
+    let _ = daemon.signal_and_wait(Signal::SIGKILL);
+    assert_eq!(mounts_under(&state).len(), 1, "{:?}", mounts_under(&state));
+    // The next start on the same state directory unmounts it first, then mounts the image
+    // again: one mount, one loop device, and the workspace's files are there.
+    let (mut again, line) = crate::tls::serve_in(&state, &flags);
+    let (url, _, _) = executor_tests::parse_ready_line(&line).unwrap_or_else(|| panic!("{line:?}"));
+    assert_eq!(mounts_under(&state).len(), 1, "{:?}", mounts_under(&state));
+    assert_eq!(loops_under(&state).len(), 1, "{:?}", loops_under(&state));
+    let mut client = Client::connect(&url, Some(&daemon.token)).await.unwrap();
+    let read = run(&mut client, in_profile("read", "cat kept", "strict")).await;
+    assert_eq!(read.output, "kept\n");
+    drop(client);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(again.id() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = again.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        eventually(PATIENCE, || mounts_under(&state).is_empty()
+            && loops_under(&state).is_empty())
+        .await,
+        "left: {:?} {:?}",
+        mounts_under(&state),
+        loops_under(&state)
+    );
+}
