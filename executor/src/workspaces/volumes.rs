@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A client's disk quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,8 +128,17 @@ pub struct Volumes {
     pub shared_workspace: bool,
     /// Whether volumes can be had here, once probed; `Err` says why not.
     probed: std::sync::OnceLock<Result<(), String>>,
-    /// Mounted volumes, by name; held while one is made, so two commands never make it twice.
-    mounted: Mutex<BTreeMap<String, PathBuf>>,
+    /// Volumes by name, each mounted (`Some`) or not yet; one's own lock is held while it is
+    /// made and mounted, so two commands never make it twice and others' are not held up.
+    mounted: Mutex<BTreeMap<String, Arc<Mutex<Option<PathBuf>>>>>,
+    /// Held while an image is made: the host's free space is checked and taken in one step.
+    making: Mutex<()>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Volumes {
@@ -141,6 +150,7 @@ impl Volumes {
             shared_workspace: false,
             probed: std::sync::OnceLock::new(),
             mounted: Mutex::new(BTreeMap::new()),
+            making: Mutex::new(()),
         }
     }
 
@@ -198,11 +208,12 @@ impl Volumes {
     /// at once if it is mounted already.
     pub fn mount(&self, name: &str, quota: DiskQuota) -> Result<PathBuf, VolumeError> {
         self.probe().map_err(VolumeError::Unavailable)?;
-        let mut mounted = self
-            .mounted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(point) = mounted.get(name) {
+        let slot = lock(&self.mounted)
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        let mut slot = lock(&slot);
+        if let Some(point) = &*slot {
             return Ok(point.clone());
         }
         let started = std::time::Instant::now();
@@ -213,7 +224,7 @@ impl Volumes {
             ms = started.elapsed().as_secs_f64() * 1000.0,
             "disk quota volume mounted"
         );
-        mounted.insert(name.to_string(), point.clone());
+        *slot = Some(point.clone());
         Ok(point)
     }
 
@@ -272,6 +283,7 @@ impl Volumes {
     /// Make the image of `name`: allocated in full, so that the host's disk cannot be
     /// overcommitted, then formatted.
     fn make_image(&self, name: &str, image: &Path, quota: DiskQuota) -> Result<(), VolumeError> {
+        let _making = lock(&self.making);
         let free = nix::sys::statvfs::statvfs(&self.images)
             .map(|st| st.blocks_available() * st.fragment_size())
             .map_err(|e| io("statvfs", &self.images)(e.into()))?;
@@ -348,11 +360,11 @@ impl Volumes {
 
     /// Unmount every volume (the daemon stops).
     pub fn unmount_all(&self) {
-        let mut mounted = self
-            .mounted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (name, point) in std::mem::take(&mut *mounted) {
+        let volumes = std::mem::take(&mut *lock(&self.mounted));
+        for (name, slot) in volumes {
+            let Some(point) = lock(&slot).take() else {
+                continue;
+            };
             match unmount(&point) {
                 Ok(()) => tracing::info!(volume = name, "unmounted"),
                 Err(err) => tracing::error!(volume = name, %err, "cannot unmount"),
