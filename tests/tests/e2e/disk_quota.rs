@@ -663,3 +663,60 @@ async fn a_restart_after_sigkill_unmounts_what_was_left_and_the_workspace_keeps_
         loops_under(&state)
     );
 }
+
+#[tokio::test]
+async fn many_clients_first_commands_at_once_each_get_a_volume_of_their_own() {
+    if !loops_available() {
+        return;
+    }
+    const N: usize = 6;
+    let tokens: Vec<String> = (0..N)
+        .map(|i| format!("client{i}-token-0123456789abcdef0123456789abcdef"))
+        .collect();
+    let entries: Vec<serde_json::Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, token)| {
+            serde_json::json!({"name": format!("c{i}"), "token": token,
+                "profiles": ["strict", "landlock"], "workspace": "per_client",
+                "disk_quota_bytes": 8 * MIB})
+        })
+        .collect();
+    let (_dir, file) = clients_file(&serde_json::json!({ "clients": entries }));
+    let mut leftovers = Leftovers::default();
+    let daemon = start(&file, &[]);
+    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let mut clients = Vec::new();
+    for token in &tokens {
+        clients.push(connect(&daemon, token).await);
+    }
+    let runs = clients
+        .iter_mut()
+        .enumerate()
+        .map(|(i, client)| async move {
+            let r = run(
+                client,
+                in_profile(
+                    "first",
+                    &format!("echo {i} > mine && stat -f -c %i ."),
+                    "strict",
+                ),
+            )
+            .await;
+            (i, r, client.hello.workspace.clone())
+        });
+    let mut points = std::collections::BTreeSet::new();
+    for (i, r, workspace) in futures_util::future::join_all(runs).await {
+        assert_eq!(r.returncode, 0, "{r:?}");
+        points.insert(r.output.trim().to_string());
+        assert_eq!(
+            std::fs::read_to_string(Path::new(&workspace).join("mine")).unwrap(),
+            format!("{i}\n")
+        );
+    }
+    // Each saw a filesystem of its own (its ID); the host has one mount per client.
+    assert_eq!(points.len(), N, "{points:?}");
+    assert_eq!(mounts_under(daemon.state.path()).len(), N);
+    drop(clients);
+    stop_and_check_nothing_left(daemon).await;
+}
