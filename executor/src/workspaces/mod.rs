@@ -85,24 +85,12 @@ impl Workspaces {
                 quota.bytes
             ));
         }
-        let shared = client.workspace == WorkspacePolicy::Shared;
         let mut covers = vec!["home".to_string(), "tmp".to_string()];
         let mut reason = String::new();
-        if shared && !self.volumes.shared_workspace {
-            reason = "the shared workspace was named with --workspace: the operator's tree, under no quota".into();
+        if client.workspace == WorkspacePolicy::Shared && !self.volumes.shared_workspace {
+            reason = "the shared workspace is under no quota: --workspace names the operator's tree (or its volume could not be made at start: see the daemon's log)".into();
         } else {
             covers.insert(0, "workspace".into());
-        }
-        if shared {
-            reason = [
-                reason.as_str(),
-                "clients sharing the workspace share one quota",
-            ]
-            .iter()
-            .filter(|r| !r.is_empty())
-            .copied()
-            .collect::<Vec<_>>()
-            .join("; ");
         }
         protocol::DiskQuotaInfo {
             mechanism: volumes::MECHANISM.into(),

@@ -720,3 +720,54 @@ async fn many_clients_first_commands_at_once_each_get_a_volume_of_their_own() {
     drop(clients);
     stop_and_check_nothing_left(daemon).await;
 }
+
+#[tokio::test]
+async fn a_workspace_the_operator_names_stays_the_operators_and_the_hello_says_it_has_no_quota() {
+    if !loops_available() {
+        return;
+    }
+    let tree = tempfile::Builder::new()
+        .prefix("executor-operator-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        tree.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let quota = (16 * MIB).to_string();
+    let mut leftovers = Leftovers::default();
+    let daemon = Daemon::start_with(&[
+        "--disk-quota-bytes",
+        quota.as_str(),
+        "--workspace",
+        tree.path().to_str().unwrap(),
+    ]);
+    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let mut client = daemon.connect().await;
+    let info = client.hello.disk_quota.clone();
+    assert_eq!(info.mechanism, "ext4_loop");
+    assert_eq!(info.covers, ["home", "tmp"], "{info:?}");
+    assert!(info.reason.contains("--workspace"), "{info:?}");
+    assert_eq!(client.hello.workspace, tree.path().display().to_string());
+    // The workspace is the operator's tree on the host's disk; the home is on the volume.
+    let r = run(
+        &mut client,
+        in_profile("where", "echo hi > f && echo $HOME", "landlock"),
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(tree.path().join("f")).unwrap(),
+        "hi\n"
+    );
+    let home = r.output.trim().to_string();
+    assert!(
+        mounts_under(daemon.state.path())
+            .iter()
+            .any(|m| Path::new(&home).starts_with(m)),
+        "{home}"
+    );
+    assert!(mounts_under(tree.path()).is_empty());
+    drop(client);
+    stop_and_check_nothing_left(daemon).await;
+}
