@@ -771,3 +771,71 @@ async fn a_workspace_the_operator_names_stays_the_operators_and_the_hello_says_i
     drop(client);
     stop_and_check_nothing_left(daemon).await;
 }
+
+#[tokio::test]
+async fn a_spawned_process_past_the_quota_exits_with_the_quota_named_and_one_under_it_without() {
+    if !loops_available() {
+        return;
+    }
+    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
+         "disk_quota_bytes": 16 * MIB},
+    ]}));
+    let mut leftovers = Leftovers::default();
+    let daemon = start(&file, &[]);
+    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let mut alice = connect(&daemon, ALICE).await;
+    let under = spawn_and_wait(
+        &mut alice,
+        "under",
+        "dd if=/dev/zero of=small bs=1M count=2",
+    )
+    .await;
+    assert_eq!(under.returncode, 0, "{under:?}");
+    assert!(
+        under.extra.as_ref().unwrap().limits_hit.is_empty(),
+        "{under:?}"
+    );
+    let past = spawn_and_wait(&mut alice, "past", "dd if=/dev/zero of=big bs=1M count=32").await;
+    assert_ne!(past.returncode, 0, "{past:?}");
+    assert!(
+        past.extra
+            .as_ref()
+            .unwrap()
+            .limits_hit
+            .contains(&"disk_bytes".to_string()),
+        "{past:?}"
+    );
+    drop(alice);
+    stop_and_check_nothing_left(daemon).await;
+}
+
+/// Spawn `command` under strict (protocol 1.1) and wait for its `exited`.
+async fn spawn_and_wait(client: &mut Client, id: &str, command: &str) -> protocol::Exited {
+    use protocol::{ClientMessage, ServerMessage, SpawnRequest, WaitRequest};
+    client
+        .send(&ClientMessage::Spawn(SpawnRequest {
+            id: id.into(),
+            command: command.into(),
+            cwd: None,
+            env: Default::default(),
+            timeout: Some(60.0),
+            profile: Some("strict".into()),
+            pty: None,
+        }))
+        .await;
+    match client.reply_for(id).await {
+        ServerMessage::Spawned(_) => {}
+        other => panic!("{id}: {other:?}"),
+    }
+    client
+        .send(&ClientMessage::Wait(WaitRequest {
+            id: id.into(),
+            timeout: Some(60.0),
+        }))
+        .await;
+    match client.reply_for(id).await {
+        ServerMessage::Exited(e) => e,
+        other => panic!("{id}: {other:?}"),
+    }
+}
