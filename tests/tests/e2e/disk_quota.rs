@@ -839,3 +839,44 @@ async fn spawn_and_wait(client: &mut Client, id: &str, command: &str) -> protoco
         other => panic!("{id}: {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_daemon_that_cannot_have_volumes_says_why_in_the_hello_and_refuses_commands_naming_the_quota(
+) {
+    if !require("root (to start the daemon as another user)", is_root()) {
+        return;
+    }
+    // Not root: no loop device can be attached. Control: the root daemons above have them.
+    let quota = (16 * MIB).to_string();
+    // Its state outside /tmp, which landlock (the profile a daemon not root can run) opens.
+    let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
+        extra: vec!["--disk-quota-bytes".into(), quota],
+        state_parent: Some("/var/tmp".into()),
+        user: Some(65534),
+        ..Default::default()
+    });
+    let mut client = daemon.connect().await;
+    let info = &client.hello.disk_quota;
+    assert_eq!(info.mechanism, "none", "{info:?}");
+    assert!(
+        info.reason.contains("cannot be had here") && info.reason.contains("not root"),
+        "{info:?}"
+    );
+    let err = client
+        .exec(in_profile("refused", "echo ran > f", "landlock"))
+        .await
+        .result
+        .expect_err("ran without its quota");
+    assert_eq!(
+        err.code,
+        protocol::ErrorCode::EnvironmentError,
+        "{err:?} {:?}",
+        client.hello.profiles
+    );
+    assert!(
+        err.message.contains("disk quota") && err.message.contains("not root"),
+        "{err:?}"
+    );
+    assert!(!Path::new(&client.hello.workspace).join("f").exists());
+    assert!(mounts_under(daemon.state.path()).is_empty());
+}
