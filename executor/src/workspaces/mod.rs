@@ -134,19 +134,21 @@ impl Workspaces {
         &self.root
     }
 
-    pub fn of_client(&self, name: &str) -> PathBuf {
+    /// A client's workspace without a quota (with one: [`Self::workspace_of`], on its volume).
+    fn of_client(&self, name: &str) -> PathBuf {
         self.root.join("client").join(name)
     }
 
     /// A client's home directory (`HOME` in profiles that use `{home}`): private to the
     /// client, so no other client can plant configuration its programs read (`.gitconfig`,
-    /// Python's user site-packages).
-    pub fn home_of(&self, name: &str) -> PathBuf {
+    /// Python's user site-packages). Without a quota; with one: [`Self::home_of_client`].
+    fn home_of(&self, name: &str) -> PathBuf {
         self.root.join("home").join(name)
     }
 
-    /// Where sessions' scratch directories go (each named by its session id).
-    pub fn scratch_root(&self) -> PathBuf {
+    /// Where sessions' scratch directories go (each named by its session id), for clients
+    /// without a quota; with one: [`Self::scratch_root_of`].
+    fn scratch_root(&self) -> PathBuf {
         self.root.join("session")
     }
 
