@@ -49,6 +49,72 @@ pub struct AuditRecord {
 #[derive(Clone)]
 pub struct Audit {
     tx: mpsc::Sender<AuditRecord>,
+    reserve: std::sync::Arc<Reserve>,
+}
+
+/// Disk kept allocated ahead of the audit log's end (fallocate, `FALLOC_FL_KEEP_SIZE`), so
+/// that a client filling the host's disk (where no quota binds it) cannot push the log off it:
+/// the next records go into blocks already the log's.
+pub const RESERVE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// The log's reservation, renewed once half of it is written.
+struct Reserve {
+    /// The log, opened again for `fallocate` and `fstat` (the writer thread owns the other).
+    file: std::fs::File,
+    path: PathBuf,
+    /// End of the blocks allocated ahead, and whether the last renewal failed.
+    state: std::sync::Mutex<(u64, Option<String>)>,
+}
+
+impl Reserve {
+    /// Keep [`RESERVE_BYTES`] allocated past the log's end once less than half is left;
+    /// `Err` says why it cannot (the disk is full).
+    fn renew(&self) -> Result<(), String> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let len = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+        if state.1.is_none() && state.0 >= len.saturating_add(RESERVE_BYTES / 2) {
+            return Ok(());
+        }
+        let outcome = nix::fcntl::fallocate(
+            &self.file,
+            nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            i64::try_from(len).unwrap_or(i64::MAX),
+            i64::try_from(RESERVE_BYTES).unwrap_or(i64::MAX),
+        );
+        match outcome {
+            Ok(()) => {
+                if state.1.take().is_some() {
+                    tracing::info!(path = %self.path.display(), "the audit log has its disk reserved again: commands are accepted");
+                }
+                state.0 = len + RESERVE_BYTES;
+                Ok(())
+            }
+            // A filesystem that cannot reserve (some network and FUSE filesystems) is not a
+            // full disk: said once, and commands go on.
+            Err(nix::errno::Errno::EOPNOTSUPP) => {
+                if state.0 != u64::MAX {
+                    tracing::warn!(path = %self.path.display(), "the audit log's filesystem cannot reserve disk ahead (fallocate unsupported): a client filling it could stop the log");
+                    state.0 = u64::MAX;
+                }
+                Ok(())
+            }
+            Err(err) => {
+                let why = format!(
+                    "the audit log {} cannot keep {} MiB of disk reserved ahead ({err}): the host's disk is full; no command is accepted until space is freed",
+                    self.path.display(),
+                    RESERVE_BYTES >> 20
+                );
+                if state.1.is_none() {
+                    tracing::error!("{why}");
+                }
+                state.1 = Some(why.clone());
+                Err(why)
+            }
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +138,17 @@ impl Audit {
                 path: path.to_path_buf(),
                 source,
             })?;
+        let reserve = std::sync::Arc::new(Reserve {
+            file: file.try_clone().map_err(|source| AuditError {
+                path: path.to_path_buf(),
+                source,
+            })?,
+            path: path.to_path_buf(),
+            state: std::sync::Mutex::new((0, None)),
+        });
+        // A log that cannot reserve its disk now refuses commands until it can (`ready`).
+        let _ = reserve.renew();
+        let writer_reserve = reserve.clone();
         let (tx, mut rx) = mpsc::channel::<AuditRecord>(QUEUE);
         std::thread::Builder::new()
             .name("audit".into())
@@ -86,13 +163,20 @@ impl Audit {
                     if let Err(err) = file.write_all(&line) {
                         tracing::error!(%err, "audit log write failed");
                     }
+                    let _ = writer_reserve.renew();
                 }
             })
             .map_err(|source| AuditError {
                 path: path.to_path_buf(),
                 source,
             })?;
-        Ok(Self { tx })
+        Ok(Self { tx, reserve })
+    }
+
+    /// Whether a new command may be accepted: the log has its disk reserved ahead (tried
+    /// again here when it had not). `Err` says why not.
+    pub fn ready(&self) -> Result<(), String> {
+        self.reserve.renew()
     }
 
     pub async fn record(&self, mut record: AuditRecord) {

@@ -59,6 +59,12 @@ struct ClientEntry {
     commands_per_minute: Option<u32>,
     #[serde(default)]
     output_quota_bytes: Option<u64>,
+    /// Size of the filesystem holding the client's workspace, home and temporary space.
+    #[serde(default)]
+    disk_quota_bytes: Option<u64>,
+    /// Files (inodes) of that filesystem.
+    #[serde(default)]
+    disk_quota_files: Option<u64>,
     #[serde(default)]
     workspace: WorkspacePolicy,
     /// Overrides the daemon's `--resume-grace` for this client, in seconds.
@@ -95,6 +101,8 @@ pub struct ClientLimits {
     pub max_concurrent: Option<usize>,
     pub commands_per_minute: Option<u32>,
     pub output_quota_bytes: Option<u64>,
+    /// Its own disk quota; `None`: the daemon's (`--disk-quota-bytes`), if any.
+    pub disk_quota: Option<crate::workspaces::DiskQuota>,
 }
 
 impl Client {
@@ -277,6 +285,17 @@ impl ClientTable {
                     ))
                 }
             };
+            let disk_quota =
+                match crate::workspaces::DiskQuota::from_limits(entry.disk_quota_bytes, entry.disk_quota_files) {
+                    None => None,
+                    Some(Err(why)) => return Err(format!("client {name:?}: {why}")),
+                    Some(Ok(_)) if entry.workspace == WorkspacePolicy::Shared => {
+                        return Err(format!(
+                            "client {name:?}: a client sharing the workspace shares its quota too (the daemon's --disk-quota-bytes); give it a workspace of its own (per_client or per_connection) to give it a quota of its own"
+                        ))
+                    }
+                    Some(Ok(quota)) => Some(quota),
+                };
             let uid = match entry.uid {
                 Some(uid) => Some(uid),
                 None if entry.workspace != WorkspacePolicy::Shared => Some(derived_uid(&name)),
@@ -290,6 +309,7 @@ impl ClientTable {
                     max_concurrent: entry.max_concurrent,
                     commands_per_minute: entry.commands_per_minute,
                     output_quota_bytes: entry.output_quota_bytes,
+                    disk_quota,
                 },
                 workspace: entry.workspace,
                 resume_grace,
@@ -322,6 +342,11 @@ impl ClientTable {
             .iter()
             .find(|c| c.same_identity(client))
             .cloned()
+    }
+
+    /// Whether any client has a disk quota of its own.
+    pub fn any_disk_quota(&self) -> bool {
+        self.clients.iter().any(|c| c.limits.disk_quota.is_some())
     }
 
     /// Whether any client has a workspace of its own (which other clients must not reach).

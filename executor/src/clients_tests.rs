@@ -149,6 +149,7 @@ fn limits_refuse_with_their_own_code_and_free_slots_on_drop() {
         max_concurrent: Some(2),
         commands_per_minute: Some(3),
         output_quota_bytes: Some(100),
+        ..ClientLimits::default()
     };
     let one = usage.admit("c", &limits).unwrap();
     let two = usage.admit("c", &limits).unwrap();
@@ -183,4 +184,30 @@ fn the_bucket_refills_evenly() {
     // Never more than a minute's worth.
     assert!(bucket.take(60, start + Duration::from_secs(3600)).is_ok());
     assert!(bucket.tokens <= 59.0);
+}
+
+#[test]
+fn a_disk_quota_is_a_private_workspace_clients_own_and_large_enough_for_ext4() {
+    let quota = |extra: &str, workspace: &str| {
+        table(&format!(
+            r#"{{"clients":[{{"name":"q","token":"{A}","workspace":"{workspace}","profiles":["strict"]{extra}}}]}}"#
+        ))
+        .map(|t| t.clients[0].limits.disk_quota)
+    };
+    assert_eq!(
+        quota(
+            r#","disk_quota_bytes":16777216,"disk_quota_files":100"#,
+            "per_client"
+        ),
+        Ok(Some(crate::workspaces::DiskQuota {
+            bytes: 16 << 20,
+            files: 100
+        }))
+    );
+    assert_eq!(quota("", "per_client"), Ok(None));
+    let err = |r: Result<_, String>| r.err().unwrap_or_default();
+    // Sharing the workspace means sharing its quota (the daemon's flags).
+    assert!(err(quota(r#","disk_quota_bytes":16777216"#, "shared")).contains("shares its quota"));
+    assert!(err(quota(r#","disk_quota_bytes":1024"#, "per_client")).contains("smallest"));
+    assert!(err(quota(r#","disk_quota_files":100"#, "per_connection")).contains("byte quota"));
 }

@@ -131,6 +131,10 @@ impl Engine {
             .run(&plan, req.warm, req.timeout, io, stop)
             .await?;
         let captured = outcome.captured;
+        let mut limits_hit = outcome.limits_hit;
+        if let Some(volume) = &req.spec.volume {
+            limits_hit.extend(crate::workspaces::Volumes::hit(volume));
+        }
         Ok(ExecResult {
             id: req.id.clone(),
             output: captured.text,
@@ -146,7 +150,7 @@ impl Engine {
                 truncated: captured.elided_bytes > 0,
                 elided_bytes: captured.elided_bytes,
                 killed_processes: outcome.killed,
-                limits_hit: outcome.limits_hit,
+                limits_hit,
                 isolation: Isolation {
                     profile: profile.name.clone(),
                     layers: outcome.layers,

@@ -371,10 +371,40 @@ pub(crate) fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         "" => println!("default profile: none (requests must name a profile)"),
         name => println!("default profile: {name}"),
     }
+    match disk_quotas() {
+        Ok(()) => println!(
+            "disk quotas: {} (serve --disk-quota-bytes: each client's workspace, home and TMPDIR on an ext4 image of its own, on a loop device)",
+            crate::workspaces::volumes::MECHANISM
+        ),
+        Err(why) => println!("disk quotas: none ({why})"),
+    }
     for hierarchy in cgroups.all() {
         cgroup::remove(&hierarchy.parent);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `serve --disk-quota-bytes` can have its volumes here: a small one made, mounted
+/// and removed in a directory of its own.
+fn disk_quotas() -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|err| format!("no random bytes: {err}"))?;
+    let base = if std::path::Path::new("/var/tmp").is_dir() {
+        std::path::PathBuf::from("/var/tmp")
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = base.join(format!("executor-check-{}", hex::encode(bytes)));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|err| format!("no directory to try one in: {}: {err}", dir.display()))?;
+    let volumes = crate::workspaces::Volumes::new(dir.join("images"), dir.join("mounts"), None);
+    let outcome = volumes.probe();
+    // Emptied by the probe (the image removed, the volume unmounted).
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
 }
 
 /// `executor tls-fingerprint`: the fingerprint of the certificate `serve --tls` uses.

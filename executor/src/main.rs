@@ -177,6 +177,16 @@ pub(crate) struct ServeArgs {
     /// in, instead of the daemon's own cgroup.
     #[arg(long, value_name = "DIR")]
     cgroup_parent: Option<PathBuf>,
+    /// Disk quota of each client (and of the shared workspace) in bytes: its workspace, home
+    /// and temporary space are a filesystem of this size of its own (an ext4 image on a loop
+    /// device, allocated in full when the client's first command comes). Clients-file key:
+    /// `disk_quota_bytes`.
+    #[arg(long, value_name = "BYTES")]
+    disk_quota_bytes: Option<u64>,
+    /// Files (inodes) of that filesystem (default: one per 16 KiB). Clients-file key:
+    /// `disk_quota_files`.
+    #[arg(long, value_name = "N")]
+    disk_quota_files: Option<u64>,
     /// Build each command's sandbox on demand only: no warm worker (a sandbox built ahead of
     /// time, waiting for the client's next command) is kept. Saves the memory of the idle
     /// workers; costs the sandbox's setup time on every command.

@@ -253,6 +253,9 @@ pub struct CommandSpec {
     pub identity: Option<(u32, u32)>,
     /// The client's home directory (`{home}` in profiles), writable by its commands only.
     pub home: Option<PathBuf>,
+    /// The mount point of the volume holding the client's files, when it has a disk quota:
+    /// after the command, whether it is full says which quota the command ran into.
+    pub volume: Option<PathBuf>,
     pub stdin: StdinKind,
     pub builtin: Option<crate::files::FileOp>,
 }

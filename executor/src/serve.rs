@@ -52,10 +52,39 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     // Absolute and free of symlinks: workspaces below it are compared with mount points.
     let state_dir = std::fs::canonicalize(&state_dir)
         .with_context(|| format!("cannot resolve state directory {}", state_dir.display()))?;
+    let workspaces_root = state_dir.join("workspaces");
+    // Disk quotas: clients' volumes, and the shared workspace's, made before anything is put
+    // in it. A quota that cannot be had here does not stop the start: the hello says why, and
+    // the commands it would bind are refused.
+    let default_quota =
+        workspaces::DiskQuota::from_limits(args.disk_quota_bytes, args.disk_quota_files)
+            .transpose()
+            .map_err(|why| anyhow::anyhow!("--disk-quota-bytes/--disk-quota-files: {why}"))?;
+    let mut volumes = workspaces::Volumes::new(
+        state_dir.join("volumes"),
+        workspaces_root.join("volume"),
+        default_quota,
+    );
+    volumes.clear_leftovers();
+    let mut shared_volume = None;
+    if let (Some(quota), None) = (default_quota, &args.workspace) {
+        match volumes.mount(workspaces::volumes::SHARED, quota) {
+            Ok(point) => {
+                volumes.shared_workspace = true;
+                shared_volume = Some(point);
+            }
+            Err(err) => {
+                tracing::error!(%err, "the shared workspace has no disk quota: commands that use it are refused")
+            }
+        }
+    }
     let workspace = args
         .workspace
         .clone()
-        .unwrap_or_else(|| state_dir.join("workspace"));
+        .unwrap_or_else(|| match &shared_volume {
+            Some(point) => point.join("workspace"),
+            None => state_dir.join("workspace"),
+        });
     let workspace_created = !workspace.exists();
     if workspace_created {
         use std::os::unix::fs::DirBuilderExt;
@@ -127,7 +156,6 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| state_dir.join("audit.jsonl"));
     let audit = audit::Audit::open(&audit_path)?;
     let interpreter = interpreter(&args.common.interpreter)?;
-    let workspaces_root = state_dir.join("workspaces");
 
     let rt = runtime()?;
     rt.block_on(async move {
@@ -152,6 +180,8 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                     Some(credentials.clone()),
                     Some(audit_path.clone()),
                     Some(workspaces_root.clone()),
+                    // Clients' images: one written from outside would be another client's files.
+                    Some(volumes.images().to_path_buf()),
                     tls_key,
                     tls_cert,
                     args.profiles_dir.clone(),
@@ -187,7 +217,20 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
             }
         };
         let client_names = clients.names();
-        let workspaces = workspaces::Workspaces::new(workspaces_root, workspace_owner(&engine));
+        if clients.any_disk_quota() || default_quota.is_some() {
+            match volumes.probe() {
+                Ok(()) => tracing::info!(
+                    mechanism = workspaces::volumes::MECHANISM,
+                    "disk quotas in force"
+                ),
+                Err(why) => tracing::error!(
+                    %why,
+                    "disk quotas are set but cannot be had here: the commands of clients with one are refused"
+                ),
+            }
+        }
+        let workspaces =
+            workspaces::Workspaces::new(workspaces_root, workspace_owner(&engine), volumes);
         // Scratch of sessions a previous daemon could not end (it was killed). Whatever
         // cannot be removed is set aside and logged: it never stops a start.
         workspaces.clear_leftovers();
@@ -302,7 +345,9 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                 })
                 .context("cannot start the stdin watcher")?;
         }
-        server::serve(listener, daemon, tls.map(|identity| identity.acceptor)).await;
+        server::serve(listener, daemon.clone(), tls.map(|identity| identity.acceptor)).await;
+        // Every command has ended: nothing of theirs holds a volume any more.
+        daemon.workspaces.volumes.unmount_all();
         for hierarchy in cgroups.all() {
             cgroup::remove_tree(&hierarchy.parent);
         }

@@ -158,6 +158,29 @@ pub struct Hello {
     /// What the daemon offers beyond protocol 1 ([`CAPABILITIES`]); empty from a 1.0 daemon.
     #[serde(default)]
     pub capabilities: Vec<String>,
+    /// This client's disk quota and the mechanism enforcing it (absent from older daemons).
+    #[serde(default)]
+    pub disk_quota: DiskQuotaInfo,
+}
+
+/// A client's disk quota, as the hello states it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DiskQuotaInfo {
+    /// `ext4_loop` (a filesystem of the client's own, an ext4 image on a loop device), or
+    /// `none` (then `reason` says why).
+    pub mechanism: String,
+    /// Size of the client's filesystem (usable: a little less, ext4's metadata and journal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Its inodes: files, directories and symlinks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
+    /// What the quota holds: `workspace`, `home`, `tmp` (the client's `TMPDIR`, `{home}/tmp`).
+    #[serde(default)]
+    pub covers: Vec<String>,
+    /// Why there is none, or what it leaves out.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 /// A profile the daemon knows but does not let clients use.
@@ -289,7 +312,8 @@ pub struct ResultExtra {
     /// Processes killed when the command ended: leftovers of the shell, and the shell itself
     /// if it was still running.
     pub killed_processes: u32,
-    /// Resource limits the command ran into (`processes`, `memory`).
+    /// Resource limits the command ran into (`processes`, `memory`; `disk_bytes`, `disk_files`:
+    /// the client's filesystem was full, or out of inodes, when the command ended).
     #[serde(default)]
     pub limits_hit: Vec<String>,
     pub isolation: Isolation,

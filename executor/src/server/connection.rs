@@ -77,7 +77,7 @@ pub async fn run(
 
     let grace = client.resume_grace.unwrap_or(daemon.resume_grace);
     let scratch_root = (client.workspace == WorkspacePolicy::PerConnection)
-        .then(|| daemon.workspaces.scratch_root());
+        .then(|| daemon.workspaces.scratch_root_of(&client));
     let fresh = daemon.sessions.create(client.clone(), grace, scratch_root);
     // The writer follows the session: a resume switches it.
     let (current_tx, current) = watch::channel(fresh.clone());
@@ -566,6 +566,11 @@ impl Connection {
                 "the executor is shutting down",
             ));
         }
+        // Every command leaves a record: none is accepted that the audit log could not keep.
+        self.daemon
+            .audit
+            .ready()
+            .map_err(|why| ExecError::new(ErrorCode::EnvironmentError, why))?;
         let mut valid = validate(req, limits)
             .map_err(|err| ExecError::new(ErrorCode::BadRequest, err.to_string()))?;
         // The client's entry as of the last reload: limits and profiles may have changed.
@@ -628,12 +633,16 @@ impl Connection {
         let workspaces = &self.daemon.workspaces;
         valid.spec.identity = started.uid.map(|uid| (uid, uid));
         let owner = workspaces.owner_for(valid.spec.identity);
+        // The client's volume first, when it has a disk quota: everything below is made in it.
+        valid.spec.volume = workspaces
+            .mount_volume(started)
+            .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
         valid.spec.workspace = match started.workspace {
             WorkspacePolicy::Shared => None,
-            WorkspacePolicy::PerClient => Some(workspaces.of_client(&started.name)),
+            WorkspacePolicy::PerClient => Some(workspaces.workspace_of(started)),
             WorkspacePolicy::PerConnection => self.session.scratch.clone(),
         };
-        let home = workspaces.home_of(&started.name);
+        let home = workspaces.home_of_client(started);
         // `{home}/tmp`: the client's own TMPDIR (landlock shares the host's /tmp).
         let tmp = home.join("tmp");
         for dir in valid.spec.workspace.iter().chain([&home, &tmp]) {

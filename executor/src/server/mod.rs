@@ -185,17 +185,16 @@ impl Daemon {
         }
         hello.workspace = match client.workspace {
             crate::clients::WorkspacePolicy::Shared => hello.workspace,
-            crate::clients::WorkspacePolicy::PerClient => self
-                .workspaces
-                .of_client(&client.name)
-                .display()
-                .to_string(),
+            crate::clients::WorkspacePolicy::PerClient => {
+                self.workspaces.workspace_of(client).display().to_string()
+            }
             crate::clients::WorkspacePolicy::PerConnection => session
                 .scratch
                 .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
         };
+        hello.disk_quota = self.workspaces.disk_quota_info(client);
         hello.client = client.name.clone();
         hello.session = session.id.clone();
         hello.resume_grace = session.grace.as_secs_f64();

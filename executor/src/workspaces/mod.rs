@@ -1,11 +1,16 @@
 //! Private workspaces and homes: one per client, or scratch per session, under one root in the
 //! state directory (which every profile that shows the host's root covers, and landlock never
 //! opens but for the client's own).
-//! Removing one is `removal.rs`.
+//! Removing one is `removal.rs`; a client with a disk quota has its files on a volume of its
+//! own (`volumes.rs`).
 
 mod removal;
+pub mod volumes;
 
 pub use removal::{remove, remove_unmounting_nothing, RemoveError};
+pub use volumes::{DiskQuota, VolumeError, Volumes};
+
+use crate::clients::{Client, WorkspacePolicy};
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -20,14 +25,107 @@ pub struct Workspaces {
     /// Held while a directory is made and handed to its owner, so that a concurrent command
     /// never finds it half made (still root's).
     creating: std::sync::Mutex<()>,
+    /// Disk quotas: the volumes of clients that have one.
+    pub volumes: Volumes,
 }
 
 impl Workspaces {
-    pub fn new(root: PathBuf, owner: Option<(u32, u32)>) -> Self {
+    pub fn new(root: PathBuf, owner: Option<(u32, u32)>, volumes: Volumes) -> Self {
         Self {
             root,
             owner,
             creating: std::sync::Mutex::new(()),
+            volumes,
+        }
+    }
+
+    /// The disk quota of a client's files: its entry's, else the daemon's; clients sharing the
+    /// workspace share the shared volume, of the daemon's quota.
+    pub fn quota_of(&self, client: &Client) -> Option<DiskQuota> {
+        match client.workspace {
+            WorkspacePolicy::Shared => self.volumes.default,
+            _ => client.limits.disk_quota.or(self.volumes.default),
+        }
+    }
+
+    /// The volume holding a client's files (its name), when it has a quota.
+    fn volume_of(&self, client: &Client) -> Option<String> {
+        self.quota_of(client).map(|_| match client.workspace {
+            WorkspacePolicy::Shared => volumes::SHARED.to_string(),
+            _ => client.name.clone(),
+        })
+    }
+
+    /// Mount the volume of a client with a quota (made on its first command); where it is
+    /// mounted, or `None` when the client has no quota. Before anything is made in it.
+    pub fn mount_volume(&self, client: &Client) -> Result<Option<PathBuf>, VolumeError> {
+        match (self.volume_of(client), self.quota_of(client)) {
+            (Some(name), Some(quota)) => self.volumes.mount(&name, quota).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// A client's disk quota as its hello states it. Asks for the probe (once) when the
+    /// client has a quota and none was made yet.
+    pub fn disk_quota_info(&self, client: &Client) -> protocol::DiskQuotaInfo {
+        let none = |reason: String| protocol::DiskQuotaInfo {
+            mechanism: "none".into(),
+            reason,
+            ..Default::default()
+        };
+        let Some(quota) = self.quota_of(client) else {
+            return none(
+                "no disk quota is set for this client (--disk-quota-bytes, or the clients file's disk_quota_bytes)"
+                    .into(),
+            );
+        };
+        if let Err(why) = self.volumes.probe() {
+            return none(format!(
+                "a disk quota is set ({} bytes) but cannot be had here, so this client's commands are refused: {why}",
+                quota.bytes
+            ));
+        }
+        let mut covers = vec!["home".to_string(), "tmp".to_string()];
+        let mut reason = String::new();
+        if client.workspace == WorkspacePolicy::Shared && !self.volumes.shared_workspace {
+            reason = "the shared workspace is under no quota: --workspace names the operator's tree (or its volume could not be made at start: see the daemon's log)".into();
+        } else {
+            covers.insert(0, "workspace".into());
+        }
+        protocol::DiskQuotaInfo {
+            mechanism: volumes::MECHANISM.into(),
+            bytes: Some(quota.bytes),
+            files: Some(quota.files),
+            covers,
+            reason,
+        }
+    }
+
+    /// A client's own workspace (policy `per_client`).
+    pub fn workspace_of(&self, client: &Client) -> PathBuf {
+        match self.volume_of(client) {
+            Some(volume) => self.volumes.mount_point(&volume).join("workspace"),
+            None => self.of_client(&client.name),
+        }
+    }
+
+    /// A client's home (on its volume when it has a quota).
+    pub fn home_of_client(&self, client: &Client) -> PathBuf {
+        match self.volume_of(client) {
+            Some(volume) => self
+                .volumes
+                .mount_point(&volume)
+                .join("home")
+                .join(&client.name),
+            None => self.home_of(&client.name),
+        }
+    }
+
+    /// Where a client's sessions' scratch directories go (policy `per_connection`).
+    pub fn scratch_root_of(&self, client: &Client) -> PathBuf {
+        match self.volume_of(client) {
+            Some(volume) => self.volumes.mount_point(&volume).join(volumes::SCRATCH),
+            None => self.scratch_root(),
         }
     }
 
@@ -36,19 +134,21 @@ impl Workspaces {
         &self.root
     }
 
-    pub fn of_client(&self, name: &str) -> PathBuf {
+    /// A client's workspace without a quota (with one: [`Self::workspace_of`], on its volume).
+    fn of_client(&self, name: &str) -> PathBuf {
         self.root.join("client").join(name)
     }
 
     /// A client's home directory (`HOME` in profiles that use `{home}`): private to the
     /// client, so no other client can plant configuration its programs read (`.gitconfig`,
-    /// Python's user site-packages).
-    pub fn home_of(&self, name: &str) -> PathBuf {
+    /// Python's user site-packages). Without a quota; with one: [`Self::home_of_client`].
+    fn home_of(&self, name: &str) -> PathBuf {
         self.root.join("home").join(name)
     }
 
-    /// Where sessions' scratch directories go (each named by its session id).
-    pub fn scratch_root(&self) -> PathBuf {
+    /// Where sessions' scratch directories go (each named by its session id), for clients
+    /// without a quota; with one: [`Self::scratch_root_of`].
+    fn scratch_root(&self) -> PathBuf {
         self.root.join("session")
     }
 

@@ -7,6 +7,7 @@ mod cgroup_parent;
 mod cgroup_placement;
 mod clients;
 mod daemon_life;
+mod disk_quota;
 mod files;
 mod kill;
 mod metrics;

@@ -128,7 +128,7 @@ async fn a_self_signed_certificate_is_generated_once_and_its_printed_fingerprint
 
 /// `executor serve --listen 127.0.0.1:0 --state-dir <state> <extra>` started by hand (to reuse a
 /// state directory); returns the child and its ready line.
-fn serve_in(state: &Path, extra: &[&str]) -> (std::process::Child, String) {
+pub(crate) fn serve_in(state: &Path, extra: &[&str]) -> (std::process::Child, String) {
     let mut child = Command::new(binary("executor"))
         .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
         .arg(state)
