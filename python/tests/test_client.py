@@ -58,6 +58,9 @@ def test_hello_reports_the_executor_hosts_facts(daemon):
         assert strict.available
         assert "seccomp" in strict.layers
         assert hello.limits.max_commands_per_connection == 16
+        # This daemon has no disk quota, and says why.
+        assert hello.disk_quota.mechanism == "none"
+        assert hello.disk_quota.reason
         assert hello.limits.default_timeout == 30
 
 

@@ -39,6 +39,7 @@ from .launch import Deployment, LocalExecutor
 from .process import AsyncProcess
 from .protocol import (
     DirListing,
+    DiskQuota,
     ExecResult,
     FileStat,
     Hello,
@@ -65,6 +66,7 @@ __all__ = [
     "Deployment",
     "DeploymentError",
     "DirListing",
+    "DiskQuota",
     "DuplicateIdError",
     "ExecResult",
     "ExecutorClientError",

@@ -147,6 +147,30 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class DiskQuota:
+    """`hello.disk_quota`: the client's disk quota and the mechanism in force."""
+
+    #: `ext4_loop` (workspace, home and TMPDIR on a filesystem of the client's own) or `none`.
+    mechanism: str
+    bytes: int = 0
+    files: int = 0
+    #: What the quota holds: `workspace`, `home`, `tmp`.
+    covers: list[str] = field(default_factory=list)
+    #: Why there is none, or why something is not covered.
+    reason: str = ""
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> DiskQuota:
+        return cls(
+            mechanism=_str(data.get("mechanism")) or "none",
+            bytes=_int(data.get("bytes")),
+            files=_int(data.get("files")),
+            covers=_strs(data.get("covers")),
+            reason=_str(data.get("reason")),
+        )
+
+
+@dataclass(frozen=True)
 class Hello:
     """The first message of every connection: what the executor is and offers."""
 
@@ -170,6 +194,8 @@ class Hello:
     raw: JsonDict = field(repr=False, compare=False)
     #: What the executor offers beyond protocol 1 (`CAPABILITIES`); empty from a 1.0 one.
     capabilities: list[str] = field(default_factory=list)
+    #: The client's disk quota; `mechanism == "none"` from daemons without one (or older ones).
+    disk_quota: DiskQuota = field(default_factory=lambda: DiskQuota(mechanism="none"))
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -193,6 +219,7 @@ class Hello:
             not_offered=[_dict(n) for n in data.get("not_offered") or []],
             raw=data,
             capabilities=_strs(data.get("capabilities")),
+            disk_quota=DiskQuota.from_json(_dict(data.get("disk_quota"))),
         )
 
 
