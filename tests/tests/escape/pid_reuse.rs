@@ -176,7 +176,10 @@ async fn a_pid_freed_during_the_signal_walk_and_taken_by_a_host_process_is_not_s
     );
     // Allowed case: the signal reached the command's real processes, and its tree is gone.
     assert!(!exited.running, "{exited:?}");
-    assert_eq!(exited.returncode, 0, "the shell ends once its children are gone");
+    assert_eq!(
+        exited.returncode, 0,
+        "the shell ends once its children are gone"
+    );
     assert!(
         eventually(Duration::from_secs(5), || sleepers(&second).is_empty()
             && !Path::new(&format!("/proc/{shell}")).exists())
