@@ -203,9 +203,9 @@ attempt("TIOCCONS", termios.TIOCCONS, b"")
     }
 }
 
-/// A PTY process has a real terminal under strict (the host's terminal as its controlling
-/// one, `/dev/tty` in its minimal /dev, and a devpts instance of its own for the terminals it
-/// makes) and under landlock (rules for `/dev/tty` and `/dev/ptmx`): `/dev/tty` opens, a
+/// A PTY process has a real terminal under strict (made in a devpts instance of the
+/// sandbox's own, where `script` makes its terminals too, and `/dev/tty` in its minimal /dev)
+/// and under landlock (rules for `/dev/tty` and `/dev/ptmx`): `/dev/tty` opens, a
 /// program that prompts there (git asking for a password) gets what the client types, and
 /// `script` makes a terminal of its own. Denial beside it: TIOCSTI through `/dev/tty` is
 /// refused as on stdin; a process without a terminal cannot open `/dev/tty`.
@@ -269,5 +269,26 @@ echo done-$((6*7))"#;
             "[{profile}] {out}"
         );
         assert!(out.contains("no-tty"), "[{profile}] {out}");
+    }
+}
+
+/// `tty` names the process's terminal, a `/dev/pts/N` that is its stdin (under strict, before
+/// its terminal was made in the sandbox: "not a tty").
+#[tokio::test]
+async fn tty_names_the_terminal_of_a_pty_process() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for profile in ["strict", "landlock"] {
+        let id = format!("name-{profile}");
+        let mut r = spawn_req(
+            &id,
+            "tty; [ \"$(tty)\" -ef /dev/stdin ] && echo same-terminal",
+        );
+        r.profile = Some(profile.to_string());
+        r.pty = Some(PtySize { rows: 24, cols: 80 });
+        spawn(&mut client, r).await;
+        let out = String::from_utf8_lossy(&read_to_eof(&mut client, &id, 0).await).into_owned();
+        assert!(out.starts_with("/dev/pts/"), "[{profile}] {out}");
+        assert!(out.contains("same-terminal"), "[{profile}] {out}");
     }
 }
