@@ -292,3 +292,50 @@ async fn tty_names_the_terminal_of_a_pty_process() {
         assert!(out.contains("same-terminal"), "[{profile}] {out}");
     }
 }
+
+/// Denial beside the terminal: another process's terminal stays out of reach. Under strict a
+/// PTY process's /dev/pts holds its own terminal and nothing else (a second process of the
+/// same uid running at the same time has one of its own, as the control shows); under
+/// landlock the host's /dev/pts is there, but the daemon's other terminals (root's, mode
+/// 0620) do not open.
+#[tokio::test]
+async fn a_pty_process_cannot_reach_another_process_terminal() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for profile in ["strict", "landlock"] {
+        let first = format!("first-{profile}");
+        let mut r = spawn_req(&first, "tty; echo first-up; exec sleep 60");
+        r.profile = Some(profile.to_string());
+        r.pty = Some(PtySize { rows: 24, cols: 80 });
+        spawn(&mut client, r).await;
+        let mut offset = 0;
+        let out = read_until(&mut client, &first, &mut offset, "first-up").await;
+        let name = out.lines().next().unwrap_or_default().trim().to_string();
+        assert!(name.starts_with("/dev/pts/"), "[{profile}] {out}");
+
+        let second = format!("second-{profile}");
+        let probe = format!(
+            "tty; echo list: $(ls /dev/pts); \
+             if [ \"$(tty)\" != {name} ]; then \
+               (exec 3<>{name}) 2>/dev/null && echo opened-first || echo first-refused; \
+             else echo same-name; fi"
+        );
+        let mut r = spawn_req(&second, &probe);
+        r.profile = Some(profile.to_string());
+        r.pty = Some(PtySize { rows: 24, cols: 80 });
+        spawn(&mut client, r).await;
+        let out = String::from_utf8_lossy(&read_to_eof(&mut client, &second, 0).await).into_owned();
+        // Control: the second process has a terminal of its own.
+        assert!(out.starts_with("/dev/pts/"), "[{profile}] {out}");
+        assert!(!out.contains("opened-first"), "[{profile}] {out}");
+        if profile == "strict" {
+            // Its own devpts: one terminal (its own, numbered like the first's in the
+            // first's instance) and the multiplexer.
+            assert!(out.contains("list: 0 ptmx\r\n"), "[{profile}] {out}");
+            assert!(out.contains("same-name"), "[{profile}] {out}");
+        } else {
+            assert!(out.contains("first-refused"), "[{profile}] {out}");
+        }
+        signal(&mut client, &first, "KILL", false).await;
+    }
+}
