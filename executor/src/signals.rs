@@ -91,6 +91,24 @@ pub fn signal_listed(mut list: impl FnMut() -> Option<Vec<i32>>, signal: Signal)
     sent
 }
 
+/// Send `signal` to every child of ours (`children` lists them), through pidfds as
+/// [`signal_listed`] does. Where no pidfd can be had (ENOSYS before Linux 5.3, no descriptor
+/// left), by pid: a child we have not reaped keeps its pid (we are its only reaper, and
+/// single-threaded), so that pid cannot name another process. Without this a sweep on such a
+/// host would wait for children nothing killed.
+pub fn signal_our_children(mut children: impl FnMut() -> Vec<i32>, signal: Signal) -> Vec<i32> {
+    let mut sent = signal_listed(|| Some(children()), signal);
+    for pid in children() {
+        if sent.contains(&pid) || open(pid).is_some() {
+            continue;
+        }
+        if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).is_ok() {
+            sent.push(pid);
+        }
+    }
+    sent
+}
+
 /// The children of process `pid` now, from the kernel's lists of each of its threads.
 fn children_of(pid: i32) -> Option<Vec<i32>> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;

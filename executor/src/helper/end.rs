@@ -148,9 +148,8 @@ pub fn sweep(
                 by_cgroup = true;
             }
         }
-        // Our children keep their pids until we reap them (we are the only reaper), but the
-        // kill goes through pidfds like every other (`signals`); one already gone is done.
-        killed.extend(signals::signal_listed(|| Some(children()), Signal::SIGKILL));
+        // Through pidfds like every other kill (`signals`); one already gone is done.
+        killed.extend(signals::signal_our_children(children, Signal::SIGKILL));
         // Block for one child to change state (they are all dying), then reap the rest.
         match waitpid(Pid::from_raw(-1), None) {
             Err(Errno::ECHILD) => break,
