@@ -272,13 +272,15 @@ echo done-$((6*7))"#;
     }
 }
 
-/// `tty` names the process's terminal, a `/dev/pts/N` that is its stdin (under strict, before
-/// its terminal was made in the sandbox: "not a tty").
+/// `tty` names the process's terminal, a `/dev/pts/N` that is its stdin, under every profile
+/// (under strict, before its terminal was made in the sandbox: "not a tty").
 #[tokio::test]
 async fn tty_names_the_terminal_of_a_pty_process() {
-    let daemon = Daemon::start();
+    // Every profile: task-container has a mount namespace (its terminal is made in its own
+    // devpts, as strict's), trusted none (the daemon's terminal, as landlock's).
+    let daemon = Daemon::start_with(&executor_tests::ALLOW_ALL_PROFILES);
     let mut client = daemon.connect().await;
-    for profile in ["strict", "landlock"] {
+    for profile in ["strict", "landlock", "task-container", "trusted"] {
         let id = format!("name-{profile}");
         let mut r = spawn_req(
             &id,
