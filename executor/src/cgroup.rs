@@ -694,19 +694,21 @@ pub fn procs(dir: &Path) -> Vec<i32> {
 }
 
 /// SIGKILL every task in `dir` and below, stopped and signal-ignoring ones included: at once
-/// with `cgroup.kill`, else by signalling every process it lists (the caller repeats until
-/// none is left; a pid namespace and the helper's sweep stand behind it).
+/// with `cgroup.kill`, else by signalling every process it lists, each through a pidfd
+/// confirmed by a second read of the list (`signals`: a pid freed meanwhile may be a host
+/// process's). The caller repeats until none is left; a pid namespace and the helper's sweep
+/// stand behind it.
 pub fn kill(dir: &Path) {
     // A missing cgroup is already empty; nothing else can be done about another error here.
     if std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
         return;
     }
-    for pid in procs(dir) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    let list = || {
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .ok()
+            .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    };
+    crate::signals::signal_listed(list, nix::sys::signal::Signal::SIGKILL);
 }
 
 /// Remove `dir` at once if it can be: `false` only while it is busy (tasks or child

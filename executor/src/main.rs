@@ -21,6 +21,7 @@ mod sandbox;
 mod serve;
 mod server;
 mod setup;
+mod signals;
 mod spawner;
 mod sys;
 mod token;

@@ -264,8 +264,17 @@ const MIB: u64 = 1024 * 1024;
 /// The newest landlock ABI whose rights this daemon handles.
 pub const MAX_LANDLOCK_ABI: u32 = 6;
 
-/// Device nodes a sandbox with a minimal /dev may write.
-const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
+/// Device nodes a sandbox with a minimal /dev may write: besides the data sinks, the
+/// controlling terminal (`/dev/tty`: programs prompt there) and the sandbox's own devpts
+/// instance (`/dev/pts`, with `/dev/ptmx` a link into it: `script`, `expect` and editors make
+/// terminals there; no other sandbox's or the host's terminal is in it).
+const WRITABLE_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/tty",
+    "/dev/pts",
+];
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
@@ -381,6 +390,7 @@ pub fn plan_command(
             sandbox.user = Some(identity);
         }
     }
+    reach_made_terminals(&mut sandbox, settings);
     check_daemon_files(profile, settings, &sandbox)?;
     // A landlock-only profile's hidden paths (templates expanded) must stay outside its rules.
     for hidden in profile.filesystem.iter().flat_map(|fs| &fs.hidden) {
@@ -448,6 +458,24 @@ fn process_limit_unenforced(
         .any(|c| c.settings.iter().any(|(f, _)| f == "pids.max"));
     let uid = sandbox.user.map_or(settings.daemon_uid, |(uid, _)| uid);
     profile.limits.processes.is_some() && !by_cgroup && uid == 0
+}
+
+/// Without a mount namespace there is no devpts of the command's own: a terminal it makes
+/// through a granted `/dev/ptmx` (`script`, editors) is opened in the host's `/dev/pts`, even
+/// through TIOCGPTPEER (landlock checks that open too). That directory holds every terminal
+/// of the host, closed to other uids by their owner and mode (0620, group tty), so it is
+/// granted only to a command that runs under another uid than the daemon's: never to one
+/// running as the daemon's own user, whose terminals (the operator's) it would open.
+fn reach_made_terminals(sandbox: &mut SandboxPlan, settings: &PlanSettings) {
+    let uid = sandbox.user.map_or(settings.daemon_uid, |(uid, _)| uid);
+    if sandbox.mounts.is_some() || uid == settings.daemon_uid {
+        return;
+    }
+    if let Some(rules) = &mut sandbox.landlock {
+        if rules.write.iter().any(|p| p == Path::new("/dev/ptmx")) {
+            rules.write.push(PathBuf::from("/dev/pts"));
+        }
+    }
 }
 
 fn landlock_rule_opening<'a>(sandbox: &'a SandboxPlan, path: &Path) -> Option<&'a PathBuf> {

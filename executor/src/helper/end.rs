@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::cgroup;
 use crate::plan::Template;
+use crate::signals;
 
 /// How long the final sweep may take before the helper gives up and reports what it killed.
 const SWEEP_DEADLINE: Duration = Duration::from_secs(5);
@@ -80,12 +81,9 @@ pub fn wait_for_end(
 }
 
 /// Send `signal` to every process of the command: everything below us (orphans come to us,
-/// the subreaper).
+/// the subreaper), each through a pidfd taken while it was in the tree (`signals`).
 fn signal_tree(signal: Signal) {
-    let me = Pid::this().as_raw();
-    for pid in descendant_pids(me) {
-        let _ = kill(Pid::from_raw(pid), signal);
-    }
+    signals::signal_descendants(signal);
 }
 
 /// Reap all exited children without blocking; return the given child's status if it was among
@@ -150,12 +148,8 @@ pub fn sweep(
                 by_cgroup = true;
             }
         }
-        for pid in children() {
-            // ESRCH means it is already gone: that is success.
-            if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
-                killed.insert(pid);
-            }
-        }
+        // Through pidfds like every other kill (`signals`); one already gone is done.
+        killed.extend(signals::signal_our_children(children, Signal::SIGKILL));
         // Block for one child to change state (they are all dying), then reap the rest.
         match waitpid(Pid::from_raw(-1), None) {
             Err(Errno::ECHILD) => break,
@@ -304,31 +298,6 @@ fn children() -> Vec<i32> {
     dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| parent_of(*pid) == Some(me))
         .collect()
-}
-
-/// The processes that descend from `pid`, from the kernel's children lists
-/// (/proc/<pid>/task/<tid>/children), walked without recursion and bounded.
-fn descendant_pids(pid: i32) -> Vec<i32> {
-    let mut pending = vec![pid];
-    let mut found = Vec::new();
-    while let Some(pid) = pending.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for task in tasks.flatten() {
-            let Ok(text) = std::fs::read_to_string(task.path().join("children")) else {
-                continue;
-            };
-            for child in text.split_whitespace().filter_map(|p| p.parse().ok()) {
-                if found.len() >= 1 << 20 {
-                    return found;
-                }
-                found.push(child);
-                pending.push(child);
-            }
-        }
-    }
-    found
 }
 
 fn parent_of(pid: i32) -> Option<i32> {

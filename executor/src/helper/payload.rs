@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -482,6 +482,13 @@ impl ExecFailure {
 /// terminal becomes the controlling terminal of a new session (job control, Ctrl-C).
 fn wire_stdio(output: &OwnedFd, stdin: StdinKind) -> std::io::Result<()> {
     use std::os::fd::AsFd;
+    // A socket where a terminal is asked for: the sandbox has a devpts of its own, where we
+    // make the terminal (so that its programs find it by name) and hand the daemon its master.
+    let own = match stdin {
+        StdinKind::Terminal if is_socket(output)? => Some(own_terminal(output)?),
+        _ => None,
+    };
+    let output = own.as_ref().unwrap_or(output);
     nix::unistd::dup2_stdout(output)?;
     nix::unistd::dup2_stderr(output)?;
     match stdin {
@@ -494,6 +501,46 @@ fn wire_stdio(output: &OwnedFd, stdin: StdinKind) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+fn is_socket(fd: &OwnedFd) -> std::io::Result<bool> {
+    let stat = nix::sys::stat::fstat(fd)?;
+    Ok(stat.st_mode & libc::S_IFMT == libc::S_IFSOCK)
+}
+
+/// Make a terminal in the sandbox's devpts (`/dev/ptmx` leads there), send its master to the
+/// daemon on `daemon`, and wait for its answer (it has sized the terminal by then); return
+/// the terminal's slave, which becomes the command's stdio and controlling terminal.
+fn own_terminal(daemon: &OwnedFd) -> std::io::Result<OwnedFd> {
+    use nix::sys::socket::{sendmsg, ControlMessage};
+    let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY)?;
+    nix::pty::grantpt(&master)?;
+    nix::pty::unlockpt(&master)?;
+    let name = nix::pty::ptsname_r(&master)?;
+    let slave = OwnedFd::from(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(&name)?,
+    );
+    let fds = [master.as_raw_fd()];
+    sendmsg::<()>(
+        daemon.as_raw_fd(),
+        &[std::io::IoSlice::new(b"t")],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )?;
+    // Ours closes here: the command never holds the master.
+    drop(master);
+    let mut answer = [0u8; 1];
+    if nix::unistd::read(daemon, &mut answer)? != 1 {
+        return Err(std::io::Error::other(
+            "the daemon did not take the terminal",
+        ));
+    }
+    Ok(slave)
 }
 
 /// The payload's exec, made ready: the program looked up in the command's PATH (not ours:

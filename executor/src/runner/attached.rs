@@ -203,34 +203,149 @@ pub async fn pump(mut from: impl AsyncRead + Unpin, ring: Arc<OutputRing>) {
 
 /// A pseudo-terminal's master, for tokio: read and write without blocking a worker thread.
 /// After the last process holding the terminal closes it, reads fail with EIO: end of file.
+///
+/// Made by the daemon (`open`: the host's devpts), or by the payload in its sandbox's own
+/// devpts and handed back over a socket (`made_by_payload`, then `receive`): until it
+/// arrives, reads and writes wait and a resize is kept for it; if it never comes (the set-up
+/// failed), reads end and writes fail.
 #[derive(Clone)]
-pub struct PtyMaster(Arc<AsyncFd<OwnedFd>>);
+pub struct PtyMaster(Arc<Master>);
+
+struct Master {
+    /// The master once known; `None` inside when it will never come.
+    fd: std::sync::OnceLock<Option<AsyncFd<OwnedFd>>>,
+    /// Reads and writes waiting for it.
+    waiting: Mutex<Vec<std::task::Waker>>,
+    /// The size it is to have (rows, cols).
+    size: Mutex<(u16, u16)>,
+}
 
 impl PtyMaster {
+    fn new(rows: u16, cols: u16) -> Self {
+        Self(Arc::new(Master {
+            fd: std::sync::OnceLock::new(),
+            waiting: Mutex::new(Vec::new()),
+            size: Mutex::new((rows, cols)),
+        }))
+    }
+
     /// A new terminal of `rows` x `cols`: our master and the payload's end (close-on-exec
     /// both: the payload's end travels by SCM_RIGHTS, not by inheritance).
     pub fn open(rows: u16, cols: u16) -> io::Result<(Self, OwnedFd)> {
         let pty = nix::pty::openpty(None, None)?;
-        for fd in [&pty.master, &pty.slave] {
-            nix::fcntl::fcntl(
-                fd,
-                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-            )?;
-        }
         nix::fcntl::fcntl(
-            &pty.master,
-            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+            &pty.slave,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
         )?;
-        crate::sys::set_window_size(pty.master.as_fd(), rows, cols)?;
-        Ok((
-            Self(Arc::new(crate::sys::register_async(pty.master)?)),
-            pty.slave,
-        ))
+        let master = Self::new(rows, cols);
+        master.bind(pty.master)?;
+        Ok((master, pty.slave))
     }
 
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.0.get_ref().as_fd()
+    /// A terminal the payload makes in its sandbox's own devpts (so that its programs find
+    /// it there by name): the payload's end is a socket, on which it sends the master back;
+    /// [`receive`](Self::receive) takes it on `ours`.
+    pub fn made_by_payload(
+        rows: u16,
+        cols: u16,
+    ) -> io::Result<(Self, OwnedFd, std::os::unix::net::UnixStream)> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        ours.set_nonblocking(true)?;
+        Ok((Self::new(rows, cols), theirs.into(), ours))
     }
+
+    /// Take the master the payload sends on `ours`, give it its size, and answer one byte:
+    /// the payload starts its command only then, so the command sees the size asked for.
+    pub async fn receive(self, ours: std::os::unix::net::UnixStream) {
+        use tokio::io::{AsyncWriteExt, Interest};
+        let got = async {
+            let ours = tokio::net::UnixStream::from_std(ours)?;
+            let fd = loop {
+                ours.readable().await?;
+                let mut buf = [0u8; 1];
+                match ours.try_io(Interest::READABLE, || {
+                    crate::spawner::receive_fds(ours.as_fd(), &mut buf)
+                }) {
+                    Ok(Some((_, fds))) => break fds.into_iter().next(),
+                    Ok(None) => break None,
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(err) => return Err(err),
+                }
+            };
+            let Some(fd) = fd else {
+                return Err(io::Error::other("the payload made no terminal"));
+            };
+            self.bind(fd)?;
+            let mut ours = ours;
+            ours.write_all(b"k").await?;
+            Ok::<(), io::Error>(())
+        };
+        if let Err(err) = got.await {
+            tracing::debug!("the payload's terminal did not come: {err}");
+            self.settle(None);
+        }
+    }
+
+    /// Make `fd` the master: non-blocking, sized, registered with tokio.
+    fn bind(&self, fd: OwnedFd) -> io::Result<()> {
+        nix::fcntl::fcntl(
+            &fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+        nix::fcntl::fcntl(
+            &fd,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )?;
+        let (rows, cols) = *lock(&self.0.size);
+        crate::sys::set_window_size(fd.as_fd(), rows, cols)?;
+        self.settle(Some(crate::sys::register_async(fd)?));
+        Ok(())
+    }
+
+    fn settle(&self, fd: Option<AsyncFd<OwnedFd>>) {
+        let _ = self.0.fd.set(fd);
+        for waker in lock(&self.0.waiting).drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// The master, once it is there (`None`: it never will be).
+    fn poll_master(&self, cx: &mut Context<'_>) -> Poll<Option<&AsyncFd<OwnedFd>>> {
+        if let Some(fd) = self.0.fd.get() {
+            return Poll::Ready(fd.as_ref());
+        }
+        lock(&self.0.waiting).push(cx.waker().clone());
+        // Set between the first look and the registration: the wake may have been missed.
+        match self.0.fd.get() {
+            Some(fd) => Poll::Ready(fd.as_ref()),
+            None => Poll::Pending,
+        }
+    }
+
+    /// The master for an ioctl; an error while the payload has not handed it over yet.
+    pub fn fd(&self) -> io::Result<BorrowedFd<'_>> {
+        match self.0.fd.get() {
+            Some(Some(fd)) => Ok(fd.get_ref().as_fd()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the terminal is not made yet",
+            )),
+        }
+    }
+
+    /// Give the terminal a new size, now or when it comes.
+    pub fn resize(&self, rows: u16, cols: u16) -> io::Result<()> {
+        *lock(&self.0.size) = (rows, cols);
+        match self.0.fd.get() {
+            Some(Some(fd)) => crate::sys::set_window_size(fd.get_ref().as_fd(), rows, cols),
+            // Not there yet: `bind` applies the size kept above.
+            _ => Ok(()),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl AsyncRead for PtyMaster {
@@ -239,8 +354,11 @@ impl AsyncRead for PtyMaster {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let Some(master) = ready!(self.poll_master(cx)) else {
+            return Poll::Ready(Ok(()));
+        };
         loop {
-            let mut guard = ready!(self.0.poll_read_ready(cx))?;
+            let mut guard = ready!(master.poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
             match guard
                 .try_io(|fd| nix::unistd::read(fd.get_ref(), unfilled).map_err(io::Error::from))
@@ -266,8 +384,11 @@ impl AsyncWrite for PtyMaster {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
+        let Some(master) = ready!(self.poll_master(cx)) else {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        };
         loop {
-            let mut guard = ready!(self.0.poll_write_ready(cx))?;
+            let mut guard = ready!(master.poll_write_ready(cx))?;
             match guard.try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(io::Error::from))
             {
                 Ok(result) => return Poll::Ready(result),

@@ -33,7 +33,8 @@ const EMPTY_FILE: &str = "/empty";
 const TEMPLATE_EMPTY_FILE: &str = "/proc/.empty";
 
 /// Device nodes of the minimal /dev, bound from the host's.
-const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+/// `tty` opens only the caller's controlling terminal.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 /// /proc directories made read-only (they hold host-wide knobs), as Docker does.
 const PROC_READ_ONLY: &[&str] = &["sys", "bus", "fs", "irq"];
 /// /proc files covered by /dev/null: kernel memory, keys, timers, and the sysrq trigger.
@@ -83,6 +84,8 @@ enum Entry {
     Hidden,
     Tmpfs(u64),
     Dev,
+    /// The command's own devpts instance (`newinstance`): terminals made in the sandbox.
+    Pts,
     Proc,
     /// Bound onto itself, writable: a mount point cannot be renamed or replaced (EBUSY), so
     /// the directories on the way to what the next helper loads stay where they are.
@@ -263,6 +266,7 @@ fn entries(plan: &MountPlan) -> Result<Vec<(PathBuf, Entry)>> {
             .map(|(p, size)| (p.clone(), Entry::Tmpfs(*size))),
     );
     entries.push(("/dev".into(), Entry::Dev));
+    entries.push(("/dev/pts".into(), Entry::Pts));
     entries.push(("/proc".into(), Entry::Proc));
     entries.sort_by_key(|(path, _)| path.components().count());
     if let Some((path, _)) = entries.iter().find(|(path, _)| !path.is_absolute()) {
@@ -271,12 +275,13 @@ fn entries(plan: &MountPlan) -> Result<Vec<(PathBuf, Entry)>> {
     Ok(entries)
 }
 
-/// The mounts that must be each command's own: its tmpfs mounts and its /proc. Everything
-/// the plan puts inside them is the command's too.
+/// The mounts that must be each command's own: its tmpfs mounts, its /proc and its devpts
+/// (a shared one would let a command open another's terminal: same uid). Everything the plan
+/// puts inside them is the command's too.
 fn per_command_roots(entries: &[(PathBuf, Entry)]) -> Vec<PathBuf> {
     entries
         .iter()
-        .filter(|(_, e)| matches!(e, Entry::Tmpfs(_) | Entry::Proc))
+        .filter(|(_, e)| matches!(e, Entry::Tmpfs(_) | Entry::Proc | Entry::Pts))
         .map(|(p, _)| p.clone())
         .collect()
 }
@@ -483,6 +488,7 @@ impl Builder {
                 Ok(())
             }
             Entry::Dev => self.minimal_dev(&target),
+            Entry::Pts => own_devpts(&target),
             Entry::Proc => self.fresh_proc(&target),
             Entry::Pin => {
                 if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
@@ -539,7 +545,8 @@ impl Builder {
         Ok(true)
     }
 
-    /// A tmpfs /dev with only harmless device nodes: no disks, no /dev/mem, no terminals.
+    /// A tmpfs /dev with only harmless device nodes: no disks, no /dev/mem, no terminal but
+    /// the caller's own (`/dev/tty`) and those of its own devpts instance.
     fn minimal_dev(&mut self, target: &Path) -> Result<()> {
         if !self.mount_point(target, true)? {
             return Ok(());
@@ -558,6 +565,9 @@ impl Builder {
             ("stdin", "/proc/self/fd/0"),
             ("stdout", "/proc/self/fd/1"),
             ("stderr", "/proc/self/fd/2"),
+            // The multiplexer of the command's own devpts instance (devpts.rst,
+            // "newinstance"): terminals made here are numbered and found there.
+            ("ptmx", "pts/ptmx"),
         ] {
             let path = target.join(link);
             std::os::unix::fs::symlink(to, &path).map_err(io("symlink", &path))?;
@@ -565,7 +575,27 @@ impl Builder {
         mkdir(&target.join("shm"))?;
         Ok(())
     }
+}
 
+/// A devpts instance of the command's own at `target` (Documentation/filesystems/devpts.rst):
+/// it holds only the terminals the command makes (`script`, editors), numbered from 0, none of
+/// another sandbox's or of the host's; `ptmxmode=0666` lets the command's uid make them, and
+/// each terminal belongs to the uid that made it (`mode=0620`).
+fn own_devpts(target: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(target).is_err() {
+        mkdir(target)?;
+    }
+    mount(
+        Some("devpts"),
+        target,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .map_err(sys("mount devpts on", target))
+}
+
+impl Builder {
     /// A new procfs: it shows the pid namespace of the mounting process (ours), so only the
     /// command's processes. Host-wide knobs under it are made read-only or masked.
     fn fresh_proc(&self, target: &Path) -> Result<()> {

@@ -53,6 +53,23 @@ pub(super) struct Stdio {
     pty: Option<PtyMaster>,
 }
 
+/// A spawned process's stdio. `own_devpts`: the sandbox has a devpts of its own, where the
+/// payload makes the terminal (its programs then find it by name: `tty`, `/dev/pts/N`) and
+/// hands us the master.
+fn process_stdio(pty: Option<PtySize>, own_devpts: bool) -> std::io::Result<Stdio> {
+    let Some(size) = pty.filter(|_| own_devpts) else {
+        return make_stdio(pty);
+    };
+    let (master, theirs, ours) = PtyMaster::made_by_payload(size.rows, size.cols)?;
+    tokio::spawn(master.clone().receive(ours));
+    Ok(Stdio {
+        theirs,
+        output: Box::new(master.clone()),
+        stdin: StdinEnd::Terminal(master.clone()),
+        pty: Some(master),
+    })
+}
+
 pub(super) fn make_stdio(pty: Option<PtySize>) -> std::io::Result<Stdio> {
     if let Some(size) = pty {
         let (master, theirs) = PtyMaster::open(size.rows, size.cols)?;
@@ -167,7 +184,12 @@ impl Connection {
         let Some((mut valid, job, held)) = self.admit_job(exec, draining).await else {
             return Ok(());
         };
-        let stdio = match make_stdio(req.pty) {
+        let engine = &self.daemon.engine;
+        let own_devpts = engine
+            .profiles
+            .get(valid.profile.as_deref().unwrap_or(&engine.default_profile))
+            .is_some_and(|p| p.namespaces.contains(&crate::profile::Namespace::Mount));
+        let stdio = match process_stdio(req.pty, own_devpts) {
             Ok(stdio) => stdio,
             Err(err) => {
                 let err = ExecError::new(
@@ -383,12 +405,14 @@ impl Connection {
                     req.id
                 )));
             };
-            crate::sys::signal_foreground(pty.fd(), signal).map_err(|err| {
-                ExecError::new(
-                    ErrorCode::EnvironmentError,
-                    format!("cannot signal the terminal's foreground group: {err}"),
-                )
-            })?;
+            pty.fd()
+                .and_then(|fd| crate::sys::signal_foreground(fd, signal))
+                .map_err(|err| {
+                    ExecError::new(
+                        ErrorCode::EnvironmentError,
+                        format!("cannot signal the terminal's foreground group: {err}"),
+                    )
+                })?;
         } else if process.signals.try_send(signal).is_err() {
             return Err(ExecError::new(
                 ErrorCode::Busy,
@@ -407,7 +431,7 @@ impl Connection {
         let Some(pty) = &process.pty else {
             return Err(bad(format!("process {:?} has no terminal", req.id)));
         };
-        crate::sys::set_window_size(pty.fd(), req.rows, req.cols).map_err(|err| {
+        pty.resize(req.rows, req.cols).map_err(|err| {
             ExecError::new(
                 ErrorCode::EnvironmentError,
                 format!("cannot resize the terminal: {err}"),

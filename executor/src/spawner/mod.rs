@@ -60,12 +60,11 @@ use crate::plan::{SandboxPlan, Template};
 use crate::sys::{self, Forked};
 
 pub use net_pool::settles_empty;
-pub use wire::{receive_now, receive_stdio, send_stdio, send_verdict};
+pub use wire::{receive_fds, receive_now, receive_stdio, send_stdio, send_verdict};
 
 use inits::{reap, Leader, Removals};
 use wire::{
-    receive, receive_fds, seqpacket_pair, Message, Request, DISMISS_IDLE, REMOVE_AFTER, RUN,
-    RUN_AND_WARM,
+    receive, seqpacket_pair, Message, Request, DISMISS_IDLE, REMOVE_AFTER, RUN, RUN_AND_WARM,
 };
 
 /// How long an idle worker waits for a command before it is dismissed.

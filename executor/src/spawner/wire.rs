@@ -119,7 +119,7 @@ pub fn receive_stdio(control: impl AsFd) -> io::Result<Option<Stdio>> {
 }
 
 /// One message and the descriptors that came with it, or `None` at end-of-file.
-pub(super) fn receive_fds(
+pub fn receive_fds(
     sock: std::os::fd::BorrowedFd<'_>,
     buf: &mut [u8],
 ) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {

@@ -187,10 +187,17 @@ async fn strict_sees_a_fresh_root_proc_dev_and_hostname() {
         .split(',')
         .filter(|s| !s.is_empty())
         .collect();
-    for needed in ["null", "zero", "full", "random", "urandom"] {
+    // `tty` opens only the caller's own controlling terminal (none here: the command has no
+    // terminal, e2e `processes::terminal` opens it from a PTY process); `pts` is a devpts
+    // of the command's own, `ptmx` a link into it (issue 35).
+    for needed in [
+        "null", "zero", "full", "random", "urandom", "tty", "pts", "ptmx",
+    ] {
         assert!(dev.contains(&needed), "[strict] /dev lacks {needed}: {out}");
     }
-    for absent in ["tty", "vda", "kmsg", "mem", "console", "fuse", "kvm"] {
+    for absent in [
+        "tty0", "tty1", "vda", "kmsg", "mem", "console", "fuse", "kvm",
+    ] {
         assert!(!dev.contains(&absent), "[strict] /dev has {absent}: {out}");
     }
     assert_eq!(field(&out, "tmpfs"), Some("tmpfs"), "[strict] {out}");

@@ -24,6 +24,7 @@ mod kill;
 mod leftovers;
 mod network;
 mod network_reuse;
+mod pid_reuse;
 mod privilege;
 mod root_templates;
 mod syscalls;

@@ -202,3 +202,142 @@ attempt("TIOCCONS", termios.TIOCCONS, b"")
         }
     }
 }
+
+/// A PTY process has a real terminal under strict (made in a devpts instance of the
+/// sandbox's own, where `script` makes its terminals too, and `/dev/tty` in its minimal /dev)
+/// and under landlock (rules for `/dev/tty` and `/dev/ptmx`): `/dev/tty` opens, a
+/// program that prompts there (git asking for a password) gets what the client types, and
+/// `script` makes a terminal of its own. Denial beside it: TIOCSTI through `/dev/tty` is
+/// refused as on stdin; a process without a terminal cannot open `/dev/tty`.
+#[tokio::test]
+async fn a_pty_process_opens_dev_tty_and_git_and_script_use_it() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    let command = r#"exec 3</dev/tty && echo opened-dev-tty
+script -qc 'echo from-script; tty' /dev/null
+python3 -c '
+import fcntl, termios
+fd = open("/dev/tty", "rb+", buffering=0)
+try:
+    fcntl.ioctl(fd, termios.TIOCSTI, b"x")
+    print("TIOCSTI allowed")
+except OSError as e:
+    print("TIOCSTI refused", e.errno)
+'
+printf 'protocol=https\nhost=example.invalid\n\n' | GIT_ASKPASS= SSH_ASKPASS= git credential fill
+echo done-$((6*7))"#;
+    for profile in ["strict", "landlock"] {
+        let id = format!("tty-{profile}");
+        let mut r = spawn_req(&id, command);
+        r.profile = Some(profile.to_string());
+        // The profiles turn git's prompts off for commands without a terminal; a client
+        // with one turns them back on.
+        r.env.insert("GIT_TERMINAL_PROMPT".into(), "1".into());
+        r.pty = Some(PtySize { rows: 24, cols: 80 });
+        spawn(&mut client, r).await;
+        let mut offset = 0;
+        read_until(&mut client, &id, &mut offset, "Username for").await;
+        write_text(&mut client, &id, "alice\r").await;
+        read_until(&mut client, &id, &mut offset, "Password for").await;
+        write_text(&mut client, &id, "s3cret\r").await;
+        let rest = read_to_eof(&mut client, &id, offset).await;
+        let out = String::from_utf8_lossy(&rest).into_owned();
+        let exited = wait(&mut client, &id, 10.0).await;
+        assert_eq!(exited.returncode, 0, "[{profile}] {exited:?}");
+        assert!(out.contains("username=alice"), "[{profile}] {out}");
+        assert!(out.contains("password=s3cret"), "[{profile}] {out}");
+        // The password was read with echo off: it is not in the output before git's answer.
+        let before = out.split("password=").next().unwrap_or_default();
+        assert!(!before.contains("s3cret"), "[{profile}] echoed: {out}");
+        assert!(out.contains("done-42"), "[{profile}] {out}");
+        let all = String::from_utf8_lossy(&read_to_eof(&mut client, &id, 0).await).into_owned();
+        assert!(all.contains("opened-dev-tty"), "[{profile}] {all}");
+        assert!(
+            all.contains("from-script\r\n/dev/pts/"),
+            "[{profile}] {all}"
+        );
+        assert!(all.contains("TIOCSTI refused 1"), "[{profile}] {all}");
+
+        // Control: without a terminal there is no controlling one to open.
+        let plain = format!("plain-{profile}");
+        let mut r = spawn_req(&plain, "exec 3</dev/tty && echo opened || echo no-tty");
+        r.profile = Some(profile.to_string());
+        spawn(&mut client, r).await;
+        let out = String::from_utf8_lossy(&read_to_eof(&mut client, &plain, 0).await).into_owned();
+        assert!(
+            out.contains("No such device or address"),
+            "[{profile}] {out}"
+        );
+        assert!(out.contains("no-tty"), "[{profile}] {out}");
+    }
+}
+
+/// `tty` names the process's terminal, a `/dev/pts/N` that is its stdin, under every profile
+/// (under strict, before its terminal was made in the sandbox: "not a tty").
+#[tokio::test]
+async fn tty_names_the_terminal_of_a_pty_process() {
+    // Every profile: task-container has a mount namespace (its terminal is made in its own
+    // devpts, as strict's), trusted none (the daemon's terminal, as landlock's).
+    let daemon = Daemon::start_with(&executor_tests::ALLOW_ALL_PROFILES);
+    let mut client = daemon.connect().await;
+    for profile in ["strict", "landlock", "task-container", "trusted"] {
+        let id = format!("name-{profile}");
+        let mut r = spawn_req(
+            &id,
+            "tty; [ \"$(tty)\" -ef /dev/stdin ] && echo same-terminal",
+        );
+        r.profile = Some(profile.to_string());
+        r.pty = Some(PtySize { rows: 24, cols: 80 });
+        spawn(&mut client, r).await;
+        let out = String::from_utf8_lossy(&read_to_eof(&mut client, &id, 0).await).into_owned();
+        assert!(out.starts_with("/dev/pts/"), "[{profile}] {out}");
+        assert!(out.contains("same-terminal"), "[{profile}] {out}");
+    }
+}
+
+/// Denial beside the terminal: another process's terminal stays out of reach. Under strict a
+/// PTY process's /dev/pts holds its own terminal and nothing else (a second process of the
+/// same uid running at the same time has one of its own, as the control shows); under
+/// landlock the host's /dev/pts is there, but the daemon's other terminals (root's, mode
+/// 0620) do not open.
+#[tokio::test]
+async fn a_pty_process_cannot_reach_another_process_terminal() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    for profile in ["strict", "landlock"] {
+        let first = format!("first-{profile}");
+        let mut r = spawn_req(&first, "tty; echo first-up; exec sleep 60");
+        r.profile = Some(profile.to_string());
+        r.pty = Some(PtySize { rows: 24, cols: 80 });
+        spawn(&mut client, r).await;
+        let mut offset = 0;
+        let out = read_until(&mut client, &first, &mut offset, "first-up").await;
+        let name = out.lines().next().unwrap_or_default().trim().to_string();
+        assert!(name.starts_with("/dev/pts/"), "[{profile}] {out}");
+
+        let second = format!("second-{profile}");
+        let probe = format!(
+            "tty; echo list: $(ls /dev/pts); \
+             if [ \"$(tty)\" != {name} ]; then \
+               (exec 3<>{name}) 2>/dev/null && echo opened-first || echo first-refused; \
+             else echo same-name; fi"
+        );
+        let mut r = spawn_req(&second, &probe);
+        r.profile = Some(profile.to_string());
+        r.pty = Some(PtySize { rows: 24, cols: 80 });
+        spawn(&mut client, r).await;
+        let out = String::from_utf8_lossy(&read_to_eof(&mut client, &second, 0).await).into_owned();
+        // Control: the second process has a terminal of its own.
+        assert!(out.starts_with("/dev/pts/"), "[{profile}] {out}");
+        assert!(!out.contains("opened-first"), "[{profile}] {out}");
+        if profile == "strict" {
+            // Its own devpts: one terminal (its own, numbered like the first's in the
+            // first's instance) and the multiplexer.
+            assert!(out.contains("list: 0 ptmx\r\n"), "[{profile}] {out}");
+            assert!(out.contains("same-name"), "[{profile}] {out}");
+        } else {
+            assert!(out.contains("first-refused"), "[{profile}] {out}");
+        }
+        signal(&mut client, &first, "KILL", false).await;
+    }
+}
