@@ -440,15 +440,18 @@ pub struct HandedOver {
 pub fn take_handoff(from: &OwnedFd, control: BorrowedFd<'_>) -> Option<HandedOver> {
     let mut buf = vec![0u8; 4 + super::LINE_CHUNK];
     let (bytes, fds) = crate::spawner::receive_now::<2>(from.as_fd(), &mut buf)?;
-    drop(crate::spawner::receive_now::<3>(control, &mut [0u8; 16]));
+    // (End of file, from a payload that exited without handing over, is no hand-off: the
+    // message on `control` stays for the report to the command.)
     let [lifeline, status] = <[OwnedFd; 2]>::try_from(fds).ok()?;
     let main = i32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
-    Some(HandedOver {
+    let handed = HandedOver {
         main: Pid::from_raw(main),
         lifeline,
         status,
         rest: buf.get(4..bytes)?.to_vec(),
-    })
+    };
+    drop(crate::spawner::receive_now::<3>(control, &mut [0u8; 16]));
+    Some(handed)
 }
 
 /// The note of a failed exec, written without allocating: its start made beforehand (with
