@@ -213,7 +213,7 @@ impl Prepared {
     /// The payload has exec'd or exited: serve the command it took, or report why it could
     /// not; then tell the fork server what may be lent again, and exit.
     fn run(self, template: &Template, control: OwnedFd) -> ! {
-        let handed = payload::take_handoff(&self.handoff);
+        let handed = payload::take_handoff(&self.handoff, control.as_fd());
         let Some(handed) = handed else {
             // No command came: the payload was dismissed (it exited cleanly), or failed
             // before its command (reported to the command that comes for this worker).

@@ -472,7 +472,7 @@ impl<'t> Worker<'t> {
                 return;
             }
         };
-        let Some(handed) = payload::take_handoff(&started.handoff) else {
+        let Some(handed) = payload::take_handoff(&started.handoff, control.as_fd()) else {
             // No command came: the payload was dismissed (it exited cleanly), or failed
             // before its command (reported to the command that comes for this worker).
             if let Some(err) = &started.failure {

@@ -102,7 +102,11 @@ pub fn payload_main(
         fail(setup_w, &err.into());
     }
     let Source { control, handoff } = source;
-    let stdio = match crate::spawner::receive_stdio(control) {
+    // Copies only: the message stays on `control` until our supervisor takes it off after our
+    // hand-off. A stop (or kill) that lands as the message comes takes effect only once we
+    // return from this call, with the descriptors ours alone if we had taken them, and the
+    // supervisor could not report it on the status pipe.
+    let stdio = match crate::spawner::peek_stdio(control) {
         Ok(Some(stdio)) => stdio,
         // Dismissed before a command came (or the fork server is gone).
         _ => sys::exit_child(0),
@@ -331,7 +335,8 @@ pub fn start(
         None
     };
     if let Some(report) = disturbance {
-        // Report that to the command that comes (or came), and free nothing: what was made
+        // Report that to the command that comes (or came: the payload only peeked at its
+        // message, which stays on `control` until a hand-off), and free nothing: what was made
         // before the payload started stays allocated until our exit.
         let status = sys::receive_last_fd(handoff.as_fd(), false)
             .or_else(|| sys::receive_last_fd(control, true));
@@ -429,18 +434,24 @@ pub struct HandedOver {
 }
 
 /// The supervisor's side of [`HandOff`]: never waits. Called only once the payload has handed over
-/// (the supervisor checks the socket without allocating first), so it may allocate.
-pub fn take_handoff(from: &OwnedFd) -> Option<HandedOver> {
+/// (the supervisor checks the socket without allocating first), so it may allocate. Once it
+/// has, the command's message the payload only peeked at is taken off `control` and its
+/// descriptors closed (queued, they would hold the output open).
+pub fn take_handoff(from: &OwnedFd, control: BorrowedFd<'_>) -> Option<HandedOver> {
     let mut buf = vec![0u8; 4 + super::LINE_CHUNK];
     let (bytes, fds) = crate::spawner::receive_now::<2>(from.as_fd(), &mut buf)?;
+    // (End of file, from a payload that exited without handing over, is no hand-off: the
+    // message on `control` stays for the report to the command.)
     let [lifeline, status] = <[OwnedFd; 2]>::try_from(fds).ok()?;
     let main = i32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
-    Some(HandedOver {
+    let handed = HandedOver {
         main: Pid::from_raw(main),
         lifeline,
         status,
         rest: buf.get(4..bytes)?.to_vec(),
-    })
+    };
+    drop(crate::spawner::receive_now::<3>(control, &mut [0u8; 16]));
+    Some(handed)
 }
 
 /// The note of a failed exec, written without allocating: its start made beforehand (with

@@ -60,7 +60,7 @@ use crate::plan::{SandboxPlan, Template};
 use crate::sys::{self, Forked};
 
 pub use net_pool::settles_empty;
-pub use wire::{receive_fds, receive_now, receive_stdio, send_stdio, send_verdict};
+pub use wire::{peek_stdio, receive_fds, receive_now, receive_stdio, send_stdio, send_verdict};
 
 use inits::{reap, Leader, Removals};
 use wire::{

@@ -106,8 +106,23 @@ pub fn send_stdio(control: &OwnedFd, stdio: [&OwnedFd; 3]) -> io::Result<()> {
 
 /// In a worker: the command's descriptors, or `None` when the server closed the socket.
 pub fn receive_stdio(control: impl AsFd) -> io::Result<Option<Stdio>> {
+    stdio_message(control.as_fd(), MsgFlags::empty())
+}
+
+/// In a waiting payload: copies of the command's descriptors, the message left on `control`
+/// (`MSG_PEEK`) for its supervisor, which takes it off after the payload's hand-off, or takes
+/// it to report on a payload stopped or killed before that (`helper::payload`); `None` when
+/// the server closed the socket.
+pub fn peek_stdio(control: impl AsFd) -> io::Result<Option<Stdio>> {
+    stdio_message(control.as_fd(), MsgFlags::MSG_PEEK)
+}
+
+fn stdio_message(
+    control: std::os::fd::BorrowedFd<'_>,
+    flags: MsgFlags,
+) -> io::Result<Option<Stdio>> {
     let mut buf = [0u8; 16];
-    let Some((_, fds)) = receive_fds(control.as_fd(), &mut buf)? else {
+    let Some((_, fds)) = receive_with(control, &mut buf, flags)? else {
         return Ok(None);
     };
     let [lifeline, output, status] = three(fds)?;
@@ -123,6 +138,16 @@ pub fn receive_fds(
     sock: std::os::fd::BorrowedFd<'_>,
     buf: &mut [u8],
 ) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+    receive_with(sock, buf, MsgFlags::empty())
+}
+
+/// [`receive_fds`] with `flags` besides `MSG_CMSG_CLOEXEC` (`MSG_PEEK`: the message stays
+/// queued; its descriptors come as copies).
+fn receive_with(
+    sock: std::os::fd::BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: MsgFlags,
+) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
     let mut iov = [IoSliceMut::new(buf)];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 3]);
     let msg = loop {
@@ -130,7 +155,7 @@ pub fn receive_fds(
             sock.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            MsgFlags::MSG_CMSG_CLOEXEC | flags,
         ) {
             Err(nix::errno::Errno::EINTR) => continue,
             other => break other?,
