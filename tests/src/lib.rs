@@ -13,6 +13,7 @@ mod pinned_tls;
 pub mod profiles;
 mod proxy;
 pub mod rootfs;
+pub mod scratch;
 pub mod sshd;
 pub mod static_build;
 pub mod target;
@@ -22,6 +23,7 @@ pub mod vm;
 pub use host::*;
 pub use pinned_tls::{fingerprint_of_der, fingerprint_of_pem_file, https_get, pinned_config};
 pub use proxy::Proxy;
+pub use scratch::TempDir;
 pub use static_build::static_executor;
 pub use target::{Endpoint, Target};
 pub use transfer::*;
@@ -121,7 +123,7 @@ pub struct Daemon {
     pub addr: SocketAddr,
     pub url: String,
     pub token: String,
-    pub state: tempfile::TempDir,
+    pub state: TempDir,
     pub workspace: PathBuf,
     /// With `--tls`: the certificate fingerprint from the ready line (`sha256:<hex>`).
     pub fingerprint: Option<String>,
@@ -163,10 +165,7 @@ impl Daemon {
     }
 
     fn spawn(user: Option<u32>, extra: &[&str]) -> Self {
-        let state = tempfile::Builder::new()
-            .prefix("executor-e2e-")
-            .tempdir()
-            .unwrap();
+        let state = TempDir::with_prefix("executor-e2e-").unwrap();
         let workspace = state.path().join("workspace");
         let stderr_log = state.path().join("daemon.log");
         let mut command = match user {
@@ -534,14 +533,12 @@ pub struct DaemonOptions {
 impl Daemon {
     /// Start with [`DaemonOptions`]; `Err` carries the daemon's log when it refused to start.
     pub fn try_start_opts(opts: DaemonOptions) -> Result<Self, String> {
-        let mut builder = tempfile::Builder::new();
-        builder.prefix("executor-escape-");
         let state = match &opts.state_parent {
             Some(parent) => {
                 std::fs::create_dir_all(parent).unwrap();
-                builder.tempdir_in(parent).unwrap()
+                TempDir::with_prefix_in("executor-escape-", parent).unwrap()
             }
-            None => builder.tempdir().unwrap(),
+            None => TempDir::with_prefix("executor-escape-").unwrap(),
         };
         if let Some(prepare) = opts.prepare {
             prepare(state.path());
@@ -619,9 +616,9 @@ impl Daemon {
 // ---------------------------------------------------------------------------------------------
 
 /// Write `json` as a private clients file (mode 0600) in a directory of its own.
-pub fn clients_file(json: &serde_json::Value) -> (tempfile::TempDir, PathBuf) {
+pub fn clients_file(json: &serde_json::Value) -> (TempDir, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TempDir::new().unwrap();
     let path = dir.path().join("clients.json");
     std::fs::write(&path, serde_json::to_string_pretty(json).unwrap()).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -632,15 +629,12 @@ pub fn clients_file(json: &serde_json::Value) -> (tempfile::TempDir, PathBuf) {
 /// directories whose trees a case makes huge (the test machines' disks discard on every
 /// removal, at milliseconds a directory).
 pub struct Tmpfs {
-    pub dir: tempfile::TempDir,
+    pub dir: TempDir,
 }
 
 impl Tmpfs {
     pub fn mount() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("executor-tmpfs-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
+        let dir = TempDir::with_prefix_in("executor-tmpfs-", "/var/tmp").unwrap();
         let status = Command::new("mount")
             .args(["-t", "tmpfs", "-o", "mode=0755,size=1g", "tmpfs"])
             .arg(dir.path())

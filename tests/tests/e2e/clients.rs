@@ -13,9 +13,9 @@ pub const CAROL: &str = "carol-token-0123456789abcdef0123456789a";
 pub const DAVE: &str = "dave-token-0123456789abcdef0123456789ab";
 
 /// Write `json` as a private clients file in a directory of its own and return its path.
-pub fn clients_file(json: &serde_json::Value) -> (tempfile::TempDir, PathBuf) {
+pub fn clients_file(json: &serde_json::Value) -> (executor_tests::TempDir, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = executor_tests::TempDir::new().unwrap();
     let path = dir.path().join("clients.json");
     write_clients(&path, json);
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -447,7 +447,7 @@ async fn per_connection_scratch_is_removed_without_reaching_outside_it() {
         {"name": "eph", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_connection"},
     ]}));
     let daemon = start(&file, &[]);
-    let outside = tempfile::tempdir().unwrap();
+    let outside = executor_tests::TempDir::new().unwrap();
     std::fs::write(outside.path().join("keep"), "precious").unwrap();
     std::fs::create_dir(outside.path().join("tree")).unwrap();
     std::fs::write(outside.path().join("tree/inner"), "also precious").unwrap();

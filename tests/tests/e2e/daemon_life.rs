@@ -160,7 +160,7 @@ async fn a_local_executor_dies_with_the_agent_that_started_it_even_by_sigkill() 
     let m = marker();
     // A directory the sandbox's uid may write: the agent runs nothing in one it cannot
     // (agent `choices::`).
-    let here = tempfile::tempdir().unwrap();
+    let here = executor_tests::TempDir::new().unwrap();
     std::fs::set_permissions(
         here.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
@@ -324,7 +324,7 @@ async fn a_stderr_nobody_reads_never_blocks_the_daemon() {
     use std::io::{BufRead, BufReader, Write};
     let (reader, writer) = nix::unistd::pipe().unwrap();
     let filler = writer.try_clone().unwrap();
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = executor_tests::TempDir::new().unwrap();
     let workspace = scratch.path().join("ws");
     std::fs::create_dir(&workspace).unwrap();
     let mut child = std::process::Command::new(executor_tests::binary("executor"))

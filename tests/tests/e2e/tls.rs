@@ -14,13 +14,13 @@ use executor_tests::{
 
 /// A certificate and key made here, as an operator would bring them.
 struct OwnCert {
-    dir: tempfile::TempDir,
+    dir: executor_tests::TempDir,
     fingerprint: String,
 }
 
 impl OwnCert {
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = executor_tests::TempDir::new().unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["executor.test".to_string()])
             .unwrap()
@@ -301,7 +301,7 @@ async fn unusable_certificates_and_keys_are_refused_at_start_with_the_reason() {
 
 #[tokio::test]
 async fn a_non_loopback_address_needs_tls_unless_plaintext_is_allowed_explicitly() {
-    let tokens = tempfile::tempdir().unwrap();
+    let tokens = executor_tests::TempDir::new().unwrap();
     let token = tokens.path().join("token");
     std::fs::write(&token, format!("{}\n", "ab".repeat(32))).unwrap();
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();

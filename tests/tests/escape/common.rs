@@ -181,7 +181,7 @@ pub fn mem_available_mib() -> u64 {
 /// uses this layout so that it tests its own attack, not that one bug.
 pub struct TestDaemon {
     pub daemon: Daemon,
-    _workspace_root: tempfile::TempDir,
+    _workspace_root: executor_tests::TempDir,
 }
 
 impl std::ops::Deref for TestDaemon {
@@ -212,10 +212,7 @@ pub fn daemon_with(mut opts: DaemonOptions) -> Option<TestDaemon> {
     ) {
         return None;
     }
-    let root = tempfile::Builder::new()
-        .prefix("escape-ws-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let root = executor_tests::TempDir::with_prefix_in("escape-ws-", "/var/tmp").unwrap();
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let workspace = root.path().join("workspace");
     opts.extra

@@ -463,10 +463,8 @@ async fn a_host_process_environment_is_unreadable() {
 async fn a_token_file_and_audit_log_outside_the_state_dir_are_out_of_reach_too() {
     // `--token-file` and `--audit-log` may point anywhere; task-container's covers must follow
     // them, not only the state directory.
-    let files = tempfile::Builder::new()
-        .prefix("escape-daemon-files-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let files =
+        executor_tests::TempDir::with_prefix_in("escape-daemon-files-", "/var/tmp").unwrap();
     let token_file = files.path().join("token");
     let audit_log = files.path().join("audit.jsonl");
     let Some(daemon) = daemon_with(DaemonOptions {
@@ -587,10 +585,7 @@ async fn helpers_are_the_daemons_own_image_not_whatever_lies_at_its_path_later()
     ) {
         return;
     }
-    let root = tempfile::Builder::new()
-        .prefix("escape-swap-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let root = executor_tests::TempDir::with_prefix_in("escape-swap-", "/var/tmp").unwrap();
     let exe = root.path().join("executor");
     std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
     let Some(daemon) = daemon_with(DaemonOptions {

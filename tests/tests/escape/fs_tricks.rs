@@ -11,11 +11,8 @@ use crate::common::*;
 
 /// A directory under /var/tmp (same filesystem as the workspaces, outside every sandbox view)
 /// holding victim files.
-fn victim_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("escape-victim-")
-        .tempdir_in("/var/tmp")
-        .unwrap()
+fn victim_dir() -> executor_tests::TempDir {
+    executor_tests::TempDir::with_prefix_in("escape-victim-", "/var/tmp").unwrap()
 }
 
 #[tokio::test]

@@ -636,13 +636,10 @@ async fn a_landlock_rule_that_cannot_be_made_refuses_the_command() {
     if !executor_tests::require("root", executor_tests::is_root()) {
         return;
     }
-    let dir = tempfile::Builder::new()
-        .prefix("escape-rules-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let dir = executor_tests::TempDir::with_prefix_in("escape-rules-", "/var/tmp").unwrap();
     let looping = dir.path().join("loop");
     std::os::unix::fs::symlink(&looping, &looping).unwrap();
-    let profiles = tempfile::tempdir().unwrap();
+    let profiles = executor_tests::TempDir::new().unwrap();
     let base: serde_json::Value =
         serde_json::from_str(include_str!("../../../sandbox-profiles/landlock.json")).unwrap();
     for (name, path) in [
