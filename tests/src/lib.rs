@@ -7,6 +7,7 @@
 
 pub mod checks;
 pub mod container;
+mod executable;
 mod host;
 pub mod lifeline;
 mod pinned_tls;
@@ -20,6 +21,7 @@ pub mod target;
 mod transfer;
 pub mod vm;
 
+pub use executable::{copy_executable, write_executable};
 pub use host::*;
 pub use pinned_tls::{fingerprint_of_der, fingerprint_of_pem_file, https_get, pinned_config};
 pub use proxy::Proxy;

@@ -587,7 +587,7 @@ async fn helpers_are_the_daemons_own_image_not_whatever_lies_at_its_path_later()
     }
     let root = executor_tests::TempDir::with_prefix_in("escape-swap-", "/var/tmp").unwrap();
     let exe = root.path().join("executor");
-    std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
+    executor_tests::copy_executable(executor_tests::binary("executor"), &exe);
     let Some(daemon) = daemon_with(DaemonOptions {
         binary: Some(exe.clone()),
         ..Default::default()

@@ -29,7 +29,7 @@ async fn setuid_root_binary_planted_in_the_workspace_is_inert() {
     let ws = &daemon.workspace;
     let m = marker();
     let touch = ws.join(format!("suid-touch-{m}"));
-    std::fs::copy("/usr/bin/touch", &touch).unwrap();
+    executor_tests::copy_executable("/usr/bin/touch", &touch);
     std::fs::set_permissions(&touch, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let rootonly = ws.join(format!("rootonly-{m}"));
     std::fs::create_dir(&rootonly).unwrap();
@@ -83,7 +83,7 @@ async fn file_capabilities_planted_in_the_workspace_are_inert() {
     let ws = &daemon.workspace;
     let m = marker();
     let capcp = ws.join(format!("capcp-{m}"));
-    std::fs::copy("/usr/bin/cp", &capcp).unwrap();
+    executor_tests::copy_executable("/usr/bin/cp", &capcp);
     let setcap = sh(&format!(
         "setcap cap_dac_override,cap_dac_read_search+ep {}",
         capcp.display()
@@ -401,7 +401,7 @@ async fn task_container_cannot_replace_the_helper_by_renaming_a_parent_directory
     let bin_dir = root.path().join("bin");
     std::fs::create_dir(&bin_dir).unwrap();
     let exe = bin_dir.join("executor");
-    std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
+    executor_tests::copy_executable(executor_tests::binary("executor"), &exe);
     let Some(daemon) = daemon_with(executor_tests::DaemonOptions {
         binary: Some(exe.clone()),
         ..Default::default()
@@ -535,7 +535,7 @@ async fn task_container_cannot_rename_a_directory_above_the_daemons_files() {
     let bin = root.path().join("bin/x");
     std::fs::create_dir_all(&bin).unwrap();
     let exe = bin.join("executor");
-    std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
+    executor_tests::copy_executable(executor_tests::binary("executor"), &exe);
     let exe_bytes = std::fs::read(&exe).unwrap();
     let free = root.path().join("free");
     std::fs::create_dir(&free).unwrap();
