@@ -164,7 +164,7 @@ async fn a_client_is_refused_a_profile_it_may_not_use_and_allowed_its_own() {
         .unwrap();
     assert_eq!(ok.output, "ok\n");
     // The audit log names the client for both.
-    assert!(eventually(Duration::from_secs(5), || daemon.audit().len() == 5).await);
+    assert!(eventually(executor_tests::PATIENCE, || daemon.audit().len() == 5).await);
     assert!(daemon.audit().iter().all(|r| r["client"] == "carol"));
     let refused: Vec<_> = daemon
         .audit()
@@ -431,7 +431,7 @@ async fn sighup_reloads_clients_without_dropping_connections_and_revokes_removed
         "bob's command outlived his removal"
     );
     let mut closed = false;
-    while let Ok(msg) = bob.recv_within(Duration::from_secs(5)).await {
+    while let Ok(msg) = bob.recv_within(PATIENCE).await {
         if msg.is_none() {
             closed = true;
             break;
@@ -677,14 +677,17 @@ async fn an_abusive_client_cannot_starve_another() {
         alice_running.iter().max()
     );
     assert!(samples(2) >= 5, "{running}");
+    // Bounds relative to bob's quiet figures on this machine as well as absolute ones: on a
+    // busy machine his quiet commands already take hundreds of milliseconds.
+    let (quiet_median, quiet_max) = (quiet[quiet.len() / 2], *quiet.last().unwrap());
     assert!(
-        *flooded.last().unwrap() < Duration::from_secs(2),
-        "bob waited {:?} under the flood",
+        *flooded.last().unwrap() < Duration::from_secs(2).max(quiet_max * 5),
+        "bob waited {:?} under the flood (quiet max {quiet_max:?})",
         flooded.last().unwrap()
     );
     assert!(
-        flooded[flooded.len() / 2] < Duration::from_millis(500),
-        "bob's median under the flood: {:?}",
+        flooded[flooded.len() / 2] < Duration::from_millis(500).max(quiet_median * 5),
+        "bob's median under the flood: {:?} (quiet median {quiet_median:?})",
         flooded[flooded.len() / 2]
     );
 }

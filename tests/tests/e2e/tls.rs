@@ -88,7 +88,7 @@ async fn a_self_signed_certificate_is_generated_once_and_its_printed_fingerprint
     assert_eq!(mode & 0o777, 0o600);
     // The daemon's log is written by a thread of its own: wait for the line, not the race.
     assert!(
-        eventually(Duration::from_secs(5), || daemon.log().contains(&pin)).await,
+        eventually(executor_tests::PATIENCE, || daemon.log().contains(&pin)).await,
         "the log names the fingerprint"
     );
     // `executor tls-fingerprint` prints the same for the operator to hand out.
@@ -170,7 +170,7 @@ async fn a_wrong_fingerprint_is_refused_before_anything_runs_and_the_daemon_stay
     let mut client = daemon.connect().await;
     assert_eq!(client.run("ok", "echo ok").await.output, "ok\n");
     // The audit log is written by a thread of its own, just after the result.
-    assert!(eventually(Duration::from_secs(5), || daemon.audit().len() == 1).await);
+    assert!(eventually(executor_tests::PATIENCE, || daemon.audit().len() == 1).await);
 }
 
 #[tokio::test]
@@ -217,7 +217,7 @@ async fn a_silent_peer_loses_its_connection_slot_after_the_tls_handshake_timeout
     assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
     // The log line may land just after the hang-up.
     assert!(
-        executor_tests::eventually(Duration::from_secs(5), || daemon
+        executor_tests::eventually(executor_tests::PATIENCE, || daemon
             .log()
             .contains("TLS handshake timed out"))
         .await,

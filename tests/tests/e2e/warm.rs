@@ -290,9 +290,10 @@ async fn a_worker_disturbed_while_it_waits_never_runs_its_command() {
                 }
                 (other, _) => panic!("{profile} {signal}: {other:?}"),
             }
-            // At its timeout (2 s), not after the daemon's kill grace (6 s more).
+            // At its timeout (2 s), not after the daemon's kill grace (6 s more): the most a
+            // busy machine may add, below that grace.
             assert!(
-                started.elapsed() < Duration::from_secs(5),
+                started.elapsed() < Duration::from_secs(7),
                 "{profile} {signal}"
             );
             assert!(!ran.exists(), "{profile} {signal}: the command ran");

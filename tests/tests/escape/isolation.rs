@@ -308,7 +308,7 @@ async fn only_stdio_descriptors_reach_a_sandboxed_command() {
         )
         .await;
         assert!(
-            executor_tests::eventually(PATIENCE_SHORT, || sleepers(&m).len() == 1).await,
+            executor_tests::eventually(executor_tests::PATIENCE, || sleepers(&m).len() == 1).await,
             "[{profile}]"
         );
         let pid = sleepers(&m)[0];
@@ -335,8 +335,6 @@ async fn only_stdio_descriptors_reach_a_sandboxed_command() {
     assert!(executor_tests::fd_count(daemon.pid() as i32) > 4);
     assert_daemon_intact(&daemon).await;
 }
-
-const PATIENCE_SHORT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[tokio::test]
 async fn strict_is_the_default_and_trusted_is_only_used_when_named() {
