@@ -198,7 +198,7 @@ impl std::ops::DerefMut for TestDaemon {
     }
 }
 
-/// Start a daemon for a case, or skip it (locally) / fail it (CI, through
+/// Start a daemon for a case, or fail it (skip it only where skips are allowed, through
 /// [`executor_tests::require`]) when this host cannot run what the suite tests: root for the
 /// namespaced profiles, and every profile available (its layers work on this kernel).
 pub fn daemon() -> Option<TestDaemon> {
