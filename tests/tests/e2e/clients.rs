@@ -678,10 +678,13 @@ async fn an_abusive_client_cannot_starve_another() {
     );
     assert!(samples(2) >= 5, "{running}");
     // Bounds relative to bob's quiet figures on this machine as well as absolute ones: on a
-    // busy machine his quiet commands already take hundreds of milliseconds.
+    // busy machine his quiet commands already take hundreds of milliseconds. His slowest one
+    // may meet the machine's worst moment (3.7 s once at a load of 10 on 2 cores, quiet max
+    // 0.11 s): 10 s, still short of waiting for alice's commands (there, each of hers outlasted
+    // all of bob's); his median says whether he is served promptly.
     let (quiet_median, quiet_max) = (quiet[quiet.len() / 2], *quiet.last().unwrap());
     assert!(
-        *flooded.last().unwrap() < Duration::from_secs(2).max(quiet_max * 5),
+        *flooded.last().unwrap() < Duration::from_secs(10).max(quiet_max * 5),
         "bob waited {:?} under the flood (quiet max {quiet_max:?})",
         flooded.last().unwrap()
     );
