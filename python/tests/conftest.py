@@ -3,8 +3,11 @@ and checks on the host's processes.
 
 The binaries come from `EXECUTOR_BIN` / `EXECUTOR_AGENT_BIN` (the Rust test that runs this
 suite sets them), else from the repository's `target/debug/`. Tests need root, as the
-executor's own tests do: they skip locally without it, and fail instead when
-`EXECUTOR_TESTS_STRICT=1` (CI), so CI can never pass by skipping.
+executor's own tests do. As in the Rust suites (tests/src/skips.rs), a missing precondition
+fails the test unless `EXECUTOR_TESTS_ALLOW_SKIPS=1`; a skip is then appended to
+`EXECUTOR_TESTS_SKIPS_FILE` when set (the Rust test that runs this suite sets it, and the test
+command lists the skips at its end). `EXECUTOR_TESTS_STRICT=1` (CI) forbids skips even then, so
+CI can never pass by skipping.
 """
 
 from __future__ import annotations
@@ -33,11 +36,22 @@ PATIENCE = 20.0
 
 
 def require(what: str, available: bool) -> None:
-    """Skip (locally) or fail (CI) when a precondition is missing."""
+    """Fail when a precondition is missing, or skip (recorded) when skips are allowed."""
     if available:
         return
     if os.environ.get("EXECUTOR_TESTS_STRICT") == "1":
         pytest.fail(f"EXECUTOR_TESTS_STRICT=1 and {what} is missing")
+    if os.environ.get("EXECUTOR_TESTS_ALLOW_SKIPS") != "1":
+        pytest.fail(
+            f"{what} is missing (tests/setup installs what the suites need; "
+            "EXECUTOR_TESTS_ALLOW_SKIPS=1 lets such tests skip)"
+        )
+    record = os.environ.get("EXECUTOR_TESTS_SKIPS_FILE")
+    if record:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "(unknown)").split(" ")[0]
+        line = f"python::{test}\t{what}".replace("\n", " ") + "\n"
+        with open(record, "a", encoding="utf-8") as f:
+            f.write(line)
     pytest.skip(f"{what} is missing")
 
 

@@ -250,10 +250,7 @@ pub fn cached(fs: &Rootfs, dir: &Path, file: &str, build: impl FnOnce(&Path, &Pa
         return out;
     }
     std::fs::create_dir_all(&home).unwrap();
-    let staging = tempfile::Builder::new()
-        .prefix("staging-")
-        .tempdir_in(&home)
-        .unwrap();
+    let staging = crate::TempDir::with_prefix_in("staging-", &home).unwrap();
     let tree = staging.path().join("root");
     fs.write_to(&tree);
     let partial = staging.path().join(file);

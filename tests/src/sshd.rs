@@ -15,7 +15,7 @@ pub struct Sshd {
     child: std::process::Child,
     /// The loopback port it listens on.
     pub port: u16,
-    dir: tempfile::TempDir,
+    dir: crate::TempDir,
 }
 
 impl Drop for Sshd {
@@ -43,9 +43,7 @@ impl Sshd {
         if !Path::new(SSHD).exists() {
             bail!("{SSHD} is missing (apt-get install openssh-server)");
         }
-        let dir = tempfile::Builder::new()
-            .prefix("executor-tests-sshd-")
-            .tempdir()?;
+        let dir = crate::TempDir::with_prefix("executor-tests-sshd-")?;
         let d = dir.path();
         keygen(&d.join("host_key"))?;
         keygen(&d.join("client_key"))?;

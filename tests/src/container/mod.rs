@@ -44,7 +44,7 @@ pub struct Container {
     /// Seconds from `podman run` to the daemon's ready line.
     pub start_seconds: f64,
     _lifeline: Lifeline,
-    _run_dir: tempfile::TempDir,
+    _run_dir: crate::TempDir,
 }
 
 /// The default (unprivileged) container of this test binary, started by the first test that
@@ -160,7 +160,7 @@ fn import(fs: &Rootfs, repo: &str) -> Result<String, String> {
     if exists.is_ok_and(|s| s.success()) {
         return Ok(name);
     }
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let dir = crate::TempDir::new().map_err(|e| e.to_string())?;
     let tree = dir.path().join("root");
     fs.write_to(&tree);
     let status = Command::new("sh")
@@ -202,10 +202,8 @@ impl Container {
             image()?
         };
         let executor = crate::static_build::static_executor();
-        let run_dir = tempfile::Builder::new()
-            .prefix("executor-container-")
-            .tempdir()
-            .map_err(|e| e.to_string())?;
+        let run_dir =
+            crate::TempDir::with_prefix("executor-container-").map_err(|e| e.to_string())?;
         let token = fresh_token();
         let token_file = run_dir.path().join("token");
         write_private(&token_file, &token);

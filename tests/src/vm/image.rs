@@ -52,10 +52,8 @@ pub fn kernel() -> Result<(PathBuf, PathBuf), String> {
     let root = cache_dir().join("kernel").join(&package);
     if !root.join("boot").exists() {
         std::fs::create_dir_all(cache_dir()).map_err(|e| e.to_string())?;
-        let download = tempfile::Builder::new()
-            .prefix("download-")
-            .tempdir_in(cache_dir())
-            .map_err(|e| e.to_string())?;
+        let download =
+            crate::TempDir::with_prefix_in("download-", cache_dir()).map_err(|e| e.to_string())?;
         let status = Command::new("apt-get")
             .args(["download", "-q", &package])
             .current_dir(download.path())

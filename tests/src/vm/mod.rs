@@ -42,7 +42,7 @@ pub struct Vm {
     side: Mutex<SideChannel>,
     qemu: Mutex<Child>,
     _lifeline: Lifeline,
-    _run_dir: tempfile::TempDir,
+    _run_dir: crate::TempDir,
 }
 
 /// The VM of this test binary, booted by the first test that asks; `None` (locally) when qemu
@@ -81,10 +81,7 @@ impl Vm {
     fn boot() -> Result<Self, String> {
         let (vmlinuz, kernel_root) = image::kernel()?;
         let base = image::base_initramfs(&kernel_root, &crate::static_build::static_executor());
-        let run_dir = tempfile::Builder::new()
-            .prefix("executor-vm-")
-            .tempdir()
-            .map_err(|e| e.to_string())?;
+        let run_dir = crate::TempDir::with_prefix("executor-vm-").map_err(|e| e.to_string())?;
         let token = fresh_token();
         let token_file = run_dir.path().join("token");
         write_private(&token_file, &token);

@@ -39,11 +39,8 @@ async fn agent_in(dir: &std::path::Path, args: &[&str]) -> Finished {
 }
 
 /// A directory only root may write, as a repository checked out by root is.
-fn root_owned_dir() -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("agent-rootdir-")
-        .tempdir()
-        .unwrap();
+fn root_owned_dir() -> executor_tests::TempDir {
+    let dir = executor_tests::TempDir::with_prefix("agent-rootdir-").unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     dir
 }

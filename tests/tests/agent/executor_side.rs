@@ -57,7 +57,7 @@ async fn demo_fixes_the_toy_repository_and_submits_a_git_diff() {
         .expect("the demo says where its repository is");
     let dir = std::path::Path::new(repo).parent().unwrap();
     assert!(dir.join("repo/.git").is_dir());
-    std::fs::remove_dir_all(dir).unwrap();
+    executor_tests::scratch::remove_tree(dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,7 +53,7 @@ impl Run {
 
 /// A scratch directory with a trajectory path inside.
 pub struct Scratch {
-    pub dir: tempfile::TempDir,
+    pub dir: executor_tests::TempDir,
 }
 
 impl Default for Scratch {
@@ -68,10 +68,7 @@ impl Scratch {
     /// down to a profile that writes the host).
     pub fn new() -> Self {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::Builder::new()
-            .prefix("agent-e2e-")
-            .tempdir()
-            .unwrap();
+        let dir = executor_tests::TempDir::with_prefix("agent-e2e-").unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
         Self { dir }
     }

@@ -217,10 +217,7 @@ async fn a_working_directory_outside_stricts_root_says_so_and_what_to_use_instea
         return;
     }
     let daemon = Daemon::start();
-    let outside = tempfile::Builder::new()
-        .prefix("testbed-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let outside = executor_tests::TempDir::with_prefix_in("testbed-", "/var/tmp").unwrap();
     let place = outside.path().display().to_string();
     let refused = agent_against(&daemon, "exec", &["--cwd", &place, "--", "pwd"], b"").await;
     assert_eq!(refused.code, 255);

@@ -280,7 +280,7 @@ async fn a_deliberate_end_kills_the_running_command_at_once_despite_a_grace_peri
     assert_complete_trajectory(&run, "TimeExceeded");
     // Killed because the agent closed the connection, not 30 s later when the grace ends.
     assert!(
-        eventually(Duration::from_secs(5), || processes_matching(&marker)
+        eventually(executor_tests::PATIENCE, || processes_matching(&marker)
             .is_empty())
         .await,
         "the command outlived the agent"

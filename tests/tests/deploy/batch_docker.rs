@@ -209,9 +209,7 @@ async fn an_executor_that_never_comes_up_is_given_up_at_the_start_deadline_and_r
     with_image(&bench, &image, json!({"environment": {"start_timeout": 5}}));
     // An "executor" that never prints its ready line.
     let hang = bench.path().join("hang");
-    std::fs::write(&hang, "#!/bin/sh\nexec sleep 600\n").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&hang, std::fs::Permissions::from_mode(0o755)).unwrap();
+    executor_tests::write_executable(&hang, "#!/bin/sh\nexec sleep 600\n", 0o755);
     let mut flags = podman_flags(&bench.tag);
     let at = flags.iter().position(|f| f == "--executor-static").unwrap();
     flags[at + 1] = hang.display().to_string();

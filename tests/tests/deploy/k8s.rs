@@ -59,7 +59,7 @@ fn docs(path: &Path) -> Vec<Value> {
 #[test]
 fn pods_secrets_and_agent_sandbox_templates_pass_kubernetes_schemas() {
     let Some(validator) = validator() else { return };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = executor_tests::TempDir::new().unwrap();
     let out = dir.path().join("manifests");
     let instances = dir.path().join("instances.jsonl");
     std::fs::write(
@@ -290,7 +290,7 @@ fn check_agent_sandbox(validator: &Path, out: &Path, scratch: &Path) {
 #[test]
 fn k8s_manifests_are_private_files_and_an_empty_subset_is_an_error() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = executor_tests::TempDir::new().unwrap();
     let out = dir.path().join("manifests");
     std::fs::create_dir(&out).unwrap();
     // Left by an earlier run (or anyone) with the default mode.

@@ -51,7 +51,7 @@ git add f.txt && git -c user.email=t@example.com -c user.name=t commit -qm init"
 
 /// A batch's directory: instances, scripts per instance, config, output.
 pub struct Bench {
-    pub dir: tempfile::TempDir,
+    pub dir: executor_tests::TempDir,
     /// In every instance id, so that what a batch starts can be told from other tests'.
     pub tag: String,
 }
@@ -59,10 +59,7 @@ pub struct Bench {
 impl Bench {
     /// `n` instances `toy__task-<i>`, each with the fix script unless `scripts` says other.
     pub fn new(n: usize, scripts: &[(usize, &str)], extra: &[(usize, Value)]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("agent-batch-e2e-")
-            .tempdir()
-            .unwrap();
+        let dir = executor_tests::TempDir::with_prefix("agent-batch-e2e-").unwrap();
         let tag = executor_tests::marker();
         std::fs::create_dir(dir.path().join("scripts")).unwrap();
         let mut lines = String::new();

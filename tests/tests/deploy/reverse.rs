@@ -100,7 +100,7 @@ async fn an_executor_dialling_out_serves_the_protocol_and_one_with_another_pin_g
         return;
     }
     let mut relay = relay().await;
-    let states = tempfile::tempdir().unwrap();
+    let states = executor_tests::TempDir::new().unwrap();
     // Denial: a pin that is not the relay's. The handshake fails, the token is never sent,
     // the relay has nobody to offer, and the executor gives up and exits.
     let wrong = format!("sha256:{}", "0".repeat(64));
@@ -178,7 +178,7 @@ async fn a_silently_dead_waiting_connection_is_redialled_and_never_handed_to_a_c
     let mut relay = relay().await;
     let target: std::net::SocketAddr = relay.url.trim_start_matches("wss://").parse().unwrap();
     let proxy = executor_tests::Proxy::start(target).await;
-    let states = tempfile::tempdir().unwrap();
+    let states = executor_tests::TempDir::new().unwrap();
     let through_proxy = format!("wss://{}", proxy.addr);
     let mut executor = tokio::process::Command::new(binary("executor"))
         .args(["connect", &through_proxy, "--tls-fingerprint", &relay.pin])

@@ -113,7 +113,11 @@ async fn the_executor_dies_with_the_ssh_session_when_the_agent_is_killed() {
         "{:?}",
         remote_executors()
     );
-    assert!(wait_for(Duration::from_secs(5), || !Path::new(&remote_dir).exists()).await);
+    assert!(
+        wait_for(executor_tests::PATIENCE, || !Path::new(&remote_dir)
+            .exists())
+        .await
+    );
 }
 
 /// The deployment's ssh client processes (the master and its helpers) going through `port`.

@@ -140,7 +140,7 @@ async fn a_same_uid_command_cannot_read_the_daemons_memory_or_environment() {
 
 #[tokio::test]
 async fn non_loopback_listen_without_a_token_file_is_refused() {
-    let state = tempfile::tempdir().unwrap();
+    let state = executor_tests::TempDir::new().unwrap();
     let out = std::process::Command::new(executor_tests::binary("executor"))
         .args(["serve", "--listen", "0.0.0.0:0", "--state-dir"])
         .arg(state.path())
@@ -162,7 +162,7 @@ async fn a_token_file_someone_else_owns_is_refused() {
     if !executor_tests::require("root (to chown)", executor_tests::is_root()) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = executor_tests::TempDir::new().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "n".repeat(64)).unwrap();
     use std::os::unix::fs::PermissionsExt;

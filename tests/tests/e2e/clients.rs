@@ -13,9 +13,9 @@ pub const CAROL: &str = "carol-token-0123456789abcdef0123456789a";
 pub const DAVE: &str = "dave-token-0123456789abcdef0123456789ab";
 
 /// Write `json` as a private clients file in a directory of its own and return its path.
-pub fn clients_file(json: &serde_json::Value) -> (tempfile::TempDir, PathBuf) {
+pub fn clients_file(json: &serde_json::Value) -> (executor_tests::TempDir, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = executor_tests::TempDir::new().unwrap();
     let path = dir.path().join("clients.json");
     write_clients(&path, json);
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -164,7 +164,7 @@ async fn a_client_is_refused_a_profile_it_may_not_use_and_allowed_its_own() {
         .unwrap();
     assert_eq!(ok.output, "ok\n");
     // The audit log names the client for both.
-    assert!(eventually(Duration::from_secs(5), || daemon.audit().len() == 5).await);
+    assert!(eventually(executor_tests::PATIENCE, || daemon.audit().len() == 5).await);
     assert!(daemon.audit().iter().all(|r| r["client"] == "carol"));
     let refused: Vec<_> = daemon
         .audit()
@@ -431,7 +431,7 @@ async fn sighup_reloads_clients_without_dropping_connections_and_revokes_removed
         "bob's command outlived his removal"
     );
     let mut closed = false;
-    while let Ok(msg) = bob.recv_within(Duration::from_secs(5)).await {
+    while let Ok(msg) = bob.recv_within(PATIENCE).await {
         if msg.is_none() {
             closed = true;
             break;
@@ -447,7 +447,7 @@ async fn per_connection_scratch_is_removed_without_reaching_outside_it() {
         {"name": "eph", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_connection"},
     ]}));
     let daemon = start(&file, &[]);
-    let outside = tempfile::tempdir().unwrap();
+    let outside = executor_tests::TempDir::new().unwrap();
     std::fs::write(outside.path().join("keep"), "precious").unwrap();
     std::fs::create_dir(outside.path().join("tree")).unwrap();
     std::fs::write(outside.path().join("tree/inner"), "also precious").unwrap();
@@ -677,14 +677,20 @@ async fn an_abusive_client_cannot_starve_another() {
         alice_running.iter().max()
     );
     assert!(samples(2) >= 5, "{running}");
+    // Bounds relative to bob's quiet figures on this machine as well as absolute ones: on a
+    // busy machine his quiet commands already take hundreds of milliseconds. His slowest one
+    // may meet the machine's worst moment (3.7 s once at a load of 10 on 2 cores, quiet max
+    // 0.11 s): 10 s, still short of waiting for alice's commands (there, each of hers outlasted
+    // all of bob's); his median says whether he is served promptly.
+    let (quiet_median, quiet_max) = (quiet[quiet.len() / 2], *quiet.last().unwrap());
     assert!(
-        *flooded.last().unwrap() < Duration::from_secs(2),
-        "bob waited {:?} under the flood",
+        *flooded.last().unwrap() < Duration::from_secs(10).max(quiet_max * 5),
+        "bob waited {:?} under the flood (quiet max {quiet_max:?})",
         flooded.last().unwrap()
     );
     assert!(
-        flooded[flooded.len() / 2] < Duration::from_millis(500),
-        "bob's median under the flood: {:?}",
+        flooded[flooded.len() / 2] < Duration::from_millis(500).max(quiet_median * 5),
+        "bob's median under the flood: {:?} (quiet median {quiet_median:?})",
         flooded[flooded.len() / 2]
     );
 }

@@ -381,10 +381,7 @@ async fn commands_are_refused_while_the_audit_log_cannot_reserve_its_disk_and_ac
     }
     // A small filesystem for the state directory, nearly filled before the daemon starts: the
     // audit log cannot reserve its 8 MiB ahead.
-    let fs = tempfile::Builder::new()
-        .prefix("executor-small-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let fs = executor_tests::TempDir::with_prefix_in("executor-small-", "/var/tmp").unwrap();
     let status = std::process::Command::new("mount")
         .args(["-t", "tmpfs", "-o", "mode=0755,size=16m", "tmpfs"])
         .arg(fs.path())
@@ -726,10 +723,7 @@ async fn a_workspace_the_operator_names_stays_the_operators_and_the_hello_says_i
     if !loops_available() {
         return;
     }
-    let tree = tempfile::Builder::new()
-        .prefix("executor-operator-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let tree = executor_tests::TempDir::with_prefix_in("executor-operator-", "/var/tmp").unwrap();
     std::fs::set_permissions(
         tree.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o777),

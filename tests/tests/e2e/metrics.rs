@@ -166,7 +166,7 @@ async fn metrics_need_the_bearer_token_and_health_checks_still_do_not() {
 #[tokio::test]
 async fn metrics_count_every_outcome_connection_byte_and_limit_exactly() {
     // A profile with a cgroup limit of 4 processes, to hit a limit the result reports.
-    let profiles = tempfile::tempdir().unwrap();
+    let profiles = executor_tests::TempDir::new().unwrap();
     let trusted = include_str!("../../../sandbox-profiles/trusted.json");
     let mut few: serde_json::Value = serde_json::from_str(trusted).unwrap();
     few["name"] = "few".into();

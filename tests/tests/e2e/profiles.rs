@@ -6,7 +6,7 @@ use protocol::ErrorCode;
 
 #[tokio::test]
 async fn a_profile_from_a_directory_is_offered_and_applied() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = executor_tests::TempDir::new().unwrap();
     let trusted = include_str!("../../../sandbox-profiles/trusted.json");
     let mut custom: serde_json::Value = serde_json::from_str(trusted).unwrap();
     custom["name"] = "custom".into();
@@ -45,13 +45,13 @@ async fn a_profile_from_a_directory_is_offered_and_applied() {
 
 #[tokio::test]
 async fn an_invalid_profile_file_stops_the_daemon_from_starting() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = executor_tests::TempDir::new().unwrap();
     std::fs::write(
         dir.path().join("broken.json"),
         r#"{"name":"broken","netwrok":1}"#,
     )
     .unwrap();
-    let state = tempfile::tempdir().unwrap();
+    let state = executor_tests::TempDir::new().unwrap();
     let out = std::process::Command::new(executor_tests::binary("executor"))
         .args(["serve", "--listen", "127.0.0.1:0", "--profiles-dir"])
         .arg(dir.path())
@@ -110,7 +110,7 @@ async fn an_explicit_default_profile_is_used_for_requests_that_name_none() {
 async fn a_landlock_only_profile_that_hides_a_granted_path_is_refused() {
     // Without a mount namespace, "hidden" was silently ignored: a custom landlock profile
     // hiding /etc/ssh still listed it.
-    let dir = tempfile::tempdir().unwrap();
+    let dir = executor_tests::TempDir::new().unwrap();
     let base: serde_json::Value =
         serde_json::from_str(include_str!("../../../sandbox-profiles/landlock.json")).unwrap();
     let mut bad = base.clone();
@@ -124,10 +124,7 @@ async fn a_landlock_only_profile_that_hides_a_granted_path_is_refused() {
     let log = refused.err().expect("the daemon started with the profile");
     assert!(log.contains("/etc/ssh") && log.contains("beneath"), "{log}");
     // Control: hiding a path no grant opens is accepted, and it stays unreachable.
-    let outside = tempfile::Builder::new()
-        .prefix("hidden-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let outside = executor_tests::TempDir::with_prefix_in("hidden-", "/var/tmp").unwrap();
     std::fs::write(outside.path().join("secret"), "s3cret").unwrap();
     let mut good = base;
     good["name"] = "hiding".into();

@@ -87,7 +87,7 @@ async fn a_dropped_connection_is_resumed_and_the_result_arrives_exactly_once() {
         !rest.iter().any(|m| matches!(m, ServerMessage::Result(_))),
         "{rest:?}"
     );
-    assert!(eventually(Duration::from_secs(5), || daemon.audit().len() == 1).await);
+    assert!(eventually(executor_tests::PATIENCE, || daemon.audit().len() == 1).await);
     assert_eq!(daemon.audit()[0]["ended"], "exited");
     assert_eq!(daemon.audit()[0]["session"], session.as_str());
     // The session goes on: a new command on it works, under the same session id.
@@ -146,7 +146,7 @@ async fn after_the_grace_period_the_tree_is_killed_and_the_session_is_gone() {
         eventually(PATIENCE, || sleepers(&m).is_empty()).await,
         "the tree outlived the grace period"
     );
-    assert!(eventually(Duration::from_secs(5), || daemon.audit().len() == 1).await);
+    assert!(eventually(executor_tests::PATIENCE, || daemon.audit().len() == 1).await);
     assert_eq!(daemon.audit()[0]["ended"], "disconnected");
     // Too late to resume: not found, and the connection stays usable.
     let mut client = daemon.connect().await;
@@ -178,7 +178,7 @@ async fn a_close_frame_ends_the_session_at_once_even_with_a_grace_period() {
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
     client.ws.close(None).await.unwrap();
     assert!(
-        eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await,
         "a deliberate close kept the command"
     );
     let mut again = daemon.connect().await;
@@ -205,7 +205,7 @@ async fn without_a_grace_period_a_drop_kills_at_once_and_resume_must_come_first(
     client.send(&ClientMessage::Exec(r)).await;
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
     cut(client);
-    assert!(eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await);
+    assert!(eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await);
     // resume is only valid as a connection's first message.
     let mut client = daemon.connect().await;
     client.run("first", "true").await;

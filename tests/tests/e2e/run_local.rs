@@ -326,9 +326,9 @@ async fn a_strict_run_has_a_network_namespace_of_its_own_and_its_fork_server_sta
 
 /// A temporary directory of the test's own under /tmp (mode 0755, as /tmp's runs need to pass
 /// through): no other test's run makes homes in it.
-fn private_tmpdir() -> tempfile::TempDir {
+fn private_tmpdir() -> executor_tests::TempDir {
     use std::os::unix::fs::PermissionsExt;
-    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let tmp = executor_tests::TempDir::new_in("/tmp").unwrap();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     tmp
 }

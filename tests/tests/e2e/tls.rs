@@ -14,13 +14,13 @@ use executor_tests::{
 
 /// A certificate and key made here, as an operator would bring them.
 struct OwnCert {
-    dir: tempfile::TempDir,
+    dir: executor_tests::TempDir,
     fingerprint: String,
 }
 
 impl OwnCert {
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = executor_tests::TempDir::new().unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["executor.test".to_string()])
             .unwrap()
@@ -88,7 +88,7 @@ async fn a_self_signed_certificate_is_generated_once_and_its_printed_fingerprint
     assert_eq!(mode & 0o777, 0o600);
     // The daemon's log is written by a thread of its own: wait for the line, not the race.
     assert!(
-        eventually(Duration::from_secs(5), || daemon.log().contains(&pin)).await,
+        eventually(executor_tests::PATIENCE, || daemon.log().contains(&pin)).await,
         "the log names the fingerprint"
     );
     // `executor tls-fingerprint` prints the same for the operator to hand out.
@@ -170,7 +170,7 @@ async fn a_wrong_fingerprint_is_refused_before_anything_runs_and_the_daemon_stay
     let mut client = daemon.connect().await;
     assert_eq!(client.run("ok", "echo ok").await.output, "ok\n");
     // The audit log is written by a thread of its own, just after the result.
-    assert!(eventually(Duration::from_secs(5), || daemon.audit().len() == 1).await);
+    assert!(eventually(executor_tests::PATIENCE, || daemon.audit().len() == 1).await);
 }
 
 #[tokio::test]
@@ -217,7 +217,7 @@ async fn a_silent_peer_loses_its_connection_slot_after_the_tls_handshake_timeout
     assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
     // The log line may land just after the hang-up.
     assert!(
-        executor_tests::eventually(Duration::from_secs(5), || daemon
+        executor_tests::eventually(executor_tests::PATIENCE, || daemon
             .log()
             .contains("TLS handshake timed out"))
         .await,
@@ -301,7 +301,7 @@ async fn unusable_certificates_and_keys_are_refused_at_start_with_the_reason() {
 
 #[tokio::test]
 async fn a_non_loopback_address_needs_tls_unless_plaintext_is_allowed_explicitly() {
-    let tokens = tempfile::tempdir().unwrap();
+    let tokens = executor_tests::TempDir::new().unwrap();
     let token = tokens.path().join("token");
     std::fs::write(&token, format!("{}\n", "ab".repeat(32))).unwrap();
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();

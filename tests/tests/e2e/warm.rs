@@ -243,7 +243,7 @@ async fn a_worker_disturbed_while_it_waits_never_runs_its_command() {
     let host_pid_ns = namespace_of(daemon.pid() as i32, "pid");
     for profile in ["landlock", "strict"] {
         for signal in [Signal::SIGSTOP, Signal::SIGKILL] {
-            let others = waiting(&daemon);
+            let others = settled_waiting(&daemon).await;
             // This profile's only (strict's payload has a pid namespace of its own): the
             // landlock worker built after the last landlock command may start waiting only
             // now, on a busy machine.
@@ -311,6 +311,7 @@ async fn a_worker_disturbed_while_it_waits_never_runs_its_command() {
                 "{profile} {signal}: the disturbed worker lives on"
             );
             // Control: the daemon goes on, and the next command runs.
+            let before_next = waiting(&daemon);
             let next = client
                 .exec(preq(
                     Some(profile),
@@ -322,6 +323,31 @@ async fn a_worker_disturbed_while_it_waits_never_runs_its_command() {
             assert_eq!(next.result.unwrap().returncode, 0, "{profile} {signal}");
             assert!(ran.exists(), "{profile} {signal}");
             std::fs::remove_file(&ran).unwrap();
+            // The worker made to replace the one that ran it waits before the next round
+            // counts the waiting ones (on a busy machine it came after that count, and the
+            // round saw two fresh workers where it expects one).
+            assert!(
+                eventually(PATIENCE, || waiting(&daemon)
+                    .iter()
+                    .any(|pid| !before_next.contains(pid)))
+                .await,
+                "{profile} {signal}: no worker replaced the one that ran \"next\""
+            );
         }
+    }
+}
+
+/// The waiting workers, once their set has not changed for a second (a worker still being made
+/// would otherwise count as the next command's).
+async fn settled_waiting(daemon: &Daemon) -> Vec<i32> {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut last = waiting(daemon);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = waiting(daemon);
+        if now == last || std::time::Instant::now() > deadline {
+            return now;
+        }
+        last = now;
     }
 }

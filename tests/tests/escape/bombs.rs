@@ -3,8 +3,6 @@
 //! limit fails the case instead of taking the shared test machine down. `trusted` has no
 //! limits by design and is not bombed.
 
-use std::time::Duration;
-
 use executor_tests::{eventually, marker, processes_matching, sleepers, PATIENCE};
 
 use crate::common::*;
@@ -132,7 +130,9 @@ async fn fork_bomb_stops_at_the_process_limit() {
         assert!(daemon.healthy().await, "[{profile}]");
         cancel(&mut client, &id).await;
         assert!(
-            eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+            eventually(executor_tests::PATIENCE, || processes_matching(&m)
+                .is_empty())
+            .await,
             "[{profile}] bomb survivors: {}",
             processes_matching(&m).len()
         );
@@ -196,7 +196,9 @@ async fn thread_bomb_stops_at_the_process_limit() {
         );
         cancel(&mut client, &id).await;
         assert!(
-            eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+            eventually(executor_tests::PATIENCE, || processes_matching(&m)
+                .is_empty())
+            .await,
             "[{profile}]"
         );
     }

@@ -86,7 +86,7 @@ fn small(profiles: &std::path::Path, base: &str) -> String {
 
 #[tokio::test]
 async fn a_cgroup_is_lent_again_only_clean_only_within_its_template_and_one_at_a_time() {
-    let profiles = tempfile::tempdir().unwrap();
+    let profiles = executor_tests::TempDir::new().unwrap();
     let small_landlock = small(profiles.path(), "landlock");
     let small_strict = small(profiles.path(), "strict");
     let Some(daemon) = profiles_daemon(profiles.path(), &[&small_landlock, &small_strict]) else {

@@ -3,8 +3,6 @@
 //! the process's /proc/<pid>/cgroup while it runs. Control under `trusted`: the move works, and
 //! the subreaper sweep still kills the escapee.
 
-use std::time::Duration;
-
 use executor_tests::{eventually, marked_sleep, marker, processes_matching};
 
 use crate::common::*;
@@ -64,7 +62,9 @@ async fn writing_own_pid_into_another_cgroup_is_denied() {
         cancel(&mut client, &id).await;
         // Moved or not, the escapee dies with its command.
         assert!(
-            eventually(Duration::from_secs(3), || processes_matching(&m).is_empty()).await,
+            eventually(executor_tests::PATIENCE, || processes_matching(&m)
+                .is_empty())
+            .await,
             "{l} survivor {:?}",
             processes_matching(&m)
         );

@@ -126,8 +126,9 @@ pub fn label(profile: &str, expect: Expect) -> String {
     format!("[{profile} expects {expect:?}]")
 }
 
-/// Short grace period for host-side checks after a command's result.
-pub const SETTLE: Duration = Duration::from_secs(3);
+/// Grace period for host-side checks after a command's result (what must happen: waited for,
+/// returning as soon as it holds, so generous for a busy machine).
+pub const SETTLE: Duration = executor_tests::PATIENCE;
 
 /// Parse `key=value` tokens printed by a probe (`key=value key2=value2`), last one wins.
 pub fn field<'a>(output: &'a str, key: &str) -> Option<&'a str> {
@@ -181,7 +182,7 @@ pub fn mem_available_mib() -> u64 {
 /// uses this layout so that it tests its own attack, not that one bug.
 pub struct TestDaemon {
     pub daemon: Daemon,
-    _workspace_root: tempfile::TempDir,
+    _workspace_root: executor_tests::TempDir,
 }
 
 impl std::ops::Deref for TestDaemon {
@@ -197,7 +198,7 @@ impl std::ops::DerefMut for TestDaemon {
     }
 }
 
-/// Start a daemon for a case, or skip it (locally) / fail it (CI, through
+/// Start a daemon for a case, or fail it (skip it only where skips are allowed, through
 /// [`executor_tests::require`]) when this host cannot run what the suite tests: root for the
 /// namespaced profiles, and every profile available (its layers work on this kernel).
 pub fn daemon() -> Option<TestDaemon> {
@@ -212,10 +213,7 @@ pub fn daemon_with(mut opts: DaemonOptions) -> Option<TestDaemon> {
     ) {
         return None;
     }
-    let root = tempfile::Builder::new()
-        .prefix("escape-ws-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let root = executor_tests::TempDir::with_prefix_in("escape-ws-", "/var/tmp").unwrap();
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let workspace = root.path().join("workspace");
     opts.extra

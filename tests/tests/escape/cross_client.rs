@@ -677,7 +677,7 @@ async fn a_profile_that_writes_what_others_run_cannot_serve_beside_a_private_wor
     // A copy of task-container made to look tamer (its `/` grant removed) still shows the
     // host's root writable: not offered unless named, and refused beside a private client
     // when named.
-    let profiles = tempfile::tempdir().unwrap();
+    let profiles = executor_tests::TempDir::new().unwrap();
     let mut tamer: serde_json::Value = serde_json::from_str(include_str!(
         "../../../sandbox-profiles/task-container.json"
     ))
@@ -755,7 +755,7 @@ print(f"mq={{r}} mq_errno={{e}}")
 "#
     ));
     // The host's queues, seen through a mqueue filesystem of the test's own.
-    let mnt = tempfile::tempdir().unwrap();
+    let mnt = executor_tests::TempDir::new().unwrap();
     let mounted = std::process::Command::new("mount")
         .args(["-t", "mqueue", "mqueue"])
         .arg(mnt.path())

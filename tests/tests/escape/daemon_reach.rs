@@ -217,7 +217,7 @@ async fn commands_cannot_signal_the_daemon_or_a_host_process_but_can_signal_thei
         let m = marker();
         let mut canary = canary(&m);
         let c = canary.id() as i32;
-        assert!(eventually(Duration::from_secs(5), || alive(c)).await);
+        assert!(eventually(executor_tests::PATIENCE, || alive(c)).await);
         // Under trusted only the canary is attacked: killing the daemon there proves nothing.
         let daemon_attack = if expect == Denied {
             format!("kill -KILL {d}; echo daemon=$?; kill -STOP {d}; echo stop=$?; ")
@@ -249,7 +249,7 @@ async fn commands_cannot_signal_the_daemon_or_a_host_process_but_can_signal_thei
             Allowed => {
                 assert_eq!(field(&out, "canary"), Some("0"), "{l} control: {out}");
                 assert!(
-                    eventually(Duration::from_secs(3), || !alive(c)).await,
+                    eventually(executor_tests::PATIENCE, || !alive(c)).await,
                     "{l} control: the canary died"
                 );
             }
@@ -278,7 +278,7 @@ async fn commands_cannot_ptrace_or_read_the_memory_of_the_daemon_or_a_host_proce
         let m = marker();
         let mut canary = canary(&m);
         let c = canary.id() as i32;
-        assert!(eventually(Duration::from_secs(5), || alive(c)).await);
+        assert!(eventually(executor_tests::PATIENCE, || alive(c)).await);
         let targets = if expect == Denied {
             vec![("daemon", d as i32), ("canary", c)]
         } else {
@@ -335,7 +335,7 @@ print(f"{name}_vmread_errno={{e}}")
             }
             // On the host: nobody traces the target once the command is over.
             assert!(
-                eventually(Duration::from_secs(3), || proc_status(*pid, "TracerPid:")
+                eventually(executor_tests::PATIENCE, || proc_status(*pid, "TracerPid:")
                     .as_deref()
                     == Some("0"))
                 .await,
@@ -368,7 +368,7 @@ async fn pidfd_and_sigio_cannot_signal_a_host_process() {
         let (m1, m2) = (marker(), marker());
         let (mut c1, mut c2) = (canary(&m1), canary(&m2));
         let (p1, p2) = (c1.id() as i32, c2.id() as i32);
-        assert!(eventually(Duration::from_secs(5), || alive(p1) && alive(p2)).await);
+        assert!(eventually(executor_tests::PATIENCE, || alive(p1) && alive(p2)).await);
         let probe = python(&format!(
             r#"
 import fcntl
@@ -398,7 +398,7 @@ except OSError as e:
             }
             Allowed => {
                 assert!(
-                    eventually(Duration::from_secs(3), || !alive(p1) && !alive(p2)).await,
+                    eventually(executor_tests::PATIENCE, || !alive(p1) && !alive(p2)).await,
                     "{l} control: both canaries die: {out}"
                 );
             }
@@ -437,7 +437,7 @@ async fn a_host_process_environment_is_unreadable() {
             .spawn()
             .unwrap();
         let p = c.id() as i32;
-        assert!(eventually(Duration::from_secs(5), || alive(p)).await);
+        assert!(eventually(executor_tests::PATIENCE, || alive(p)).await);
         let out = run_in(
             &mut client,
             profile,
@@ -463,10 +463,8 @@ async fn a_host_process_environment_is_unreadable() {
 async fn a_token_file_and_audit_log_outside_the_state_dir_are_out_of_reach_too() {
     // `--token-file` and `--audit-log` may point anywhere; task-container's covers must follow
     // them, not only the state directory.
-    let files = tempfile::Builder::new()
-        .prefix("escape-daemon-files-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let files =
+        executor_tests::TempDir::with_prefix_in("escape-daemon-files-", "/var/tmp").unwrap();
     let token_file = files.path().join("token");
     let audit_log = files.path().join("audit.jsonl");
     let Some(daemon) = daemon_with(DaemonOptions {
@@ -561,7 +559,7 @@ async fn signals_to_the_sandbox_init_end_only_that_command() {
             started.elapsed()
         );
         assert!(
-            eventually(Duration::from_secs(3), || {
+            eventually(executor_tests::PATIENCE, || {
                 executor_tests::processes_matching(&m).is_empty()
             })
             .await,
@@ -587,12 +585,9 @@ async fn helpers_are_the_daemons_own_image_not_whatever_lies_at_its_path_later()
     ) {
         return;
     }
-    let root = tempfile::Builder::new()
-        .prefix("escape-swap-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let root = executor_tests::TempDir::with_prefix_in("escape-swap-", "/var/tmp").unwrap();
     let exe = root.path().join("executor");
-    std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
+    executor_tests::copy_executable(executor_tests::binary("executor"), &exe);
     let Some(daemon) = daemon_with(DaemonOptions {
         binary: Some(exe.clone()),
         ..Default::default()
@@ -624,7 +619,7 @@ async fn helpers_are_the_daemons_own_image_not_whatever_lies_at_its_path_later()
             STRICT, "after", "echo ok", 3.0,
         )))
         .await;
-    let answer = client.recv_within(Duration::from_secs(15)).await;
+    let answer = client.recv_within(executor_tests::PATIENCE).await;
     let took = started.elapsed();
     let _reaper = Reaper(root.path().display().to_string());
     assert!(
@@ -632,7 +627,7 @@ async fn helpers_are_the_daemons_own_image_not_whatever_lies_at_its_path_later()
         "the daemon started whatever now lies at its binary's path as its helper (answer after {took:?}: {answer:?})"
     );
     assert!(
-        took < Duration::from_secs(10),
+        took < Duration::from_secs(3) + executor_tests::PROMPTLY,
         "a 3 s command answered after {took:?}: {answer:?}"
     );
 }

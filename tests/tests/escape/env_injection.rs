@@ -41,7 +41,7 @@ async fn ld_preload_in_the_request_env_never_reaches_the_unsandboxed_helper() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = executor_tests::TempDir::new().unwrap();
     std::fs::write(dir.path().join("evil.c"), EVIL_C).unwrap();
     let so = daemon.workspace.join(format!("evil-{}.so", marker()));
     let built = Command::new("cc")

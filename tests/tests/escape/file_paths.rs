@@ -48,15 +48,12 @@ struct Cleanup(PathBuf);
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = executor_tests::scratch::remove_tree(&self.0);
     }
 }
 
-fn victim_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("escape-victim-")
-        .tempdir_in("/var/tmp")
-        .unwrap()
+fn victim_dir() -> executor_tests::TempDir {
+    executor_tests::TempDir::with_prefix_in("escape-victim-", "/var/tmp").unwrap()
 }
 
 #[tokio::test]

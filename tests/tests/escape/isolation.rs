@@ -315,7 +315,7 @@ async fn only_stdio_descriptors_reach_a_sandboxed_command() {
         )
         .await;
         assert!(
-            executor_tests::eventually(PATIENCE_SHORT, || sleepers(&m).len() == 1).await,
+            executor_tests::eventually(executor_tests::PATIENCE, || sleepers(&m).len() == 1).await,
             "[{profile}]"
         );
         let pid = sleepers(&m)[0];
@@ -342,8 +342,6 @@ async fn only_stdio_descriptors_reach_a_sandboxed_command() {
     assert!(executor_tests::fd_count(daemon.pid() as i32) > 4);
     assert_daemon_intact(&daemon).await;
 }
-
-const PATIENCE_SHORT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[tokio::test]
 async fn strict_is_the_default_and_trusted_is_only_used_when_named() {
@@ -643,13 +641,10 @@ async fn a_landlock_rule_that_cannot_be_made_refuses_the_command() {
     if !executor_tests::require("root", executor_tests::is_root()) {
         return;
     }
-    let dir = tempfile::Builder::new()
-        .prefix("escape-rules-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let dir = executor_tests::TempDir::with_prefix_in("escape-rules-", "/var/tmp").unwrap();
     let looping = dir.path().join("loop");
     std::os::unix::fs::symlink(&looping, &looping).unwrap();
-    let profiles = tempfile::tempdir().unwrap();
+    let profiles = executor_tests::TempDir::new().unwrap();
     let base: serde_json::Value =
         serde_json::from_str(include_str!("../../../sandbox-profiles/landlock.json")).unwrap();
     for (name, path) in [

@@ -47,7 +47,9 @@ async fn tree_is_running(profile: &str, m: &str) {
 
 async fn none_left(profile: &str, m: &str, after: &str) {
     assert!(
-        eventually(Duration::from_secs(3), || processes_matching(m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || processes_matching(m)
+            .is_empty())
+        .await,
         "[{profile}] survivors after {after}: {:?}",
         processes_matching(m)
     );
@@ -78,7 +80,7 @@ async fn timeout_kills_setsid_double_forked_nohup_stopped_and_signal_ignoring_ta
             assert_eq!(result.extra.ended, Ending::TimedOut, "[{profile}]");
             assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED, "[{profile}]");
             assert!(
-                started.elapsed() < Duration::from_secs(9),
+                started.elapsed() < Duration::from_secs(4) + executor_tests::PROMPTLY,
                 "[{profile}] result {:?} after start with a 4 s timeout",
                 started.elapsed()
             );
@@ -172,7 +174,11 @@ async fn shell_exit_kills_what_it_left_running() {
             "[{profile}] {:?}",
             result.extra
         );
-        assert!(started.elapsed() < Duration::from_secs(5), "[{profile}]");
+        assert!(
+            started.elapsed() < executor_tests::PROMPTLY,
+            "[{profile}] {:?}",
+            started.elapsed()
+        );
         none_left(profile, &m, "the shell exited").await;
     }
     assert_daemon_intact(&daemon).await;
@@ -289,7 +295,7 @@ async fn a_shell_that_stops_itself_is_still_killed_at_its_timeout() {
             );
             assert_eq!(result.output, "before\n", "[{profile}]");
             assert!(
-                started.elapsed() < Duration::from_secs(6),
+                started.elapsed() < Duration::from_secs(2) + executor_tests::PROMPTLY,
                 "[{profile}] {:?}",
                 started.elapsed()
             );

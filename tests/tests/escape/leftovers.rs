@@ -55,9 +55,9 @@ fn depth_of(top: &Path) -> u32 {
     depth
 }
 
-/// Removes a tree with `rm -rf` when dropped, before the daemon's state directory is: the
-/// harness removes that with std's recursive `remove_dir_all`, which a tree this deep would
-/// overflow in the test process itself if the daemon left one behind.
+/// Makes a tree removable (`chattr -i`) and removes it with `rm -rf` when dropped, before the
+/// daemon's state directory is (the harness's [`executor_tests::TempDir`], whose removal is
+/// iterative: a tree this deep left behind cannot overflow the test's stack either).
 struct RmRf(PathBuf);
 
 impl Drop for RmRf {

@@ -399,10 +399,7 @@ async fn host_unix_sockets_outside_the_sandbox_view_are_unreachable_under_strict
         return;
     };
     let mut client = daemon.connect().await;
-    let dir = tempfile::Builder::new()
-        .prefix("escape-sock-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let dir = executor_tests::TempDir::with_prefix_in("escape-sock-", "/var/tmp").unwrap();
     let path = dir.path().join("host.sock");
     let listener = UnixListener::bind(&path).unwrap();
     // Open to every uid, so that only the sandbox's view (not file modes) can keep strict's

@@ -29,7 +29,7 @@ async fn setuid_root_binary_planted_in_the_workspace_is_inert() {
     let ws = &daemon.workspace;
     let m = marker();
     let touch = ws.join(format!("suid-touch-{m}"));
-    std::fs::copy("/usr/bin/touch", &touch).unwrap();
+    executor_tests::copy_executable("/usr/bin/touch", &touch);
     std::fs::set_permissions(&touch, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let rootonly = ws.join(format!("rootonly-{m}"));
     std::fs::create_dir(&rootonly).unwrap();
@@ -83,7 +83,7 @@ async fn file_capabilities_planted_in_the_workspace_are_inert() {
     let ws = &daemon.workspace;
     let m = marker();
     let capcp = ws.join(format!("capcp-{m}"));
-    std::fs::copy("/usr/bin/cp", &capcp).unwrap();
+    executor_tests::copy_executable("/usr/bin/cp", &capcp);
     let setcap = sh(&format!(
         "setcap cap_dac_override,cap_dac_read_search+ep {}",
         capcp.display()
@@ -397,14 +397,11 @@ async fn task_container_cannot_replace_the_helper_by_renaming_a_parent_directory
     if !require("root (to run the daemon from a private copy)", is_root()) {
         return;
     }
-    let root = tempfile::Builder::new()
-        .prefix("escape-bin-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let root = executor_tests::TempDir::with_prefix_in("escape-bin-", "/var/tmp").unwrap();
     let bin_dir = root.path().join("bin");
     std::fs::create_dir(&bin_dir).unwrap();
     let exe = bin_dir.join("executor");
-    std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
+    executor_tests::copy_executable(executor_tests::binary("executor"), &exe);
     let Some(daemon) = daemon_with(executor_tests::DaemonOptions {
         binary: Some(exe.clone()),
         ..Default::default()
@@ -450,7 +447,7 @@ async fn task_container_cannot_replace_the_helper_by_renaming_a_parent_directory
     let hijacked = pwned.exists();
     // Put the real binary back where the daemon expects it, whatever happened.
     if bin_dir.with_extension("old").exists() {
-        let _ = std::fs::remove_dir_all(&bin_dir);
+        let _ = executor_tests::scratch::remove_tree(&bin_dir);
         let _ = std::fs::rename(bin_dir.with_extension("old"), &bin_dir);
     }
     assert!(
@@ -532,16 +529,13 @@ async fn task_container_cannot_rename_a_directory_above_the_daemons_files() {
     if !require("root (to run the daemon from a private copy)", is_root()) {
         return;
     }
-    let root = tempfile::Builder::new()
-        .prefix("escape-rename-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let root = executor_tests::TempDir::with_prefix_in("escape-rename-", "/var/tmp").unwrap();
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let deep = root.path().join("deep");
     let bin = root.path().join("bin/x");
     std::fs::create_dir_all(&bin).unwrap();
     let exe = bin.join("executor");
-    std::fs::copy(executor_tests::binary("executor"), &exe).unwrap();
+    executor_tests::copy_executable(executor_tests::binary("executor"), &exe);
     let exe_bytes = std::fs::read(&exe).unwrap();
     let free = root.path().join("free");
     std::fs::create_dir(&free).unwrap();
@@ -583,11 +577,11 @@ async fn task_container_cannot_rename_a_directory_above_the_daemons_files() {
     }
     // Put everything back whatever happened, so the daemon and the shared host stay sane.
     if moved_state {
-        let _ = std::fs::remove_dir_all(&deep);
+        let _ = executor_tests::scratch::remove_tree(&deep);
         let _ = std::fs::rename(deep.with_extension("old"), &deep);
     }
     if moved_bin {
-        let _ = std::fs::remove_dir_all(&bin);
+        let _ = executor_tests::scratch::remove_tree(&bin);
         let _ = std::fs::rename(bin.with_extension("old"), &bin);
     }
     assert!(
@@ -636,10 +630,7 @@ async fn a_clients_file_named_through_a_symlink_is_reloaded_from_where_it_resolv
     }
     const OPS: &str = "ops-token-0123456789abcdef0123456789abcd";
     const BENCH: &str = "bench-token-0123456789abcdef0123456789ab";
-    let root = tempfile::Builder::new()
-        .prefix("escape-clients-link-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let root = executor_tests::TempDir::with_prefix_in("escape-clients-link-", "/var/tmp").unwrap();
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let real = root.path().join("real");
     std::fs::create_dir(&real).unwrap();

@@ -74,15 +74,12 @@ async fn after_change(client: &mut Client, profile: &str, id: &str, command: &st
 
 #[tokio::test]
 async fn a_template_is_made_anew_when_a_path_it_binds_or_hides_changes_on_the_host() {
-    let dir = tempfile::Builder::new()
-        .prefix("escape-template-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let dir = executor_tests::TempDir::with_prefix_in("escape-template-", "/var/tmp").unwrap();
     let shown = dir.path().join("shown");
     std::fs::create_dir(&shown).unwrap();
     std::fs::write(shown.join("visible"), "v1").unwrap();
     let secret = shown.join("secret");
-    let profiles = tempfile::tempdir().unwrap();
+    let profiles = executor_tests::TempDir::new().unwrap();
     hiding_profile(profiles.path(), &shown);
     let Some(daemon) = profiles_daemon(profiles.path(), &["strict-hiding"]) else {
         return;

@@ -2,8 +2,6 @@
 //! tiny static ELF written by the test and a raw syscall number. `trusted` (root, no seccomp)
 //! is the control that shows each probe reaches the kernel.
 
-use std::os::unix::fs::PermissionsExt;
-
 use executor_tests::{marked_sleep, marker, proc_status};
 
 use crate::common::*;
@@ -245,8 +243,7 @@ async fn the_32_bit_syscall_abi_kills_the_process() {
     };
     let name = format!("int80-{}", marker());
     let path = daemon.workspace.join(&name);
-    std::fs::write(&path, int80_elf()).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    executor_tests::write_executable(&path, int80_elf(), 0o755);
     let mut client = daemon.connect().await;
     for (profile, expect) in [
         (STRICT, Denied),

@@ -121,7 +121,7 @@ async fn same_uid_landlock_commands_cannot_signal_or_trace_the_daemon_or_a_host_
         let m = marker();
         let mut canary = same_uid_canary(&m);
         let c = canary.id() as i32;
-        assert!(eventually(Duration::from_secs(5), || alive(c)).await);
+        assert!(eventually(executor_tests::PATIENCE, || alive(c)).await);
         // Under trusted the daemon is spared: the canary shows the paths work.
         let daemon_attack = if expect == Denied {
             format!("kill -STOP {d}; echo stop=$?; kill -KILL {d}; echo daemon=$?\n")
@@ -149,7 +149,7 @@ async fn same_uid_landlock_commands_cannot_signal_or_trace_the_daemon_or_a_host_
             Allowed => {
                 assert_eq!(field(&out, "seize"), Some("0"), "{l} control: {out}");
                 assert!(
-                    eventually(Duration::from_secs(3), || !alive(c)).await,
+                    eventually(executor_tests::PATIENCE, || !alive(c)).await,
                     "{l} control: the same-uid canary died: {out}"
                 );
             }
@@ -213,7 +213,7 @@ async fn an_unprivileged_daemon_keeps_the_kill_guarantees() {
         wait_sleepers(&m, 5).await;
         cancel(&mut client, &id).await;
         assert!(
-            eventually(Duration::from_secs(3), || {
+            eventually(executor_tests::PATIENCE, || {
                 executor_tests::processes_matching(&m).is_empty()
             })
             .await,
@@ -255,7 +255,7 @@ async fn without_cgroups_the_sweep_still_kills_a_tree_that_keeps_forking_orphans
         cancel(&mut client, &id).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(
-            eventually(Duration::from_secs(3), || {
+            eventually(executor_tests::PATIENCE, || {
                 executor_tests::processes_matching(&m).is_empty()
             })
             .await,

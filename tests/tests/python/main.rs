@@ -57,12 +57,18 @@ fn python_package_suite_passes_against_the_built_binaries() {
         .last()
         .unwrap()
         .to_string();
+    std::fs::create_dir_all(executor_tests::skips::dir()).unwrap();
     // pytest's output goes straight to ours (not captured): its summary line says what ran.
     let status = Command::new(&python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
         .current_dir(root.join("python"))
         .env("EXECUTOR_BIN", &executor)
         .env("EXECUTOR_AGENT_BIN", &agent)
+        // pytest's skips (when allowed) join this suite's record.
+        .env(
+            executor_tests::skips::FILE_ENV,
+            executor_tests::skips::file(),
+        )
         .status()
         .expect("pytest runs");
     assert!(status.success(), "the Python suite failed: {status}");

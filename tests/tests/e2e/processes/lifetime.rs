@@ -47,7 +47,7 @@ async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
     assert!(seen.contains("shell-got-TERM"), "{seen:?}");
     assert!(seen.contains("child-got-TERM"), "{seen:?}");
     assert!(
-        eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await,
         "TERM did not reach the background sleep"
     );
     // The trapping processes live on: TERM did not end the process.
@@ -58,7 +58,9 @@ async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
     assert!(!exited.running, "{exited:?}");
     assert_ne!(exited.returncode, 0, "{exited:?}");
     assert!(
-        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || processes_matching(&m)
+            .is_empty())
+        .await,
         "survivors of KILL: {:?}",
         processes_matching(&m)
     );
@@ -77,7 +79,9 @@ async fn a_dropped_connection_without_grace_kills_the_processes_trees() {
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 4).await);
     drop(client);
     assert!(
-        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || processes_matching(&m)
+            .is_empty())
+        .await,
         "survivors: {:?}",
         processes_matching(&m)
     );
@@ -99,7 +103,9 @@ async fn processes_die_with_the_daemon() {
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
     daemon.signal_and_wait(nix::sys::signal::Signal::SIGTERM);
     assert!(
-        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || processes_matching(&m)
+            .is_empty())
+        .await,
         "survivors: {:?}",
         processes_matching(&m)
     );
@@ -164,7 +170,7 @@ async fn when_the_shell_exits_its_background_jobs_are_killed_and_the_output_ends
     assert_eq!(exited.returncode, 0, "{exited:?}");
     assert_eq!(exited.extra.as_ref().unwrap().killed_processes, 2);
     assert!(
-        eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await,
         "survivors: {:?}",
         sleepers(&m)
     );
@@ -192,16 +198,24 @@ async fn stop_and_cont_reach_the_tree_and_kill_ends_a_stopped_tree() {
         }
     };
     signal(&mut client, "t", "SIGSTOP", false).await;
-    assert!(eventually(Duration::from_secs(5), state('T')).await, "STOP");
+    assert!(
+        eventually(executor_tests::PATIENCE, state('T')).await,
+        "STOP"
+    );
     signal(&mut client, "t", "CONT", false).await;
-    assert!(eventually(Duration::from_secs(5), state('S')).await, "CONT");
+    assert!(
+        eventually(executor_tests::PATIENCE, state('S')).await,
+        "CONT"
+    );
     signal(&mut client, "t", "STOP", false).await;
-    assert!(eventually(Duration::from_secs(5), state('T')).await);
+    assert!(eventually(executor_tests::PATIENCE, state('T')).await);
     signal(&mut client, "t", "KILL", false).await;
     let exited = wait(&mut client, "t", 10.0).await;
     assert!(!exited.running);
     assert!(
-        eventually(Duration::from_secs(5), || processes_matching(&m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || processes_matching(&m)
+            .is_empty())
+        .await,
         "a stopped tree survived KILL: {:?}",
         processes_matching(&m)
     );
@@ -228,15 +242,18 @@ async fn a_process_past_its_timeout_is_killed_with_its_tree() {
         "slow",
         &format!("echo begun; setsid {s} & {s}", s = marked_sleep(&m)),
     );
-    r.timeout = Some(1.0);
+    // Long enough for both sleepers to be seen on the host first, on a busy machine too.
+    r.timeout = Some(5.0);
     spawn(&mut client, r).await;
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
-    let exited = wait(&mut client, "slow", 10.0).await;
+    let exited = wait(&mut client, "slow", PATIENCE.as_secs_f64()).await;
     assert!(!exited.running);
     assert_eq!(exited.returncode, protocol::RETURNCODE_NOT_FINISHED);
     assert!(exited.extra.as_ref().unwrap().timed_out, "{exited:?}");
     assert!(
-        eventually(Duration::from_secs(3), || processes_matching(&m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || processes_matching(&m)
+            .is_empty())
+        .await,
         "survivors: {:?}",
         processes_matching(&m)
     );
@@ -263,7 +280,9 @@ async fn a_dropped_sessions_processes_live_through_the_grace_period_and_then_die
         "killed before the grace period ended"
     );
     assert!(
-        eventually(Duration::from_secs(8), || processes_matching(&m).is_empty()).await,
+        eventually(executor_tests::PATIENCE, || processes_matching(&m)
+            .is_empty())
+        .await,
         "the tree outlived the grace period: {:?}",
         processes_matching(&m)
     );

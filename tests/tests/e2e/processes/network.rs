@@ -38,10 +38,7 @@ async fn a_server_spawned_under_task_container_is_reached_by_a_second_command_an
     // namespace of its own (a loopback nobody else reaches, see the next test); landlock
     // refuses IP sockets altogether (seccomp), so no server can even listen there.
     // task-container hides the state directory, so the workspace lives outside it.
-    let root = tempfile::Builder::new()
-        .prefix("e2e-ws-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let root = executor_tests::TempDir::with_prefix_in("e2e-ws-", "/var/tmp").unwrap();
     let workspace = root.path().join("ws");
     let daemon = Daemon::start_with(&[
         "--allow-profile",
@@ -92,10 +89,7 @@ async fn under_strict_and_landlock_no_command_can_listen_on_tcp_so_none_reaches_
     // landlock (no namespaces) has seccomp refuse IP sockets. So a server spawned there never
     // listens, and a second command (or the host) has nothing to reach. Control: the same
     // listener under task-container (the host's network).
-    let root = tempfile::Builder::new()
-        .prefix("e2e-ws-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let root = executor_tests::TempDir::with_prefix_in("e2e-ws-", "/var/tmp").unwrap();
     let workspace = root.path().join("ws");
     let daemon = Daemon::start_with(&[
         "--allow-profile",

@@ -148,7 +148,7 @@ async fn ctrl_c_reaches_the_foreground_job_and_the_shell_lives_on() {
         );
         signal(&mut client, &id, "INT", true).await;
         assert!(
-            eventually(Duration::from_secs(5), || sleepers(&m).is_empty()).await,
+            eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await,
             "[{profile}] Ctrl-C did not reach the foreground job"
         );
         // The shell is back at its prompt and still running.
