@@ -202,18 +202,33 @@ impl Connection {
 
     async fn write(&mut self, req: WriteRequest) -> Result<(), ExecError> {
         let data = match (req.data, req.text) {
-            (Some(_), Some(_)) => return Err(bad("give `data` or `text`, not both")),
+            (Some(_), Some(_)) => Err(bad("give `data` or `text`, not both")),
             (Some(data), None) => b64()
                 .decode(data.as_bytes())
-                .map_err(|err| bad(format!("data is not base64: {err}")))?,
-            (None, Some(text)) => text.into_bytes(),
-            (None, None) => Vec::new(),
+                .map_err(|err| bad(format!("data is not base64: {err}"))),
+            (None, Some(text)) => Ok(text.into_bytes()),
+            (None, None) => Ok(Vec::new()),
         };
         let Some(process) = self.session.processes.get(&req.id) else {
+            data?;
             return Err(ExecError::new(
                 ErrorCode::NotFound,
                 format!("no process or upload with id {:?}", req.id),
             ));
+        };
+        let data = match data {
+            Ok(data) => data,
+            // An upload that lost part of its content cannot be completed: it fails now, and
+            // its payload removes the temporary file before the upload is answered with this
+            // error (its one answer).
+            Err(err) if process.kind == Kind::Upload && process.running() => {
+                process.fail(bad(format!(
+                    "{}; the upload {:?} is abandoned and its temporary file removed",
+                    err.message, req.id
+                )));
+                return Ok(());
+            }
+            Err(err) => return Err(err),
         };
         let permits = super::processes::budget_permits(data.len());
         match process.kind {

@@ -58,6 +58,9 @@ pub struct Process {
     pub exit: watch::Sender<Option<Exited>>,
     /// Stops the stdin feeder at once (an upload whose session ended: cut off, not committed).
     pub abort: CancellationToken,
+    /// Why an upload was abandoned by the daemon (a `write` it could not take): its answer,
+    /// in place of the payload's "cut off".
+    failure: Mutex<Option<crate::engine::ExecError>>,
     /// Fires when the payload has exec'd (taken by the process's job).
     pub started: Mutex<Option<oneshot::Receiver<()>>>,
     /// Order of creation, to forget the oldest ended first.
@@ -84,6 +87,7 @@ impl Process {
             signals,
             exit: watch::channel(None).0,
             abort: CancellationToken::new(),
+            failure: Mutex::new(None),
             started: Mutex::new(None),
             serial: 0,
         }
@@ -94,6 +98,24 @@ impl Process {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
+    }
+
+    /// Abandon an upload: its feeder stops at once, so its payload sees the content cut off
+    /// and removes its temporary file; `err` becomes the upload's answer.
+    pub fn fail(&self, err: crate::engine::ExecError) {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(err);
+        self.abort.cancel();
+    }
+
+    /// Why the daemon abandoned it, if it did.
+    pub fn failure(&self) -> Option<crate::engine::ExecError> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn running(&self) -> bool {

@@ -276,10 +276,15 @@ impl Job {
         if !matches!(answer, Answer::Upload) {
             self.session.processes.remove(&id, &process);
         }
-        let reply = match (&result, header) {
-            (Err(err), _) => Err(err.clone()),
-            (Ok(_), Err(err)) => Err(err),
-            (Ok(result), Ok((header, sent))) => answer_from(&id, answer, header, sent, result),
+        let reply = match (process.failure(), &result, header) {
+            // Abandoned by the daemon (a `write` it could not take): that is the answer, not
+            // the "cut off" the payload saw.
+            (Some(err), _, _) => Err(err),
+            (None, Err(err), _) => Err(err.clone()),
+            (None, Ok(_), Err(err)) => Err(err),
+            (None, Ok(result), Ok((header, sent))) => {
+                answer_from(&id, answer, header, sent, result)
+            }
         };
         let reply = reply.unwrap_or_else(|err| {
             ServerMessage::Error(ErrorMessage {
