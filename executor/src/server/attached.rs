@@ -115,11 +115,15 @@ impl Connection {
             ClientMessage::Wait(req) => self.wait(req).await,
             ClientMessage::ListProcesses(req) => {
                 let processes = self.session.processes.list();
-                self.reply(ServerMessage::Processes(ProcessList {
-                    id: req.id,
-                    processes,
-                }))
-                .await;
+                self.session
+                    .answer(
+                        self.connection,
+                        ServerMessage::Processes(ProcessList {
+                            id: req.id,
+                            processes,
+                        }),
+                    )
+                    .await;
                 Ok(())
             }
             ClientMessage::Upload(req) => self.upload(req, draining).await,
@@ -353,8 +357,9 @@ impl Connection {
             (ready, reply)
         };
         let (ready, reply) = answer(&process, req.id.clone());
+        let connection = self.connection;
         if ready || wait.is_zero() {
-            self.reply(reply).await;
+            self.session.answer(connection, reply).await;
             return Ok(());
         }
         let session = self.session.clone();
@@ -366,11 +371,9 @@ impl Connection {
                 () = session.ended.cancelled() => return,
                 () = shutdown.cancelled() => {}
             }
-            // Nobody to answer: a read is idempotent, the client reads again after a resume
-            // (kept, the reply would only fill the session's outbox).
-            if session.is_attached() {
-                session.send(answer(&process, req.id).1).await;
-            }
+            // Only to the connection that asked: after a drop the client reads again on its
+            // new one (a read is idempotent).
+            session.answer(connection, answer(&process, req.id).1).await;
             drop(permit);
         });
         self.daemon.tasks.spawn(task);
@@ -446,8 +449,11 @@ impl Connection {
                 extra: None,
             }))
         };
+        let connection = self.connection;
         if !process.running() || timeout.is_zero() {
-            self.reply(answer(&process, req.id)).await;
+            self.session
+                .answer(connection, answer(&process, req.id))
+                .await;
             return Ok(());
         }
         let session = self.session.clone();
@@ -460,10 +466,8 @@ impl Connection {
                 () = session.ended.cancelled() => return,
                 () = shutdown.cancelled() => {}
             }
-            // As for a read: nobody to answer, the client asks again after a resume.
-            if session.is_attached() {
-                session.send(answer(&process, req.id)).await;
-            }
+            // As for a read: only to the connection that asked.
+            session.answer(connection, answer(&process, req.id)).await;
             drop(permit);
         });
         self.daemon.tasks.spawn(task);

@@ -215,6 +215,24 @@ impl Session {
         self.keep(msg);
     }
 
+    /// Send the answer to a request that only asks (`read`, `wait`, `list_processes`) to the
+    /// connection that asked, if it still holds the session; otherwise drop it. Never kept
+    /// for a resume: the client asks again on its new connection (reads do not consume), and
+    /// an old answer replayed there would carry the id of its next request (issue 35).
+    pub async fn answer(&self, connection: u64, msg: ServerMessage) {
+        let tx = {
+            let link = self.link();
+            match &link.attached {
+                Some(a) if a.connection == connection && !a.replaying => a.tx.clone(),
+                _ => return,
+            }
+        };
+        tokio::select! {
+            _ = tx.send(msg) => {}
+            () = self.ended.cancelled() => {}
+        }
+    }
+
     /// Keep a reply that no live connection took, for the next one.
     pub fn keep(&self, msg: ServerMessage) {
         let mut link = self.link();
@@ -236,7 +254,10 @@ impl Session {
     }
 
     fn keep_locked(&self, link: &mut Link, msg: ServerMessage) {
-        if self.ended.is_cancelled() || (!self.resumable() && link.attached.is_none()) {
+        if self.ended.is_cancelled()
+            || (!self.resumable() && link.attached.is_none())
+            || is_connection_bound(&msg)
+        {
             return;
         }
         if let ServerMessage::Output(chunk) = &msg {
@@ -402,9 +423,18 @@ fn final_id(msg: &ServerMessage) -> Option<String> {
     final_reply(msg).map(|(id, _)| id)
 }
 
+/// Whether `msg` answers a request that only asks (`process_output`, `exited`, `processes`):
+/// it goes to the connection that asked or nowhere (see [`Session::answer`]).
+pub fn is_connection_bound(msg: &ServerMessage) -> bool {
+    matches!(
+        msg,
+        ServerMessage::ProcessOutput(_) | ServerMessage::Exited(_) | ServerMessage::Processes(_)
+    )
+}
+
 /// Whether `msg` is the one final answer to a request (so worth sending again after a resume
 /// if the client awaits it), as opposed to streamed output and answers a client can ask for
-/// again (`process_output`, `done`, `processes`).
+/// again (`process_output`, `exited`, `done`, `processes`).
 pub fn is_final(msg: &ServerMessage) -> bool {
     final_reply(msg).is_some()
 }
@@ -420,7 +450,6 @@ fn final_reply(msg: &ServerMessage) -> Option<(String, usize)> {
         ServerMessage::Result(r) => (r.id.clone(), r.output.len() + 256),
         ServerMessage::Error(e) => (e.id.clone()?, e.message.len() + 64),
         ServerMessage::Spawned(r) => (r.id.clone(), 64),
-        ServerMessage::Exited(r) => (r.id.clone(), r.exception_info.len() + 256),
         ServerMessage::Uploaded(r) => (r.id.clone(), r.path.len() + 64),
         ServerMessage::Downloaded(r) => (r.id.clone(), r.path.len() + 64),
         ServerMessage::FileInfo(r) => (r.id.clone(), stat_size(&r.stat)),
