@@ -343,6 +343,17 @@ impl Connection {
             .unwrap_or(MAX_READ_BYTES)
             .clamp(1, MAX_READ_BYTES) as usize;
         let process = self.process(&req.id)?;
+        // Past the end: no offset the daemon gave makes one (they come from `next_offset`).
+        // Refused rather than answered from the end, so that an answer's `offset` is always
+        // the one asked for, or later only by the bytes `dropped` says were lost.
+        let end = process.ring.total();
+        if req.offset > end {
+            return Err(bad(format!(
+                "offset {} is past the end of the output of {:?} ({end} bytes so far); \
+                 read from the last next_offset",
+                req.offset, req.id
+            )));
+        }
         let answer = move |process: &Process, id: String| {
             let slice = process.ring.read(req.offset, max);
             let ready = !slice.data.is_empty() || slice.eof;

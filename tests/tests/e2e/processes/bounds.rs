@@ -63,6 +63,54 @@ async fn output_beyond_the_buffer_is_dropped_oldest_first_and_offsets_add_up() {
     assert_eq!(info[0].output_bytes, total);
 }
 
+/// Regression (issue 35): a read past the end was answered from the end (an `offset` before
+/// the one asked for), where the doc promised "the offset asked for, or later". Now refused,
+/// naming the end; reads at the end and before it are answered from their offset.
+#[tokio::test]
+async fn a_read_past_the_end_is_refused_naming_the_end_and_one_at_the_end_is_answered() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    spawn(&mut client, spawn_req("abc", "printf abc")).await;
+    assert_eq!(wait(&mut client, "abc", 20.0).await.returncode, 0);
+    for offset in [4, 1_000_000] {
+        client
+            .send(&ClientMessage::Read(ReadRequest {
+                id: "abc".into(),
+                offset,
+                max_bytes: None,
+                wait: Some(1.0),
+            }))
+            .await;
+        match client.reply_for("abc").await {
+            ServerMessage::Error(e) => {
+                assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+                assert!(
+                    e.message.contains("past the end") && e.message.contains("3 bytes"),
+                    "{e:?}"
+                );
+            }
+            other => panic!("a read at {offset} past the end was answered: {other:?}"),
+        }
+    }
+    let at_end = read(&mut client, "abc", 3, 0.0).await;
+    assert_eq!(
+        (
+            at_end.offset,
+            at_end.next_offset,
+            at_end.dropped,
+            at_end.eof
+        ),
+        (3, 3, 0, true)
+    );
+    assert!(unb64(&at_end.data).is_empty());
+    let inside = read(&mut client, "abc", 1, 0.0).await;
+    assert_eq!(
+        (inside.offset, inside.next_offset, inside.eof),
+        (1, 3, true)
+    );
+    assert_eq!(unb64(&inside.data), b"bc");
+}
+
 #[tokio::test]
 async fn spawns_beyond_max_commands_per_connection_are_busy() {
     let daemon = Daemon::start_with(&["--max-commands-per-connection", "2"]);
