@@ -59,6 +59,10 @@ struct ClientEntry {
     commands_per_minute: Option<u32>,
     #[serde(default)]
     output_quota_bytes: Option<u64>,
+    /// Bytes the daemon keeps for this client at most (process output, queued stdin, replies
+    /// kept for a resume); default `--client-memory-budget-mb`, else only the daemon's.
+    #[serde(default)]
+    memory_budget_bytes: Option<u64>,
     #[serde(default)]
     workspace: WorkspacePolicy,
     /// Overrides the daemon's `--resume-grace` for this client, in seconds.
@@ -95,6 +99,7 @@ pub struct ClientLimits {
     pub max_concurrent: Option<usize>,
     pub commands_per_minute: Option<u32>,
     pub output_quota_bytes: Option<u64>,
+    pub memory_budget_bytes: Option<u64>,
 }
 
 impl Client {
@@ -290,6 +295,7 @@ impl ClientTable {
                     max_concurrent: entry.max_concurrent,
                     commands_per_minute: entry.commands_per_minute,
                     output_quota_bytes: entry.output_quota_bytes,
+                    memory_budget_bytes: entry.memory_budget_bytes,
                 },
                 workspace: entry.workspace,
                 resume_grace,

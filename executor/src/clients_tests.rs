@@ -149,6 +149,7 @@ fn limits_refuse_with_their_own_code_and_free_slots_on_drop() {
         max_concurrent: Some(2),
         commands_per_minute: Some(3),
         output_quota_bytes: Some(100),
+        memory_budget_bytes: None,
     };
     let one = usage.admit("c", &limits).unwrap();
     let two = usage.admit("c", &limits).unwrap();

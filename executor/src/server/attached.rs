@@ -104,6 +104,18 @@ fn seconds(value: Option<f64>, what: &str) -> Result<Duration, ExecError> {
 }
 
 impl Connection {
+    /// Whose memory budget what this connection's requests keep counts against: its client's
+    /// (with the client's current limits).
+    pub(super) fn memory_owner(&self) -> crate::budget::Owner {
+        let limit = self
+            .daemon
+            .clients
+            .table()
+            .current(&self.client)
+            .and_then(|c| c.limits.memory_budget_bytes);
+        self.daemon.memory.owner(&self.client.name, limit)
+    }
+
     pub(super) async fn handle_v1_1(&mut self, msg: ClientMessage, draining: bool) {
         let id = request_id(&msg);
         let handled = match msg {
@@ -187,7 +199,7 @@ impl Connection {
         } else {
             StdinKind::Socket
         };
-        let ring = OutputRing::new(buffer, true);
+        let ring = OutputRing::kept_for(buffer, true, Some(&self.memory_owner()));
         let (process, attached) = register(
             &self.session,
             &valid.id,
@@ -235,6 +247,8 @@ impl Connection {
             Err(err) => return Err(err),
         };
         let permits = super::processes::budget_permits(data.len());
+        // Queued stdin counts against the client's memory budget until it is written.
+        let held = self.memory_owner().hold();
         match process.kind {
             Kind::Query => Err(bad(format!("{:?} takes no input", req.id))),
             // An upload waits for its writer (the connection's backpressure); one already
@@ -249,9 +263,11 @@ impl Connection {
                     else {
                         return Ok(());
                     };
+                    // Bounded by the upload's own queue: counted, never refused.
+                    held.force(data.len() as u64);
                     if process
                         .stdin
-                        .send(StdinChunk::Data(data, budget))
+                        .send(StdinChunk::Data(data, budget, held))
                         .await
                         .is_err()
                     {
@@ -288,7 +304,20 @@ impl Connection {
                         .clone()
                         .try_acquire_many_owned(permits)
                         .map_err(|_| not_reading())?;
-                    chunks.push(StdinChunk::Data(data, budget));
+                    if !held.try_grow(data.len() as u64) {
+                        let owner = held.owner();
+                        return Err(ExecError::new(
+                            ErrorCode::Busy,
+                            format!(
+                                "the memory budget is used up ({}); {} bytes of stdin for {:?} \
+                                 cannot be queued; write again later",
+                                owner.describe(),
+                                data.len(),
+                                req.id
+                            ),
+                        ));
+                    }
+                    chunks.push(StdinChunk::Data(data, budget, held));
                 }
                 if req.eof {
                     chunks.push(StdinChunk::Eof);
@@ -602,6 +631,7 @@ impl Job {
                         .await;
                 }
                 process.exit.send_replace(Some(exited(result)));
+                self.session.processes.forget_old_ended(Kind::Process);
             }
             Err(err) => {
                 self.session.processes.remove(&id, &process);

@@ -79,6 +79,11 @@ pub async fn run(
     let scratch_root = (client.workspace == WorkspacePolicy::PerConnection)
         .then(|| daemon.workspaces.scratch_root());
     let fresh = daemon.sessions.create(client.clone(), grace, scratch_root);
+    fresh.count_in(
+        &daemon
+            .memory
+            .owner(&client.name, client.limits.memory_budget_bytes),
+    );
     // The writer follows the session: a resume switches it.
     let (current_tx, current) = watch::channel(fresh.clone());
 

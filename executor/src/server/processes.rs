@@ -34,8 +34,13 @@ pub enum Kind {
 }
 
 pub enum StdinChunk {
-    /// Bytes, and their share of the stdin budget, given back once written.
-    Data(Vec<u8>, tokio::sync::OwnedSemaphorePermit),
+    /// Bytes, and their share of the stdin budget and of the client's memory budget, given
+    /// back once written.
+    Data(
+        Vec<u8>,
+        tokio::sync::OwnedSemaphorePermit,
+        crate::budget::Held,
+    ),
     Eof,
 }
 
@@ -161,14 +166,14 @@ pub async fn feed_stdin(
             return;
         };
         let written = match (&mut end, chunk) {
-            (StdinEnd::Socket(sock), StdinChunk::Data(data, _budget)) => {
+            (StdinEnd::Socket(sock), StdinChunk::Data(data, _budget, _held)) => {
                 let header = crate::files::frame_header(data.len());
                 if framed && sock.write_all(&header).await.is_err() {
                     return;
                 }
                 sock.write_all(&data).await
             }
-            (StdinEnd::Terminal(pty), StdinChunk::Data(data, _budget)) => {
+            (StdinEnd::Terminal(pty), StdinChunk::Data(data, _budget, _held)) => {
                 pty.write_all(&data).await
             }
             (StdinEnd::Socket(sock), StdinChunk::Eof) => {
@@ -216,9 +221,17 @@ impl Processes {
         if let Some(old) = guard.0.insert(process.id.clone(), process.clone()) {
             old.ring.discarded.cancel();
         }
-        // Per kind: answered uploads (kept so late writes are dropped quietly) never push a
-        // process's output out.
-        let kind = process.kind;
+        drop(guard);
+        self.forget_old_ended(process.kind);
+        process
+    }
+
+    /// Forget the oldest ended entries of `kind` past [`KEPT_ENDED`]: called when one is
+    /// added and when one ends, so that a session never keeps more (16 processes that all
+    /// ran at once used to be kept until the next spawn). Per kind: answered uploads (kept so
+    /// late writes are dropped quietly) never push a process's output out.
+    pub fn forget_old_ended(&self, kind: Kind) {
+        let mut guard = self.lock();
         let mut ended: Vec<(u64, String)> = guard
             .0
             .values()
@@ -233,7 +246,6 @@ impl Processes {
                 }
             }
         }
-        process
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Process>> {

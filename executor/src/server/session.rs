@@ -52,6 +52,7 @@ impl Sessions {
             ended: CancellationToken::new(),
             tasks: TaskTracker::new(),
             link: Mutex::new(Link::default()),
+            kept: std::sync::OnceLock::new(),
         });
         self.lock().insert(id, session.clone());
         session
@@ -128,6 +129,9 @@ pub struct Session {
     /// The session's command tasks.
     pub tasks: TaskTracker,
     link: Mutex<Link>,
+    /// The outbox's streamed output and the written replies kept for a resume, counted in
+    /// the client's memory budget (once [`Session::count_in`] said whose).
+    kept: std::sync::OnceLock<crate::budget::Held>,
 }
 
 #[derive(Default)]
@@ -182,6 +186,17 @@ pub enum Attached {
 impl Session {
     fn link(&self) -> MutexGuard<'_, Link> {
         self.link.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Count what the session keeps for a resume against `owner`'s memory budget.
+    pub fn count_in(&self, owner: &crate::budget::Owner) {
+        let _ = self.kept.set(owner.hold());
+    }
+
+    fn kept_shrink(&self, bytes: usize) {
+        if let Some(kept) = self.kept.get() {
+            kept.shrink(bytes as u64);
+        }
     }
 
     fn resumable(&self) -> bool {
@@ -261,9 +276,14 @@ impl Session {
             return;
         }
         if let ServerMessage::Output(chunk) = &msg {
-            if link.outbox_output_bytes + chunk.data.len() > OUTBOX_OUTPUT_BYTES {
+            let over_budget = || {
+                self.kept
+                    .get()
+                    .is_some_and(|kept| !kept.try_grow(chunk.data.len() as u64))
+            };
+            if link.outbox_output_bytes + chunk.data.len() > OUTBOX_OUTPUT_BYTES || over_budget() {
                 if !link.dropped_output {
-                    tracing::info!(session = %self.id, "detached session's output exceeds the outbox; dropping streamed chunks");
+                    tracing::info!(session = %self.id, "detached session's output exceeds the outbox or the memory budget; dropping streamed chunks");
                     link.dropped_output = true;
                 }
                 return;
@@ -285,11 +305,16 @@ impl Session {
         let mut link = self.link();
         link.written.push_back(msg);
         link.written_bytes += size;
+        // Bounded by WRITTEN_RESULTS and WRITTEN_BYTES: counted, never refused.
+        if let Some(kept) = self.kept.get() {
+            kept.force(size as u64);
+        }
         while link.written.len() > WRITTEN_RESULTS || link.written_bytes > WRITTEN_BYTES {
             let Some(old) = link.written.pop_front() else {
                 break;
             };
             link.written_bytes -= final_size(&old);
+            self.kept_shrink(final_size(&old));
         }
     }
 
@@ -342,7 +367,7 @@ impl Session {
                 final_id(m).is_some_and(|id| awaiting.contains(&id) && !queued.contains(&id))
             })
             .collect();
-        link.written_bytes = 0;
+        self.kept_shrink(std::mem::take(&mut link.written_bytes));
         for msg in resend.into_iter().rev() {
             link.outbox.push_front(msg);
         }
@@ -357,6 +382,7 @@ impl Session {
             Some(msg) => {
                 if let ServerMessage::Output(chunk) = &msg {
                     link.outbox_output_bytes -= chunk.data.len();
+                    self.kept_shrink(chunk.data.len());
                 }
                 Some(msg)
             }
