@@ -159,10 +159,8 @@ async fn idle_sessions_that_printed_mebibytes_keep_the_daemon_within_its_memory_
     let token = daemon.token.clone();
     let kept = metric(&daemon, &token, "executor_memory_kept_bytes").await;
     assert!(kept <= BUDGET_MIB * MIB, "{kept} bytes kept");
-    assert!(
-        kept >= (BUDGET_MIB - 2) * MIB,
-        "the budget is used: {kept} bytes kept"
-    );
+    // The last session's 8 ended last: nothing newer pushed them out.
+    assert!(kept >= 8 * MIB, "the budget is used: {kept} bytes kept");
     let after = rss_kib(daemon.pid());
     let grown_mib = after.saturating_sub(before) / 1024;
     eprintln!(
