@@ -58,6 +58,8 @@ pub struct Owner {
     client: Arc<str>,
     /// The client's own budget (`None`: only the daemon's).
     limit: Option<u64>,
+    /// Where output is counted against the client's `output_quota_bytes` as it arrives.
+    usage: Option<Arc<crate::clients::Usage>>,
 }
 
 /// Bytes a holder keeps, counted in the budget; released when dropped. Shared by the holder
@@ -112,6 +114,7 @@ impl MemoryBudget {
             budget: self.clone(),
             client: Arc::from(client),
             limit: limit.or(self.client_default),
+            usage: None,
         }
     }
 
@@ -241,6 +244,20 @@ impl Owner {
                 "the daemon keeps {all} of its {} bytes (--memory-budget-mb)",
                 self.budget.limit
             ),
+        }
+    }
+
+    /// Count output against `usage` (the client's output quota) as it arrives.
+    pub fn counting_output(mut self, usage: Arc<crate::clients::Usage>) -> Self {
+        self.usage = Some(usage);
+        self
+    }
+
+    /// `bytes` of output arrived (kept or not): they count against the output quota now, not
+    /// when the process ends (which a server never does).
+    pub fn output_arrived(&self, bytes: u64) {
+        if let Some(usage) = &self.usage {
+            usage.add_output(bytes);
         }
     }
 

@@ -107,6 +107,7 @@ impl OutputRing {
     fn push_dropping(&self, data: &[u8]) {
         let granted = match &self.held {
             Some(held) => {
+                held.owner().output_arrived(data.len() as u64);
                 let len = self.lock().buf.len();
                 let want = (len + data.len()).min(self.cap).saturating_sub(len);
                 held.grow(want as u64) as usize

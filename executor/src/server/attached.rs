@@ -113,7 +113,10 @@ impl Connection {
             .table()
             .current(&self.client)
             .and_then(|c| c.limits.memory_budget_bytes);
-        self.daemon.memory.owner(&self.client.name, limit)
+        self.daemon
+            .memory
+            .owner(&self.client.name, limit)
+            .counting_output(self.daemon.clients.usage(&self.client.name))
     }
 
     pub(super) async fn handle_v1_1(&mut self, msg: ClientMessage, draining: bool) {

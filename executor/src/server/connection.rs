@@ -777,10 +777,15 @@ impl Job {
                 record.duration_ms = extra.duration_ms;
                 record.output_bytes = extra.output_bytes;
                 record.killed_processes = extra.killed_processes;
-                self.daemon
-                    .clients
-                    .usage(&self.client)
-                    .add_output(extra.output_bytes);
+                // A process's output was counted as it arrived (`budget::Owner`).
+                let counted =
+                    req.spec.builtin.is_none() && req.spec.stdin != crate::plan::StdinKind::Null;
+                if !counted {
+                    self.daemon
+                        .clients
+                        .usage(&self.client)
+                        .add_output(extra.output_bytes);
+                }
                 tracing::debug!(id = %req.id, rc = result.returncode, ended = %record.ended, "command finished");
                 self.daemon
                     .metrics

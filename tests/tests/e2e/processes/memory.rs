@@ -174,3 +174,41 @@ async fn idle_sessions_that_printed_mebibytes_keep_the_daemon_within_its_memory_
         "the daemon grew by {grown_mib} MiB, past its {BUDGET_MIB} MiB budget and {OVERHEAD_MIB} MiB"
     );
 }
+
+/// Kept output counts against `output_quota_bytes` as it arrives: a process that prints and
+/// runs on (a server, which never ends) used to be charged only when it ended.
+#[tokio::test]
+async fn a_running_processs_output_counts_against_the_output_quota_as_it_arrives() {
+    let (_dir, file) = executor_tests::clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": ALICE, "output_quota_bytes": MIB},
+    ]}));
+    let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
+        extra: ["--clients", &file.display().to_string()]
+            .map(String::from)
+            .to_vec(),
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    let mut client = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
+    // Allowed case: within the quota a command runs.
+    let ok = run(&mut client, req("before", "echo fine")).await;
+    assert_eq!(ok.output, "fine\n");
+    spawn(
+        &mut client,
+        spawn_req("server", &format!("{MEBIBYTE}; {MEBIBYTE}; exec sleep 600")),
+    )
+    .await;
+    let mut offset = 0;
+    while offset < 2 * MIB {
+        offset = read(&mut client, "server", offset, 30.0).await.next_offset;
+    }
+    let info = list(&mut client).await;
+    assert!(info[0].running, "the server still runs: {info:?}");
+    let refused = client
+        .exec(req("after", "echo no"))
+        .await
+        .result
+        .unwrap_err();
+    assert_eq!(refused.code, ErrorCode::QuotaExceeded, "{refused:?}");
+    assert!(refused.message.contains("output quota"), "{refused:?}");
+}
