@@ -679,6 +679,46 @@ mod tests {
         ));
     }
 
+    fn process_output(id: &str, offset: u64) -> ServerMessage {
+        ServerMessage::ProcessOutput(protocol::ProcessOutput {
+            id: id.into(),
+            offset,
+            data: String::new(),
+            next_offset: offset,
+            dropped: 0,
+            eof: false,
+        })
+    }
+
+    #[tokio::test]
+    async fn an_answer_goes_to_the_connection_that_asked_and_is_never_kept_for_a_resume() {
+        let sessions = Sessions::default();
+        let session = sessions.create(client(), Duration::from_secs(30), None);
+        let (tx, mut rx) = mpsc::channel(16);
+        let _ = session.attach(1, tx, WriterControl::default());
+        assert!(replay(&session).is_empty());
+        session.answer(1, process_output("p", 0)).await;
+        assert!(matches!(rx.try_recv(), Ok(ServerMessage::ProcessOutput(_))));
+        // Two more answers queued on connection 1 when it dies: neither is kept, while a
+        // result sent after its queue closed is.
+        session.answer(1, process_output("p", 1)).await;
+        session.send(process_output("p", 2)).await;
+        session.keep_queue(None, &mut rx);
+        session.send(result("r")).await;
+        assert_eq!(session.detach(1), Some(1));
+        let (tx2, mut rx2) = mpsc::channel(16);
+        let _ = session.attach(2, tx2, WriterControl::default());
+        // Asked on connection 1, answered once 2 holds the session: dropped.
+        session.answer(1, process_output("p", 3)).await;
+        assert_eq!(replay(&session), ["result r"]);
+        session.answer(2, process_output("p", 4)).await;
+        match rx2.try_recv() {
+            Ok(ServerMessage::ProcessOutput(o)) => assert_eq!(o.offset, 4),
+            other => panic!("{other:?}"),
+        }
+        assert!(rx2.try_recv().is_err(), "nothing else reached connection 2");
+    }
+
     #[test]
     fn a_finishing_id_is_free_for_reuse_but_still_reported_running() {
         let running = Running::default();
