@@ -273,6 +273,10 @@ pub async fn run(
     match session.detach(connection) {
         // Another connection holds the session now: not ours to end.
         None => {}
+        // Taken over, and the connection that took it has let go already (it dropped before
+        // this one finished): that one's end decided the session's fate, not ours. (Ended
+        // here, a session kept for a resume was lost: found by the resume race test.)
+        Some(_) if ending == Ending::TakenOver => {}
         Some(generation) if ending == Ending::Dropped && !session.grace.is_zero() => {
             tracing::info!(%peer, connection, session = %session.id, grace = ?session.grace, running = session.running.len(), "connection dropped; session kept for a resume");
             daemon.tasks.spawn(expire_after_grace(
