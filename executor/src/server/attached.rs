@@ -634,6 +634,9 @@ impl Job {
                         .await;
                 }
                 process.exit.send_replace(Some(exited(result)));
+                // Its stdin feeder stops, closing our end of its socket: an ended process
+                // kept for reading holds no descriptor (idle sessions held 8 each).
+                process.abort.cancel();
                 self.session.processes.forget_old_ended(Kind::Process);
             }
             Err(err) => {

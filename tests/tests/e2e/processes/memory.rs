@@ -133,6 +133,12 @@ async fn idle_sessions_that_printed_mebibytes_keep_the_daemon_within_its_memory_
     drop(warm);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = rss_kib(daemon.pid());
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+            .unwrap()
+            .count()
+    };
+    let fds_before = fds();
     let mut idle = Vec::new();
     for c in 0..CONNECTIONS {
         let mut client = daemon.connect().await;
@@ -161,6 +167,12 @@ async fn idle_sessions_that_printed_mebibytes_keep_the_daemon_within_its_memory_
     assert!(kept <= BUDGET_MIB * MIB, "{kept} bytes kept");
     // The last session's 8 ended last: nothing newer pushed them out.
     assert!(kept >= 8 * MIB, "the budget is used: {kept} bytes kept");
+    // An ended process kept for reading holds no descriptor: a connection's socket each.
+    let fds_after = fds();
+    assert!(
+        fds_after <= fds_before + CONNECTIONS + 8,
+        "the daemon holds {fds_after} descriptors, {fds_before} before {CONNECTIONS} idle sessions"
+    );
     let after = rss_kib(daemon.pid());
     let grown_mib = after.saturating_sub(before) / 1024;
     eprintln!(
