@@ -140,16 +140,17 @@ impl OutputRing {
                 self.push_dropping(data);
                 data = &[];
             } else {
-                let take = {
-                    let mut state = self.lock();
-                    let take = self.cap.saturating_sub(state.buf.len()).min(data.len());
-                    state.buf.extend(&data[..take]);
-                    take
-                };
-                // Bounded by `cap` already: counted, never refused.
+                // The one writer: the room only grows (a read releases) until we extend.
+                let take = self
+                    .cap
+                    .saturating_sub(self.lock().buf.len())
+                    .min(data.len());
+                // Bounded by `cap` already: counted (before a read can release them), never
+                // refused.
                 if let Some(held) = &self.held {
                     held.force(take as u64);
                 }
+                self.lock().buf.extend(&data[..take]);
                 data = &data[take..];
             }
             self.bump();
@@ -387,6 +388,45 @@ mod tests {
         ring.close();
         let s = ring.read(6, 100);
         assert!(s.eof && s.data.is_empty() && s.dropped == 0);
+    }
+
+    /// What a ring holds is what it counts in the budget, whatever reads and drops happen
+    /// meanwhile: a drained queue counts nothing, a process's ring its bytes kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ring_counts_exactly_what_it_holds_in_the_budget() {
+        let budget = crate::budget::MemoryBudget::new(1 << 20, None, None);
+        let owner = budget.owner("c", Some(100));
+        let queue = OutputRing::kept_for(16, false, Some(&owner));
+        let writer = tokio::spawn({
+            let queue = queue.clone();
+            async move {
+                for chunk in [7u8; 100_000].chunks(61) {
+                    queue.push(chunk).await;
+                }
+                queue.close();
+            }
+        });
+        let mut offset = 0;
+        loop {
+            queue.wait_for(offset, Duration::from_secs(30)).await;
+            let s = queue.read(offset, 7);
+            offset = s.next_offset;
+            if s.eof {
+                break;
+            }
+        }
+        writer.await.unwrap();
+        assert_eq!(offset, 100_000);
+        assert_eq!(budget.used("c"), (0, 0), "a drained queue counts nothing");
+        // A process's ring within the client's 100 bytes: the newest 100 kept, the rest
+        // reported dropped.
+        let ring = OutputRing::kept_for(1000, true, Some(&owner));
+        ring.push(&[1u8; 250]).await;
+        assert_eq!(budget.used("c"), (100, 100));
+        let s = ring.read(0, 1000);
+        assert_eq!((s.offset, s.data.len(), s.dropped), (150, 100, 150));
+        drop((s, ring));
+        assert_eq!(budget.used("c"), (0, 0), "a forgotten ring counts nothing");
     }
 
     #[tokio::test]
