@@ -224,3 +224,54 @@ async fn a_running_processs_output_counts_against_the_output_quota_as_it_arrives
     assert_eq!(refused.code, ErrorCode::QuotaExceeded, "{refused:?}");
     assert!(refused.message.contains("output quota"), "{refused:?}");
 }
+
+async fn write_32k_times_40(client: &mut Client, id: &str) {
+    let data = b64(&[b'x'; 32 * 1024]);
+    for _ in 0..40 {
+        client
+            .send(&ClientMessage::Write(WriteRequest {
+                id: id.into(),
+                data: Some(data.clone()),
+                text: None,
+                eof: false,
+            }))
+            .await;
+    }
+}
+
+/// Queued stdin counts against the client's memory budget: writes to a process that does
+/// not read get `busy` naming the budget once it is full, while the same writes to one that
+/// reads are all taken.
+#[tokio::test]
+async fn stdin_queued_past_the_clients_memory_budget_is_busy_naming_it() {
+    let (_dir, file) = executor_tests::clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": ALICE, "memory_budget_bytes": 256 * 1024},
+    ]}));
+    let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
+        extra: ["--clients", &file.display().to_string()]
+            .map(String::from)
+            .to_vec(),
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    let mut client = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
+    // Allowed case: a reader takes 1.25 MiB in 32 KiB writes, five times the budget.
+    spawn(&mut client, spawn_req("reader", "cat >/dev/null")).await;
+    write_32k_times_40(&mut client, "reader").await;
+    let quiet = client.recv_within(Duration::from_secs(2)).await;
+    assert!(
+        matches!(quiet, Err(())),
+        "a write to a reader was refused: {quiet:?}"
+    );
+    // Denial: one that never reads fills its socket, then the queue, then the budget.
+    spawn(&mut client, spawn_req("sleeper", "exec sleep 600")).await;
+    write_32k_times_40(&mut client, "sleeper").await;
+    match client.reply_for("sleeper").await {
+        ServerMessage::Error(e) => {
+            assert_eq!(e.code, ErrorCode::Busy, "{e:?}");
+            assert!(e.message.contains("memory budget"), "{e:?}");
+            assert!(e.message.contains("memory_budget_bytes"), "{e:?}");
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+}
