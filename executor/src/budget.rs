@@ -144,17 +144,27 @@ impl MemoryBudget {
         if want == 0 {
             return 0;
         }
+        // Rings made room from, kept alive until the lock is released: the last reference to
+        // one (its process forgotten meanwhile) must not drop it, and with it its `Held`,
+        // which takes this lock, under the lock (declared first, dropped last).
+        let mut alive = Vec::new();
         let mut state = self.lock();
         let client_used = state.clients.get(&owner.client).copied().unwrap_or(0);
         let over_client = owner
             .limit
             .map_or(0, |limit| (client_used + want).saturating_sub(limit));
         if over_client > 0 {
-            self.make_room(&mut state, Some(&owner.client), over_client, exclude);
+            self.make_room(
+                &mut state,
+                Some(&owner.client),
+                over_client,
+                exclude,
+                &mut alive,
+            );
         }
         let over_all = (state.used + want).saturating_sub(self.limit);
         if over_all > 0 {
-            self.make_room(&mut state, None, over_all, exclude);
+            self.make_room(&mut state, None, over_all, exclude, &mut alive);
         }
         let client_used = state.clients.get(&owner.client).copied().unwrap_or(0);
         let room_client = owner
@@ -180,6 +190,7 @@ impl MemoryBudget {
         client: Option<&Arc<str>>,
         need: u64,
         exclude: Option<u64>,
+        alive: &mut Vec<Arc<dyn Evictable>>,
     ) {
         let mut freed = 0;
         for ended in [true, false] {
@@ -197,6 +208,7 @@ impl MemoryBudget {
                     continue;
                 };
                 let got = ring.evict(need - freed);
+                alive.push(ring);
                 freed += got;
                 state.used = state.used.saturating_sub(got);
                 if let Some(used) = state.clients.get_mut(&owner) {
