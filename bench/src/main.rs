@@ -25,6 +25,7 @@ mod daemon;
 mod deployments;
 mod files;
 mod lab;
+mod memory;
 mod phases;
 mod places;
 mod report;
@@ -143,6 +144,17 @@ struct Opts {
     /// with the other and with bwrap.
     #[arg(long, value_name = "PATH")]
     versus: Option<PathBuf>,
+    /// Instead: the daemon's RSS with this many idle sessions that each ran
+    /// --memory-processes processes printing 1 MiB, against its --memory-budget-mb.
+    #[arg(long, value_name = "N")]
+    memory_sessions: Option<usize>,
+    /// Processes printing 1 MiB per session for --memory-sessions (all at once: at most the
+    /// daemon's 16 commands per connection).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    memory_processes: usize,
+    /// The daemon's --memory-budget-mb for --memory-sessions.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    memory_budget_mb: u64,
 }
 
 impl Opts {
@@ -235,6 +247,27 @@ fn run(opts: Opts) -> anyhow::Result<()> {
             anyhow::Ok(deployments::markdown(&overheads, &throughputs))
         })?;
         println!("{table}");
+        return Ok(());
+    }
+    if let Some(sessions) = opts.memory_sessions {
+        let executor = find_executor(opts.executor.clone(), !opts.no_build)?;
+        // A descriptor per connection here and in the daemon, and per ended process kept.
+        let want_fds = (sessions as u64) * (opts.memory_processes as u64 + 2) + 1024;
+        let nofile = raise_nofile(want_fds)?;
+        if nofile < want_fds {
+            eprintln!("bench: RLIMIT_NOFILE is {nofile}, below the {want_fds} wanted");
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let plan = memory::Plan {
+            sessions,
+            processes: opts.memory_processes,
+            budget_mb: opts.memory_budget_mb,
+        };
+        let report = rt.block_on(memory::measure(&executor, &plan))?;
+        println!("{}", memory::markdown(&report));
         return Ok(());
     }
     if let Some(new) = &opts.versus {

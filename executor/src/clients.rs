@@ -65,6 +65,10 @@ struct ClientEntry {
     /// Files (inodes) of that filesystem.
     #[serde(default)]
     disk_quota_files: Option<u64>,
+    /// Bytes the daemon keeps for this client at most (process output, queued stdin, replies
+    /// kept for a resume); default `--client-memory-budget-mb`, else only the daemon's.
+    #[serde(default)]
+    memory_budget_bytes: Option<u64>,
     #[serde(default)]
     workspace: WorkspacePolicy,
     /// Overrides the daemon's `--resume-grace` for this client, in seconds.
@@ -103,6 +107,7 @@ pub struct ClientLimits {
     pub output_quota_bytes: Option<u64>,
     /// Its own disk quota; `None`: the daemon's (`--disk-quota-bytes`), if any.
     pub disk_quota: Option<crate::workspaces::DiskQuota>,
+    pub memory_budget_bytes: Option<u64>,
 }
 
 impl Client {
@@ -310,6 +315,7 @@ impl ClientTable {
                     commands_per_minute: entry.commands_per_minute,
                     output_quota_bytes: entry.output_quota_bytes,
                     disk_quota,
+                    memory_budget_bytes: entry.memory_budget_bytes,
                 },
                 workspace: entry.workspace,
                 resume_grace,

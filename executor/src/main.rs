@@ -3,6 +3,7 @@
 
 mod accounts;
 mod audit;
+mod budget;
 mod cgroup;
 mod clients;
 mod connect;
@@ -151,6 +152,17 @@ pub(crate) struct ServeArgs {
     /// Open connections accepted at once.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// Memory the daemon keeps on behalf of all clients together, in MiB: process output
+    /// (running and ended), queued stdin, replies kept for a resume, download queues. Past
+    /// it the oldest kept output is dropped (readers see `dropped`) and stdin writes get
+    /// `busy`. Default: an eighth of the host's memory (MemTotal), at least 256 MiB and at
+    /// most 8 GiB.
+    #[arg(long, value_name = "MIB")]
+    memory_budget_mb: Option<u64>,
+    /// The same for each client, in MiB, unless its clients-file entry names
+    /// `memory_budget_bytes` (the single token's budget). Default: only the daemon's.
+    #[arg(long, value_name = "MIB")]
+    client_memory_budget_mb: Option<u64>,
     /// A browser origin (`Origin` header, e.g. `https://ui.example`) allowed to open the
     /// WebSocket; repeatable. Requests with any other `Origin` are refused, so a web page the
     /// operator visits cannot drive the executor; clients that are not browsers send none.

@@ -86,6 +86,29 @@ pub struct Metrics {
     refusals: Family<CodeLabels, Counter>,
     errors: Family<CodeLabels, Counter>,
     limit_hits: Family<LimitLabels, Counter>,
+    memory: MemoryGauges,
+}
+
+/// The memory budget's gauges (`budget.rs` keeps them current).
+#[derive(Clone, Default)]
+pub struct MemoryGauges {
+    budget: Gauge,
+    kept: Gauge,
+    client_kept: Family<ClientLabels, Gauge>,
+}
+
+impl MemoryGauges {
+    pub fn set_budget(&self, bytes: u64) {
+        self.budget.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+    pub fn set_kept(&self, bytes: u64) {
+        self.kept.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+    pub fn set_client_kept(&self, client: &str, bytes: u64) {
+        self.client_kept
+            .get_or_create(&self::client(client))
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
 }
 
 impl Default for Metrics {
@@ -163,6 +186,26 @@ impl Metrics {
              tail)",
             limit_hits.clone(),
         );
+        let memory = MemoryGauges::default();
+        registry.register_with_unit(
+            "memory_budget",
+            "The daemon's memory budget for what it keeps on behalf of clients (--memory-budget-mb)",
+            Unit::Bytes,
+            memory.budget.clone(),
+        );
+        registry.register_with_unit(
+            "memory_kept",
+            "Bytes kept on behalf of clients now: process output, queued stdin, replies kept \
+             for a resume, download queues",
+            Unit::Bytes,
+            memory.kept.clone(),
+        );
+        registry.register_with_unit(
+            "client_memory_kept",
+            "Bytes kept on behalf of each client now",
+            Unit::Bytes,
+            memory.client_kept.clone(),
+        );
         registry.register(
             "build",
             "Version of the executor",
@@ -188,7 +231,13 @@ impl Metrics {
             refusals,
             errors,
             limit_hits,
+            memory,
         }
+    }
+
+    /// The gauges the memory budget keeps current.
+    pub fn memory(&self) -> MemoryGauges {
+        self.memory.clone()
     }
 
     /// Show `client`'s in-flight, connection and byte series at 0 before its first

@@ -286,6 +286,14 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                     allowed: args.allow_origins.clone(),
                     loopback,
                 },
+                memory_budget: args
+                    .memory_budget_mb
+                    .map_or_else(crate::budget::MemoryBudget::default_limit, |mb| {
+                        mb.saturating_mul(1 << 20)
+                    }),
+                client_memory_budget: args
+                    .client_memory_budget_mb
+                    .map(|mb| mb.saturating_mul(1 << 20)),
             },
         ));
         let listener = listen(args.listen, args.max_connections)

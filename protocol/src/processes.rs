@@ -127,7 +127,8 @@ pub struct Spawned {
 pub struct ProcessOutput {
     pub id: String,
     /// Where `data` starts in the whole output: the `offset` asked for, or later when bytes
-    /// before it fell out of the buffer.
+    /// before it fell out of the buffer (by `dropped` bytes). An `offset` past the end of
+    /// the output so far is refused with `bad_request`.
     pub offset: u64,
     /// Base64 of the bytes.
     pub data: String,

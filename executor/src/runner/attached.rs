@@ -15,6 +15,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::{Evictable, Held, Owner};
+
 /// Size of one read from the process's descriptor.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -42,6 +44,8 @@ pub struct OutputRing {
     /// Cancelled when nobody will read any more (the process was forgotten, the session
     /// ended): the pump stops.
     pub discarded: CancellationToken,
+    /// What the ring holds, counted in its client's memory budget (`None`: not counted).
+    held: Option<Held>,
 }
 
 #[derive(Default)]
@@ -64,12 +68,30 @@ pub struct Slice {
 
 impl OutputRing {
     pub fn new(cap: usize, drop_oldest: bool) -> Arc<Self> {
-        Arc::new(Self {
-            state: Mutex::new(RingState::default()),
-            changed: watch::channel(0).0,
-            cap: cap.max(1),
-            drop_oldest,
-            discarded: CancellationToken::new(),
+        Self::kept_for(cap, drop_oldest, None)
+    }
+
+    /// A ring whose bytes count against `owner`'s memory budget. A process's ring (dropping
+    /// the oldest) keeps what the budget grants, and the budget may drop its oldest bytes to
+    /// make room for others; a bounded queue is bounded by its own `cap` and counted.
+    pub fn kept_for(cap: usize, drop_oldest: bool, owner: Option<&Owner>) -> Arc<Self> {
+        Arc::new_cyclic(|me: &std::sync::Weak<Self>| {
+            let held = owner.map(|owner| {
+                if drop_oldest {
+                    let me: std::sync::Weak<dyn Evictable> = me.clone();
+                    owner.hold_evictable(me)
+                } else {
+                    owner.hold()
+                }
+            });
+            Self {
+                state: Mutex::new(RingState::default()),
+                changed: watch::channel(0).0,
+                cap: cap.max(1),
+                drop_oldest,
+                discarded: CancellationToken::new(),
+                held,
+            }
         })
     }
 
@@ -81,23 +103,55 @@ impl OutputRing {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
+    /// Add output, dropping the oldest past `cap` (and past what the memory budget grants).
+    fn push_dropping(&self, data: &[u8]) {
+        let granted = match &self.held {
+            Some(held) => {
+                held.owner().output_arrived(data.len() as u64);
+                let len = self.lock().buf.len();
+                let want = (len + data.len()).min(self.cap).saturating_sub(len);
+                held.grow(want as u64) as usize
+            }
+            None => data.len(),
+        };
+        let release = {
+            let mut state = self.lock();
+            // The budget may have dropped some of ours meanwhile: what we may hold now.
+            let len = state.buf.len();
+            let allowed = (len + granted).min(self.cap);
+            // Room first, then the newest bytes: the buffer never grows past `cap` (a deque
+            // grown past it would keep twice its bytes of capacity).
+            let keep_old = allowed.saturating_sub(data.len()).min(len);
+            state.buf.drain(..len - keep_old);
+            let take = data.len().min(allowed - keep_old);
+            state.buf.extend(&data[data.len() - take..]);
+            state.start += (len - keep_old + data.len() - take) as u64;
+            len + granted - state.buf.len()
+        };
+        if let Some(held) = &self.held {
+            held.shrink(release as u64);
+        }
+    }
+
     /// Add output. A bounded queue waits for room (or for the ring to be discarded).
     pub async fn push(&self, mut data: &[u8]) {
         while !data.is_empty() {
-            {
-                let mut state = self.lock();
-                if self.drop_oldest {
-                    state.buf.extend(data);
-                    let excess = state.buf.len().saturating_sub(self.cap);
-                    state.buf.drain(..excess);
-                    state.start += excess as u64;
-                    data = &[];
-                } else {
-                    let room = self.cap.saturating_sub(state.buf.len());
-                    let take = room.min(data.len());
-                    state.buf.extend(&data[..take]);
-                    data = &data[take..];
+            if self.drop_oldest {
+                self.push_dropping(data);
+                data = &[];
+            } else {
+                // The one writer: the room only grows (a read releases) until we extend.
+                let take = self
+                    .cap
+                    .saturating_sub(self.lock().buf.len())
+                    .min(data.len());
+                // Bounded by `cap` already: counted (before a read can release them), never
+                // refused.
+                if let Some(held) = &self.held {
+                    held.force(take as u64);
                 }
+                self.lock().buf.extend(&data[..take]);
+                data = &data[take..];
             }
             self.bump();
             if data.is_empty() {
@@ -126,6 +180,10 @@ impl OutputRing {
             state.eof = true;
             state.buf.shrink_to_fit();
         }
+        // What an ended process kept is the first to go when a budget is full.
+        if let Some(held) = &self.held {
+            held.ended();
+        }
         self.bump();
     }
 
@@ -134,10 +192,11 @@ impl OutputRing {
     pub fn read(&self, offset: u64, max: usize) -> Slice {
         let mut state = self.lock();
         let end = state.start + state.buf.len() as u64;
+        let mut released = 0;
         if !self.drop_oldest && offset > state.start {
-            let release = (offset.min(end) - state.start) as usize;
-            state.buf.drain(..release);
-            state.start += release as u64;
+            released = (offset.min(end) - state.start) as usize;
+            state.buf.drain(..released);
+            state.start += released as u64;
         }
         let from = offset.clamp(state.start, end);
         let dropped = state.start.saturating_sub(offset);
@@ -147,6 +206,9 @@ impl OutputRing {
         let next_offset = from + take as u64;
         let eof = state.eof && next_offset == end;
         drop(state);
+        if let Some(held) = &self.held {
+            held.shrink(released as u64);
+        }
         if !self.drop_oldest {
             self.bump();
         }
@@ -182,6 +244,29 @@ impl OutputRing {
     pub fn total(&self) -> u64 {
         let state = self.lock();
         state.start + state.buf.len() as u64
+    }
+}
+
+impl Evictable for OutputRing {
+    /// Called by the budget (under its lock): drop up to `want` of the oldest bytes. A reader
+    /// from before them learns how many it missed (`dropped`).
+    fn evict(&self, want: u64) -> u64 {
+        let mut state = self.lock();
+        let n = state
+            .buf
+            .len()
+            .min(usize::try_from(want).unwrap_or(usize::MAX));
+        state.buf.drain(..n);
+        state.start += n as u64;
+        if state.eof {
+            // An ended ring gives its memory back, not only its bytes.
+            state.buf.shrink_to_fit();
+        }
+        drop(state);
+        if let Some(held) = &self.held {
+            held.evicted(n as u64);
+        }
+        n as u64
     }
 }
 
@@ -424,6 +509,47 @@ mod tests {
         ring.close();
         let s = ring.read(6, 100);
         assert!(s.eof && s.data.is_empty() && s.dropped == 0);
+    }
+
+    /// What a ring holds is what it counts in the budget, whatever reads and drops happen
+    /// meanwhile: a drained queue counts nothing, a process's ring its bytes kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ring_counts_exactly_what_it_holds_in_the_budget() {
+        let budget = crate::budget::MemoryBudget::new(1 << 20, None, None);
+        let owner = budget.owner("c", Some(100));
+        let queue = OutputRing::kept_for(16, false, Some(&owner));
+        let writer = tokio::spawn({
+            let queue = queue.clone();
+            async move {
+                for chunk in [7u8; 100_000].chunks(61) {
+                    queue.push(chunk).await;
+                }
+                queue.close();
+            }
+        });
+        let mut offset = 0;
+        loop {
+            queue.wait_for(offset, Duration::from_secs(30)).await;
+            let s = queue.read(offset, 7);
+            offset = s.next_offset;
+            if s.eof {
+                break;
+            }
+        }
+        writer.await.unwrap();
+        assert_eq!(offset, 100_000);
+        // The last slice stays in the queue until a read from past it releases it.
+        let _ = queue.read(offset, 0);
+        assert_eq!(budget.used("c"), (0, 0), "a drained queue counts nothing");
+        // A process's ring within the client's 100 bytes: the newest 100 kept, the rest
+        // reported dropped.
+        let ring = OutputRing::kept_for(1000, true, Some(&owner));
+        ring.push(&[1u8; 250]).await;
+        assert_eq!(budget.used("c"), (100, 100));
+        let s = ring.read(0, 1000);
+        assert_eq!((s.offset, s.data.len(), s.dropped), (150, 100, 150));
+        drop((s, ring));
+        assert_eq!(budget.used("c"), (0, 0), "a forgotten ring counts nothing");
     }
 
     #[tokio::test]

@@ -121,6 +121,21 @@ fn seconds(value: Option<f64>, what: &str) -> Result<Duration, ExecError> {
 }
 
 impl Connection {
+    /// Whose memory budget what this connection's requests keep counts against: its client's
+    /// (with the client's current limits).
+    pub(super) fn memory_owner(&self) -> crate::budget::Owner {
+        let limit = self
+            .daemon
+            .clients
+            .table()
+            .current(&self.client)
+            .and_then(|c| c.limits.memory_budget_bytes);
+        self.daemon
+            .memory
+            .owner(&self.client.name, limit)
+            .counting_output(self.daemon.clients.usage(&self.client.name))
+    }
+
     pub(super) async fn handle_v1_1(&mut self, msg: ClientMessage, draining: bool) {
         let id = request_id(&msg);
         let handled = match msg {
@@ -132,11 +147,15 @@ impl Connection {
             ClientMessage::Wait(req) => self.wait(req).await,
             ClientMessage::ListProcesses(req) => {
                 let processes = self.session.processes.list();
-                self.reply(ServerMessage::Processes(ProcessList {
-                    id: req.id,
-                    processes,
-                }))
-                .await;
+                self.session
+                    .answer(
+                        self.connection,
+                        ServerMessage::Processes(ProcessList {
+                            id: req.id,
+                            processes,
+                        }),
+                    )
+                    .await;
                 Ok(())
             }
             ClientMessage::Upload(req) => self.upload(req, draining).await,
@@ -205,7 +224,7 @@ impl Connection {
         } else {
             StdinKind::Socket
         };
-        let ring = OutputRing::new(buffer, true);
+        let ring = OutputRing::kept_for(buffer, true, Some(&self.memory_owner()));
         let (process, attached) = register(
             &self.session,
             &valid.id,
@@ -224,20 +243,37 @@ impl Connection {
 
     async fn write(&mut self, req: WriteRequest) -> Result<(), ExecError> {
         let data = match (req.data, req.text) {
-            (Some(_), Some(_)) => return Err(bad("give `data` or `text`, not both")),
+            (Some(_), Some(_)) => Err(bad("give `data` or `text`, not both")),
             (Some(data), None) => b64()
                 .decode(data.as_bytes())
-                .map_err(|err| bad(format!("data is not base64: {err}")))?,
-            (None, Some(text)) => text.into_bytes(),
-            (None, None) => Vec::new(),
+                .map_err(|err| bad(format!("data is not base64: {err}"))),
+            (None, Some(text)) => Ok(text.into_bytes()),
+            (None, None) => Ok(Vec::new()),
         };
         let Some(process) = self.session.processes.get(&req.id) else {
+            data?;
             return Err(ExecError::new(
                 ErrorCode::NotFound,
                 format!("no process or upload with id {:?}", req.id),
             ));
         };
+        let data = match data {
+            Ok(data) => data,
+            // An upload that lost part of its content cannot be completed: it fails now, and
+            // its payload removes the temporary file before the upload is answered with this
+            // error (its one answer).
+            Err(err) if process.kind == Kind::Upload && process.running() => {
+                process.fail(bad(format!(
+                    "{}; the upload {:?} is abandoned and its temporary file removed",
+                    err.message, req.id
+                )));
+                return Ok(());
+            }
+            Err(err) => return Err(err),
+        };
         let permits = super::processes::budget_permits(data.len());
+        // Queued stdin counts against the client's memory budget until it is written.
+        let held = self.memory_owner().hold();
         match process.kind {
             Kind::Query => Err(bad(format!("{:?} takes no input", req.id))),
             // An upload waits for its writer (the connection's backpressure); one already
@@ -252,9 +288,11 @@ impl Connection {
                     else {
                         return Ok(());
                     };
+                    // Bounded by the upload's own queue: counted, never refused.
+                    held.force(data.len() as u64);
                     if process
                         .stdin
-                        .send(StdinChunk::Data(data, budget))
+                        .send(StdinChunk::Data(data, budget, held))
                         .await
                         .is_err()
                     {
@@ -291,7 +329,20 @@ impl Connection {
                         .clone()
                         .try_acquire_many_owned(permits)
                         .map_err(|_| not_reading())?;
-                    chunks.push(StdinChunk::Data(data, budget));
+                    if !held.try_grow(data.len() as u64) {
+                        let owner = held.owner();
+                        return Err(ExecError::new(
+                            ErrorCode::Busy,
+                            format!(
+                                "the memory budget is used up ({}); {} bytes of stdin for {:?} \
+                                 cannot be queued; write again later",
+                                owner.describe(),
+                                data.len(),
+                                req.id
+                            ),
+                        ));
+                    }
+                    chunks.push(StdinChunk::Data(data, budget, held));
                 }
                 if req.eof {
                     chunks.push(StdinChunk::Eof);
@@ -346,6 +397,17 @@ impl Connection {
             .unwrap_or(MAX_READ_BYTES)
             .clamp(1, MAX_READ_BYTES) as usize;
         let process = self.process(&req.id)?;
+        // Past the end: no offset the daemon gave makes one (they come from `next_offset`).
+        // Refused rather than answered from the end, so that an answer's `offset` is always
+        // the one asked for, or later only by the bytes `dropped` says were lost.
+        let end = process.ring.total();
+        if req.offset > end {
+            return Err(bad(format!(
+                "offset {} is past the end of the output of {:?} ({end} bytes so far); \
+                 read from the last next_offset",
+                req.offset, req.id
+            )));
+        }
         let answer = move |process: &Process, id: String| {
             let slice = process.ring.read(req.offset, max);
             let ready = !slice.data.is_empty() || slice.eof;
@@ -360,8 +422,9 @@ impl Connection {
             (ready, reply)
         };
         let (ready, reply) = answer(&process, req.id.clone());
+        let connection = self.connection;
         if ready || wait.is_zero() {
-            self.reply(reply).await;
+            self.session.answer(connection, reply).await;
             return Ok(());
         }
         let session = self.session.clone();
@@ -373,11 +436,9 @@ impl Connection {
                 () = session.ended.cancelled() => return,
                 () = shutdown.cancelled() => {}
             }
-            // Nobody to answer: a read is idempotent, the client reads again after a resume
-            // (kept, the reply would only fill the session's outbox).
-            if session.is_attached() {
-                session.send(answer(&process, req.id).1).await;
-            }
+            // Only to the connection that asked: after a drop the client reads again on its
+            // new one (a read is idempotent).
+            session.answer(connection, answer(&process, req.id).1).await;
             drop(permit);
         });
         self.daemon.tasks.spawn(task);
@@ -455,8 +516,11 @@ impl Connection {
                 extra: None,
             }))
         };
+        let connection = self.connection;
         if !process.running() || timeout.is_zero() {
-            self.reply(answer(&process, req.id)).await;
+            self.session
+                .answer(connection, answer(&process, req.id))
+                .await;
             return Ok(());
         }
         let session = self.session.clone();
@@ -469,10 +533,8 @@ impl Connection {
                 () = session.ended.cancelled() => return,
                 () = shutdown.cancelled() => {}
             }
-            // As for a read: nobody to answer, the client asks again after a resume.
-            if session.is_attached() {
-                session.send(answer(&process, req.id)).await;
-            }
+            // As for a read: only to the connection that asked.
+            session.answer(connection, answer(&process, req.id)).await;
             drop(permit);
         });
         self.daemon.tasks.spawn(task);
@@ -596,6 +658,10 @@ impl Job {
                         .await;
                 }
                 process.exit.send_replace(Some(exited(result)));
+                // Its stdin feeder stops, closing our end of its socket: an ended process
+                // kept for reading holds no descriptor (idle sessions held 8 each).
+                process.abort.cancel();
+                self.session.processes.forget_old_ended(Kind::Process);
             }
             Err(err) => {
                 self.session.processes.remove(&id, &process);

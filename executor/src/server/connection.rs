@@ -79,6 +79,11 @@ pub async fn run(
     let scratch_root = (client.workspace == WorkspacePolicy::PerConnection)
         .then(|| daemon.workspaces.scratch_root_of(&client));
     let fresh = daemon.sessions.create(client.clone(), grace, scratch_root);
+    fresh.count_in(
+        &daemon
+            .memory
+            .owner(&client.name, client.limits.memory_budget_bytes),
+    );
     // The writer follows the session: a resume switches it.
     let (current_tx, current) = watch::channel(fresh.clone());
 
@@ -268,6 +273,10 @@ pub async fn run(
     match session.detach(connection) {
         // Another connection holds the session now: not ours to end.
         None => {}
+        // Taken over, and the connection that took it has let go already (it dropped before
+        // this one finished): that one's end decided the session's fate, not ours. (Ended
+        // here, a session kept for a resume was lost: found by the resume race test.)
+        Some(_) if ending == Ending::TakenOver => {}
         Some(generation) if ending == Ending::Dropped && !session.grace.is_zero() => {
             tracing::info!(%peer, connection, session = %session.id, grace = ?session.grace, running = session.running.len(), "connection dropped; session kept for a resume");
             daemon.tasks.spawn(expire_after_grace(
@@ -781,10 +790,15 @@ impl Job {
                 record.duration_ms = extra.duration_ms;
                 record.output_bytes = extra.output_bytes;
                 record.killed_processes = extra.killed_processes;
-                self.daemon
-                    .clients
-                    .usage(&self.client)
-                    .add_output(extra.output_bytes);
+                // A process's output was counted as it arrived (`budget::Owner`).
+                let counted =
+                    req.spec.builtin.is_none() && req.spec.stdin != crate::plan::StdinKind::Null;
+                if !counted {
+                    self.daemon
+                        .clients
+                        .usage(&self.client)
+                        .add_output(extra.output_bytes);
+                }
                 tracing::debug!(id = %req.id, rc = result.returncode, ended = %record.ended, "command finished");
                 self.daemon
                     .metrics

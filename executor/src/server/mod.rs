@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::audit::Audit;
+use crate::budget::MemoryBudget;
 use crate::clients::{Client, Registry};
 use crate::engine::Engine;
 use crate::metrics::{self, Metrics};
@@ -57,6 +58,8 @@ pub struct Daemon {
     pub audit: Audit,
     pub hello: Hello,
     pub metrics: Metrics,
+    /// What the daemon keeps on behalf of clients, bounded (`budget.rs`).
+    pub memory: Arc<MemoryBudget>,
     /// Global bound on running commands; a request past it gets `busy`.
     pub commands: Arc<Semaphore>,
     /// Cancelled on SIGTERM: stop accepting, kill running commands, send results, close.
@@ -78,6 +81,10 @@ pub struct DaemonParts {
     pub hello: Hello,
     pub max_connections: usize,
     pub origins: OriginPolicy,
+    /// Bytes of the daemon's memory budget (`--memory-budget-mb`).
+    pub memory_budget: u64,
+    /// A client's budget when its entry names none (`--client-memory-budget-mb`).
+    pub client_memory_budget: Option<u64>,
 }
 
 /// Which requests may reach the WebSocket and the metrics, besides holding the token: a web
@@ -140,9 +147,12 @@ impl Daemon {
             hello,
             max_connections,
             origins,
+            memory_budget,
+            client_memory_budget,
         } = parts;
         let commands = Arc::new(Semaphore::new(engine.limits.max_commands_total));
         let metrics = Metrics::new();
+        let memory = MemoryBudget::new(memory_budget, client_memory_budget, Some(metrics.memory()));
         for name in clients.table().names() {
             metrics.add_client(&name);
         }
@@ -155,6 +165,7 @@ impl Daemon {
             audit,
             hello,
             metrics,
+            memory,
             commands,
             shutdown: CancellationToken::new(),
             max_connections,

@@ -34,8 +34,13 @@ pub enum Kind {
 }
 
 pub enum StdinChunk {
-    /// Bytes, and their share of the stdin budget, given back once written.
-    Data(Vec<u8>, tokio::sync::OwnedSemaphorePermit),
+    /// Bytes, and their share of the stdin budget and of the client's memory budget, given
+    /// back once written.
+    Data(
+        Vec<u8>,
+        tokio::sync::OwnedSemaphorePermit,
+        crate::budget::Held,
+    ),
     Eof,
 }
 
@@ -58,6 +63,9 @@ pub struct Process {
     pub exit: watch::Sender<Option<Exited>>,
     /// Stops the stdin feeder at once (an upload whose session ended: cut off, not committed).
     pub abort: CancellationToken,
+    /// Why an upload was abandoned by the daemon (a `write` it could not take): its answer,
+    /// in place of the payload's "cut off".
+    failure: Mutex<Option<crate::engine::ExecError>>,
     /// Fires when the payload has exec'd (taken by the process's job).
     pub started: Mutex<Option<oneshot::Receiver<()>>>,
     /// Order of creation, to forget the oldest ended first.
@@ -84,6 +92,7 @@ impl Process {
             signals,
             exit: watch::channel(None).0,
             abort: CancellationToken::new(),
+            failure: Mutex::new(None),
             started: Mutex::new(None),
             serial: 0,
         }
@@ -94,6 +103,24 @@ impl Process {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
+    }
+
+    /// Abandon an upload: its feeder stops at once, so its payload sees the content cut off
+    /// and removes its temporary file; `err` becomes the upload's answer.
+    pub fn fail(&self, err: crate::engine::ExecError) {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(err);
+        self.abort.cancel();
+    }
+
+    /// Why the daemon abandoned it, if it did.
+    pub fn failure(&self) -> Option<crate::engine::ExecError> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn running(&self) -> bool {
@@ -139,14 +166,14 @@ pub async fn feed_stdin(
             return;
         };
         let written = match (&mut end, chunk) {
-            (StdinEnd::Socket(sock), StdinChunk::Data(data, _budget)) => {
+            (StdinEnd::Socket(sock), StdinChunk::Data(data, _budget, _held)) => {
                 let header = crate::files::frame_header(data.len());
                 if framed && sock.write_all(&header).await.is_err() {
                     return;
                 }
                 sock.write_all(&data).await
             }
-            (StdinEnd::Terminal(pty), StdinChunk::Data(data, _budget)) => {
+            (StdinEnd::Terminal(pty), StdinChunk::Data(data, _budget, _held)) => {
                 pty.write_all(&data).await
             }
             (StdinEnd::Socket(sock), StdinChunk::Eof) => {
@@ -194,9 +221,17 @@ impl Processes {
         if let Some(old) = guard.0.insert(process.id.clone(), process.clone()) {
             old.ring.discarded.cancel();
         }
-        // Per kind: answered uploads (kept so late writes are dropped quietly) never push a
-        // process's output out.
-        let kind = process.kind;
+        drop(guard);
+        self.forget_old_ended(process.kind);
+        process
+    }
+
+    /// Forget the oldest ended entries of `kind` past [`KEPT_ENDED`]: called when one is
+    /// added and when one ends, so that a session never keeps more (16 processes that all
+    /// ran at once used to be kept until the next spawn). Per kind: answered uploads (kept so
+    /// late writes are dropped quietly) never push a process's output out.
+    pub fn forget_old_ended(&self, kind: Kind) {
+        let mut guard = self.lock();
         let mut ended: Vec<(u64, String)> = guard
             .0
             .values()
@@ -211,7 +246,6 @@ impl Processes {
                 }
             }
         }
-        process
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Process>> {

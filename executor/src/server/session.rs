@@ -52,6 +52,7 @@ impl Sessions {
             ended: CancellationToken::new(),
             tasks: TaskTracker::new(),
             link: Mutex::new(Link::default()),
+            kept: std::sync::OnceLock::new(),
         });
         self.lock().insert(id, session.clone());
         session
@@ -128,6 +129,9 @@ pub struct Session {
     /// The session's command tasks.
     pub tasks: TaskTracker,
     link: Mutex<Link>,
+    /// The outbox's streamed output and the written replies kept for a resume, counted in
+    /// the client's memory budget (once [`Session::count_in`] said whose).
+    kept: std::sync::OnceLock<crate::budget::Held>,
 }
 
 #[derive(Default)]
@@ -184,6 +188,17 @@ impl Session {
         self.link.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Count what the session keeps for a resume against `owner`'s memory budget.
+    pub fn count_in(&self, owner: &crate::budget::Owner) {
+        let _ = self.kept.set(owner.hold());
+    }
+
+    fn kept_shrink(&self, bytes: usize) {
+        if let Some(kept) = self.kept.get() {
+            kept.shrink(bytes as u64);
+        }
+    }
+
     fn resumable(&self) -> bool {
         !self.grace.is_zero()
     }
@@ -215,6 +230,24 @@ impl Session {
         self.keep(msg);
     }
 
+    /// Send the answer to a request that only asks (`read`, `wait`, `list_processes`) to the
+    /// connection that asked, if it still holds the session; otherwise drop it. Never kept
+    /// for a resume: the client asks again on its new connection (reads do not consume), and
+    /// an old answer replayed there would carry the id of its next request (issue 35).
+    pub async fn answer(&self, connection: u64, msg: ServerMessage) {
+        let tx = {
+            let link = self.link();
+            match &link.attached {
+                Some(a) if a.connection == connection && !a.replaying => a.tx.clone(),
+                _ => return,
+            }
+        };
+        tokio::select! {
+            _ = tx.send(msg) => {}
+            () = self.ended.cancelled() => {}
+        }
+    }
+
     /// Keep a reply that no live connection took, for the next one.
     pub fn keep(&self, msg: ServerMessage) {
         let mut link = self.link();
@@ -236,13 +269,21 @@ impl Session {
     }
 
     fn keep_locked(&self, link: &mut Link, msg: ServerMessage) {
-        if self.ended.is_cancelled() || (!self.resumable() && link.attached.is_none()) {
+        if self.ended.is_cancelled()
+            || (!self.resumable() && link.attached.is_none())
+            || is_connection_bound(&msg)
+        {
             return;
         }
         if let ServerMessage::Output(chunk) = &msg {
-            if link.outbox_output_bytes + chunk.data.len() > OUTBOX_OUTPUT_BYTES {
+            let over_budget = || {
+                self.kept
+                    .get()
+                    .is_some_and(|kept| !kept.try_grow(chunk.data.len() as u64))
+            };
+            if link.outbox_output_bytes + chunk.data.len() > OUTBOX_OUTPUT_BYTES || over_budget() {
                 if !link.dropped_output {
-                    tracing::info!(session = %self.id, "detached session's output exceeds the outbox; dropping streamed chunks");
+                    tracing::info!(session = %self.id, "detached session's output exceeds the outbox or the memory budget; dropping streamed chunks");
                     link.dropped_output = true;
                 }
                 return;
@@ -264,11 +305,16 @@ impl Session {
         let mut link = self.link();
         link.written.push_back(msg);
         link.written_bytes += size;
+        // Bounded by WRITTEN_RESULTS and WRITTEN_BYTES: counted, never refused.
+        if let Some(kept) = self.kept.get() {
+            kept.force(size as u64);
+        }
         while link.written.len() > WRITTEN_RESULTS || link.written_bytes > WRITTEN_BYTES {
             let Some(old) = link.written.pop_front() else {
                 break;
             };
             link.written_bytes -= final_size(&old);
+            self.kept_shrink(final_size(&old));
         }
     }
 
@@ -321,7 +367,7 @@ impl Session {
                 final_id(m).is_some_and(|id| awaiting.contains(&id) && !queued.contains(&id))
             })
             .collect();
-        link.written_bytes = 0;
+        self.kept_shrink(std::mem::take(&mut link.written_bytes));
         for msg in resend.into_iter().rev() {
             link.outbox.push_front(msg);
         }
@@ -336,6 +382,7 @@ impl Session {
             Some(msg) => {
                 if let ServerMessage::Output(chunk) = &msg {
                     link.outbox_output_bytes -= chunk.data.len();
+                    self.kept_shrink(chunk.data.len());
                 }
                 Some(msg)
             }
@@ -402,9 +449,18 @@ fn final_id(msg: &ServerMessage) -> Option<String> {
     final_reply(msg).map(|(id, _)| id)
 }
 
+/// Whether `msg` answers a request that only asks (`process_output`, `exited`, `processes`):
+/// it goes to the connection that asked or nowhere (see [`Session::answer`]).
+pub fn is_connection_bound(msg: &ServerMessage) -> bool {
+    matches!(
+        msg,
+        ServerMessage::ProcessOutput(_) | ServerMessage::Exited(_) | ServerMessage::Processes(_)
+    )
+}
+
 /// Whether `msg` is the one final answer to a request (so worth sending again after a resume
 /// if the client awaits it), as opposed to streamed output and answers a client can ask for
-/// again (`process_output`, `done`, `processes`).
+/// again (`process_output`, `exited`, `done`, `processes`).
 pub fn is_final(msg: &ServerMessage) -> bool {
     final_reply(msg).is_some()
 }
@@ -420,7 +476,6 @@ fn final_reply(msg: &ServerMessage) -> Option<(String, usize)> {
         ServerMessage::Result(r) => (r.id.clone(), r.output.len() + 256),
         ServerMessage::Error(e) => (e.id.clone()?, e.message.len() + 64),
         ServerMessage::Spawned(r) => (r.id.clone(), 64),
-        ServerMessage::Exited(r) => (r.id.clone(), r.exception_info.len() + 256),
         ServerMessage::Uploaded(r) => (r.id.clone(), r.path.len() + 64),
         ServerMessage::Downloaded(r) => (r.id.clone(), r.path.len() + 64),
         ServerMessage::FileInfo(r) => (r.id.clone(), stat_size(&r.stat)),
@@ -622,6 +677,46 @@ mod tests {
             session.attach(3, tx, WriterControl::default()),
             Attached::Ended
         ));
+    }
+
+    fn process_output(id: &str, offset: u64) -> ServerMessage {
+        ServerMessage::ProcessOutput(protocol::ProcessOutput {
+            id: id.into(),
+            offset,
+            data: String::new(),
+            next_offset: offset,
+            dropped: 0,
+            eof: false,
+        })
+    }
+
+    #[tokio::test]
+    async fn an_answer_goes_to_the_connection_that_asked_and_is_never_kept_for_a_resume() {
+        let sessions = Sessions::default();
+        let session = sessions.create(client(), Duration::from_secs(30), None);
+        let (tx, mut rx) = mpsc::channel(16);
+        let _ = session.attach(1, tx, WriterControl::default());
+        assert!(replay(&session).is_empty());
+        session.answer(1, process_output("p", 0)).await;
+        assert!(matches!(rx.try_recv(), Ok(ServerMessage::ProcessOutput(_))));
+        // Two more answers queued on connection 1 when it dies: neither is kept, while a
+        // result sent after its queue closed is.
+        session.answer(1, process_output("p", 1)).await;
+        session.send(process_output("p", 2)).await;
+        session.keep_queue(None, &mut rx);
+        session.send(result("r")).await;
+        assert_eq!(session.detach(1), Some(1));
+        let (tx2, mut rx2) = mpsc::channel(16);
+        let _ = session.attach(2, tx2, WriterControl::default());
+        // Asked on connection 1, answered once 2 holds the session: dropped.
+        session.answer(1, process_output("p", 3)).await;
+        assert_eq!(replay(&session), ["result r"]);
+        session.answer(2, process_output("p", 4)).await;
+        match rx2.try_recv() {
+            Ok(ServerMessage::ProcessOutput(o)) => assert_eq!(o.offset, 4),
+            other => panic!("{other:?}"),
+        }
+        assert!(rx2.try_recv().is_err(), "nothing else reached connection 2");
     }
 
     #[test]

@@ -211,7 +211,7 @@ impl Connection {
             }
         };
         valid.spec.builtin = Some(op);
-        let ring = OutputRing::new(queue, false);
+        let ring = OutputRing::kept_for(queue, false, Some(&self.memory_owner()));
         let (process, attached) =
             register(&self.session, &valid.id, label, Kind::Query, ring, stdio);
         let task = self.session.tasks.track_future(async move {
@@ -273,13 +273,20 @@ impl Job {
         }));
         // An answered upload stays listed (ended) so that `write`s still on their way are
         // dropped quietly; the rest are forgotten at once.
-        if !matches!(answer, Answer::Upload) {
+        if matches!(answer, Answer::Upload) {
+            self.session.processes.forget_old_ended(Kind::Upload);
+        } else {
             self.session.processes.remove(&id, &process);
         }
-        let reply = match (&result, header) {
-            (Err(err), _) => Err(err.clone()),
-            (Ok(_), Err(err)) => Err(err),
-            (Ok(result), Ok((header, sent))) => answer_from(&id, answer, header, sent, result),
+        let reply = match (process.failure(), &result, header) {
+            // Abandoned by the daemon (a `write` it could not take): that is the answer, not
+            // the "cut off" the payload saw.
+            (Some(err), _, _) => Err(err),
+            (None, Err(err), _) => Err(err.clone()),
+            (None, Ok(_), Err(err)) => Err(err),
+            (None, Ok(result), Ok((header, sent))) => {
+                answer_from(&id, answer, header, sent, result)
+            }
         };
         let reply = reply.unwrap_or_else(|err| {
             ServerMessage::Error(ErrorMessage {

@@ -462,6 +462,63 @@ async fn an_upload_replaces_the_file_atomically_and_leaves_no_temporary_file() {
     assert!(upload_leftovers(&daemon.workspace).is_empty());
 }
 
+/// Regression (issue 35): a `write` whose data is not base64 answered `bad_request` but left
+/// the upload running and its `.NAME.upload-<hex>` in the workspace until the session closed.
+#[tokio::test]
+async fn an_upload_given_data_that_is_not_base64_fails_and_removes_its_temporary_file_at_once() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    upload(&mut client, "v1", "kept.txt", b"complete\n").await;
+    client
+        .send(&ClientMessage::Upload(upload_req("bad", "kept.txt")))
+        .await;
+    client.write_chunk("bad", &[b'p'; 4096], false).await;
+    // Control: mid-upload, the temporary file exists beside the destination.
+    assert!(
+        eventually(Duration::from_secs(10), || !upload_leftovers(
+            &daemon.workspace
+        )
+        .is_empty())
+        .await,
+        "no temporary file while the upload runs"
+    );
+    client
+        .send(&ClientMessage::Write(protocol::WriteRequest {
+            id: "bad".into(),
+            data: Some("this is *not* base64".into()),
+            text: None,
+            eof: false,
+        }))
+        .await;
+    match client.reply_for("bad").await {
+        ServerMessage::Error(e) => {
+            assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+            assert!(e.message.contains("not base64"), "{e:?}");
+        }
+        other => panic!("expected the upload's error, got {other:?}"),
+    }
+    // At once: by the time the answer arrives, not when the session ends.
+    assert!(
+        upload_leftovers(&daemon.workspace).is_empty(),
+        "temporary upload files left behind: {:?}",
+        upload_leftovers(&daemon.workspace)
+    );
+    assert_eq!(
+        std::fs::read(daemon.workspace.join("kept.txt")).unwrap(),
+        b"complete\n",
+        "a failed upload replaced the file"
+    );
+    // The one answer: a later write to it is dropped quietly, and the session goes on (the
+    // same id uploads again, completely).
+    client.write_chunk("bad", b"late", true).await;
+    upload(&mut client, "bad", "kept.txt", b"second\n").await;
+    assert_eq!(
+        std::fs::read(daemon.workspace.join("kept.txt")).unwrap(),
+        b"second\n"
+    );
+    assert!(upload_leftovers(&daemon.workspace).is_empty());
+}
+
 #[tokio::test]
 async fn an_upload_cut_short_by_the_connection_leaves_neither_a_partial_nor_a_temporary_file() {
     let daemon = Daemon::start();

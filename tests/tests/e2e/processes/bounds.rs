@@ -63,6 +63,54 @@ async fn output_beyond_the_buffer_is_dropped_oldest_first_and_offsets_add_up() {
     assert_eq!(info[0].output_bytes, total);
 }
 
+/// Regression (issue 35): a read past the end was answered from the end (an `offset` before
+/// the one asked for), where the doc promised "the offset asked for, or later". Now refused,
+/// naming the end; reads at the end and before it are answered from their offset.
+#[tokio::test]
+async fn a_read_past_the_end_is_refused_naming_the_end_and_one_at_the_end_is_answered() {
+    let daemon = Daemon::start();
+    let mut client = daemon.connect().await;
+    spawn(&mut client, spawn_req("abc", "printf abc")).await;
+    assert_eq!(wait(&mut client, "abc", 20.0).await.returncode, 0);
+    for offset in [4, 1_000_000] {
+        client
+            .send(&ClientMessage::Read(ReadRequest {
+                id: "abc".into(),
+                offset,
+                max_bytes: None,
+                wait: Some(1.0),
+            }))
+            .await;
+        match client.reply_for("abc").await {
+            ServerMessage::Error(e) => {
+                assert_eq!(e.code, ErrorCode::BadRequest, "{e:?}");
+                assert!(
+                    e.message.contains("past the end") && e.message.contains("3 bytes"),
+                    "{e:?}"
+                );
+            }
+            other => panic!("a read at {offset} past the end was answered: {other:?}"),
+        }
+    }
+    let at_end = read(&mut client, "abc", 3, 0.0).await;
+    assert_eq!(
+        (
+            at_end.offset,
+            at_end.next_offset,
+            at_end.dropped,
+            at_end.eof
+        ),
+        (3, 3, 0, true)
+    );
+    assert!(unb64(&at_end.data).is_empty());
+    let inside = read(&mut client, "abc", 1, 0.0).await;
+    assert_eq!(
+        (inside.offset, inside.next_offset, inside.eof),
+        (1, 3, true)
+    );
+    assert_eq!(unb64(&inside.data), b"bc");
+}
+
 #[tokio::test]
 async fn spawns_beyond_max_commands_per_connection_are_busy() {
     let daemon = Daemon::start_with(&["--max-commands-per-connection", "2"]);
@@ -287,37 +335,43 @@ async fn ended_processes_are_kept_for_reading_until_eight_newer_ones_push_them_o
         spawn(&mut client, spawn_req(&id, &format!("echo out-{i}"))).await;
         assert_eq!(wait(&mut client, &id, 10.0).await.returncode, 0);
     }
-    // p9's spawn found nine ended ones (p0..p8): the oldest went, eight stayed.
-    client
-        .send(&ClientMessage::Read(ReadRequest {
-            id: "p0".into(),
-            offset: 0,
-            max_bytes: None,
-            wait: None,
-        }))
-        .await;
-    assert!(matches!(
-        client.reply_for("p0").await,
-        ServerMessage::Error(e) if e.code == ErrorCode::NotFound
-    ));
-    assert_eq!(read_to_eof(&mut client, "p1", 0).await, b"out-1\n");
+    // Ten ended: as each ended past eight, the oldest went (when it ended, not at the next
+    // spawn), so p0 and p1 are gone and p2..p9 stay.
+    for gone in ["p0", "p1"] {
+        client
+            .send(&ClientMessage::Read(ReadRequest {
+                id: gone.into(),
+                offset: 0,
+                max_bytes: None,
+                wait: None,
+            }))
+            .await;
+        match client.reply_for(gone).await {
+            ServerMessage::Error(e) => assert_eq!(e.code, ErrorCode::NotFound, "{e:?}"),
+            other => panic!("{gone}: {other:?}"),
+        }
+    }
+    assert_eq!(read_to_eof(&mut client, "p2", 0).await, b"out-2\n");
     spawn(&mut client, spawn_req("p10", "echo out-10")).await;
     assert_eq!(wait(&mut client, "p10", 10.0).await.returncode, 0);
     let listed: Vec<String> = list(&mut client).await.into_iter().map(|p| p.id).collect();
-    let mut expected: Vec<String> = (2..=10).map(|i| format!("p{i}")).collect();
+    let mut expected: Vec<String> = (3..=10).map(|i| format!("p{i}")).collect();
     expected.sort();
-    assert_eq!(listed, expected, "the oldest ended ones are forgotten");
+    assert_eq!(
+        listed, expected,
+        "eight ended ones are kept, the oldest forgotten"
+    );
     client
         .send(&ClientMessage::Read(ReadRequest {
-            id: "p1".into(),
+            id: "p2".into(),
             offset: 0,
             max_bytes: None,
             wait: None,
         }))
         .await;
-    match client.reply_for("p1").await {
+    match client.reply_for("p2").await {
         ServerMessage::Error(e) => assert_eq!(e.code, ErrorCode::NotFound, "{e:?}"),
-        other => panic!("p1: {other:?}"),
+        other => panic!("p2: {other:?}"),
     }
-    assert_eq!(read_to_eof(&mut client, "p2", 0).await, b"out-2\n");
+    assert_eq!(read_to_eof(&mut client, "p3", 0).await, b"out-3\n");
 }

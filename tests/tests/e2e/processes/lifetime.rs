@@ -287,3 +287,118 @@ async fn a_dropped_sessions_processes_live_through_the_grace_period_and_then_die
         processes_matching(&m)
     );
 }
+
+/// A new connection that takes `session` back (nothing awaited).
+async fn resume_session(daemon: &Daemon, session: &str) -> Client {
+    let mut client = daemon.connect().await;
+    client
+        .send(&ClientMessage::Resume(ResumeRequest {
+            session: session.to_string(),
+            awaiting: vec![],
+        }))
+        .await;
+    match client.recv().await {
+        Some(ServerMessage::Resumed(r)) => assert_eq!(r.session, session),
+        other => panic!("expected resumed, got {other:?}"),
+    }
+    client
+}
+
+/// Send a probe `read` of `id` at `offset` and return its answer, failing on any other
+/// message before it (a stale answer to a read or wait of an earlier connection).
+async fn probe(client: &mut Client, id: &str, offset: u64) -> ProcessOutput {
+    client
+        .send(&ClientMessage::Read(ReadRequest {
+            id: id.to_string(),
+            offset,
+            max_bytes: Some(1),
+            wait: None,
+        }))
+        .await;
+    match client.recv().await {
+        Some(ServerMessage::ProcessOutput(out)) => {
+            assert_eq!(
+                out.offset,
+                offset,
+                "a read answered on the old connection arrived after the resume \
+                 (up to {}, {} bytes)",
+                out.next_offset,
+                out.data.len()
+            );
+            out
+        }
+        Some(ServerMessage::Exited(e)) => {
+            panic!("a wait answered on the old connection arrived after the resume: {e:?}")
+        }
+        Some(other) => panic!("unexpected after the resume: {other:?}"),
+        None => panic!("connection closed before the probe's answer"),
+    }
+}
+
+/// Regression (issue 35): about 1 run in 12, a `process_output` answering a read sent just
+/// before the connection dropped was delivered on the resumed connection, with the id of the
+/// client's next read, so a client matching replies by id got bytes twice. Reads and waits
+/// are answered only on the connection that asked; repeated to catch the race.
+#[tokio::test]
+async fn a_read_or_wait_answered_before_a_drop_is_never_delivered_after_the_resume() {
+    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
+    let mut client = daemon.connect().await;
+    let session = client.hello.session.clone();
+    // 300,000 bytes, then quiet: a read from 0 has a whole 256 KiB answer to write.
+    spawn(
+        &mut client,
+        spawn_req("p", "head -c 300000 /dev/zero | tr '\\0' x; exec sleep 600"),
+    )
+    .await;
+    let mut end = 0;
+    while end < 300_000 {
+        end = read(&mut client, "p", end, 30.0).await.next_offset;
+    }
+    assert_eq!(end, 300_000);
+    for round in 1..=36u64 {
+        // Asked, and answered (or being answered) when the network fails.
+        client
+            .send(&ClientMessage::Read(ReadRequest {
+                id: "p".into(),
+                offset: 0,
+                max_bytes: None,
+                wait: None,
+            }))
+            .await;
+        client
+            .send(&ClientMessage::Wait(WaitRequest {
+                id: "p".into(),
+                timeout: None,
+            }))
+            .await;
+        drop(client);
+        client = resume_session(&daemon, &session).await;
+        // Allowed case beside it: the new connection's own read is answered, from its offset.
+        let out = probe(&mut client, "p", round).await;
+        assert_eq!(unb64(&out.data), b"x", "round {round}: {out:?}");
+    }
+    // Answers that come only after the drop (a read and a wait still waiting) go nowhere.
+    client
+        .send(&ClientMessage::Read(ReadRequest {
+            id: "p".into(),
+            offset: 300_000,
+            max_bytes: None,
+            wait: Some(2.0),
+        }))
+        .await;
+    client
+        .send(&ClientMessage::Wait(WaitRequest {
+            id: "p".into(),
+            timeout: Some(2.0),
+        }))
+        .await;
+    drop(client);
+    let mut client = resume_session(&daemon, &session).await;
+    let late = client.recv_within(Duration::from_secs(5)).await;
+    assert!(
+        matches!(late, Err(())),
+        "an answer for the old connection arrived: {late:?}"
+    );
+    let out = probe(&mut client, "p", 7).await;
+    assert_eq!(unb64(&out.data), b"x");
+}

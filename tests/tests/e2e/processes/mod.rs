@@ -166,5 +166,6 @@ async fn list(client: &mut Client) -> Vec<protocol::ProcessInfo> {
 
 mod bounds;
 mod lifetime;
+mod memory;
 mod network;
 mod terminal;
