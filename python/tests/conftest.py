@@ -50,7 +50,7 @@ def require(what: str, available: bool) -> None:
     if record:
         test = os.environ.get("PYTEST_CURRENT_TEST", "(unknown)").split(" ")[0]
         line = f"python::{test}\t{what}".replace("\n", " ") + "\n"
-        with open(record, "a", encoding="utf-8") as f:
+        with Path(record).open("a", encoding="utf-8") as f:
             f.write(line)
     pytest.skip(f"{what} is missing")
 
