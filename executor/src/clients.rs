@@ -106,7 +106,7 @@ pub struct ClientLimits {
     pub commands_per_minute: Option<u32>,
     pub output_quota_bytes: Option<u64>,
     /// Its own disk quota; `None`: the daemon's (`--disk-quota-bytes`), if any.
-    pub disk_quota: Option<crate::workspaces::DiskQuota>,
+    pub disk_quota: Option<crate::disk_quota::DiskQuota>,
     pub memory_budget_bytes: Option<u64>,
 }
 
@@ -291,7 +291,7 @@ impl ClientTable {
                 }
             };
             let disk_quota =
-                match crate::workspaces::DiskQuota::from_limits(entry.disk_quota_bytes, entry.disk_quota_files) {
+                match crate::disk_quota::DiskQuota::from_limits(entry.disk_quota_bytes, entry.disk_quota_files) {
                     None => None,
                     Some(Err(why)) => return Err(format!("client {name:?}: {why}")),
                     Some(Ok(_)) if entry.workspace == WorkspacePolicy::Shared => {

@@ -199,7 +199,7 @@ fn a_disk_quota_is_a_private_workspace_clients_own_and_large_enough_for_ext4() {
             r#","disk_quota_bytes":16777216,"disk_quota_files":100"#,
             "per_client"
         ),
-        Ok(Some(crate::workspaces::DiskQuota {
+        Ok(Some(crate::disk_quota::DiskQuota {
             bytes: 16 << 20,
             files: 100
         }))

@@ -7,6 +7,7 @@ mod budget;
 mod cgroup;
 mod clients;
 mod connect;
+mod disk_quota;
 mod engine;
 mod files;
 mod helper;

@@ -57,7 +57,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     // in it. A quota that cannot be had here does not stop the start: the hello says why, and
     // the commands it would bind are refused.
     let default_quota =
-        workspaces::DiskQuota::from_limits(args.disk_quota_bytes, args.disk_quota_files)
+        crate::disk_quota::DiskQuota::from_limits(args.disk_quota_bytes, args.disk_quota_files)
             .transpose()
             .map_err(|why| anyhow::anyhow!("--disk-quota-bytes/--disk-quota-files: {why}"))?;
     let mut volumes = workspaces::Volumes::new(

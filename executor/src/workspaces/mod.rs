@@ -8,9 +8,10 @@ mod removal;
 pub mod volumes;
 
 pub use removal::{remove, remove_unmounting_nothing, RemoveError};
-pub use volumes::{DiskQuota, VolumeError, Volumes};
+pub use volumes::{VolumeError, Volumes};
 
 use crate::clients::{Client, WorkspacePolicy};
+use crate::disk_quota::DiskQuota;
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
