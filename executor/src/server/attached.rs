@@ -288,10 +288,12 @@ impl Connection {
                     else {
                         return Ok(());
                     };
+                    let Some(stdin) = process.stdin() else {
+                        return Ok(());
+                    };
                     // Bounded by the upload's own queue: counted, never refused.
                     held.force(data.len() as u64);
-                    if process
-                        .stdin
+                    if stdin
                         .send(StdinChunk::Data(data, budget, held))
                         .await
                         .is_err()
@@ -300,7 +302,9 @@ impl Connection {
                     }
                 }
                 if req.eof && process.running() {
-                    let _ = process.stdin.send(StdinChunk::Eof).await;
+                    if let Some(stdin) = process.stdin() {
+                        let _ = stdin.send(StdinChunk::Eof).await;
+                    }
                 }
                 Ok(())
             }
@@ -347,8 +351,9 @@ impl Connection {
                 if req.eof {
                     chunks.push(StdinChunk::Eof);
                 }
+                let stdin = process.stdin().ok_or_else(closed)?;
                 for chunk in chunks {
-                    match process.stdin.try_send(chunk) {
+                    match stdin.try_send(chunk) {
                         Ok(()) => {}
                         Err(mpsc::error::TrySendError::Full(_)) => return Err(not_reading()),
                         Err(mpsc::error::TrySendError::Closed(_)) => return Err(closed()),
@@ -474,10 +479,17 @@ impl Connection {
                         format!("cannot signal the terminal's foreground group: {err}"),
                     )
                 })?;
-        } else if process.signals.try_send(signal).is_err() {
+        } else if let Some(signals) = process.signals() {
+            if signals.try_send(signal).is_err() {
+                return Err(ExecError::new(
+                    ErrorCode::Busy,
+                    "too many signals in flight; send again later",
+                ));
+            }
+        } else {
             return Err(ExecError::new(
-                ErrorCode::Busy,
-                "too many signals in flight; send again later",
+                ErrorCode::NotFound,
+                format!("process {:?} has ended", req.id),
             ));
         }
         self.reply(ServerMessage::Done(Done { id: req.id })).await;
@@ -659,8 +671,10 @@ impl Job {
                 }
                 process.exit.send_replace(Some(exited(result)));
                 // Its stdin feeder stops, closing our end of its socket: an ended process
-                // kept for reading holds no descriptor (idle sessions held 8 each).
+                // kept for reading holds no descriptor (idle sessions held 8 each), nor
+                // queues.
                 process.abort.cancel();
+                process.close_inputs();
                 self.session.processes.forget_old_ended(Kind::Process);
             }
             Err(err) => {

@@ -50,16 +50,23 @@ pub fn budget_permits(len: usize) -> u32 {
     u32::try_from(len.div_ceil(1024).min(STDIN_BUDGET_KIB)).unwrap_or(u32::MAX)
 }
 
+struct Inputs {
+    stdin: mpsc::Sender<StdinChunk>,
+    signals: mpsc::Sender<i32>,
+}
+
 pub struct Process {
     pub id: String,
     pub command: String,
     pub kind: Kind,
     pub pty: Option<PtyMaster>,
     pub ring: Arc<OutputRing>,
-    pub stdin: mpsc::Sender<StdinChunk>,
+    /// Its stdin and signal queues while it may still take them: dropped once it ended, with
+    /// their preallocated slots (about 3 KiB, held by each of a session's 8 kept ended
+    /// processes, of every idle session).
+    inputs: Mutex<Option<Inputs>>,
     /// What queued stdin may hold ([`STDIN_BUDGET_KIB`] permits of a KiB).
     pub stdin_budget: Arc<tokio::sync::Semaphore>,
-    pub signals: mpsc::Sender<i32>,
     pub exit: watch::Sender<Option<Exited>>,
     /// Stops the stdin feeder at once (an upload whose session ended: cut off, not committed).
     pub abort: CancellationToken,
@@ -87,15 +94,35 @@ impl Process {
             kind,
             pty: None,
             ring,
-            stdin,
+            inputs: Mutex::new(Some(Inputs { stdin, signals })),
             stdin_budget: Arc::new(tokio::sync::Semaphore::new(STDIN_BUDGET_KIB)),
-            signals,
             exit: watch::channel(None).0,
             abort: CancellationToken::new(),
             failure: Mutex::new(None),
             started: Mutex::new(None),
             serial: 0,
         }
+    }
+
+    fn inputs(&self) -> MutexGuard<'_, Option<Inputs>> {
+        self.inputs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Its stdin queue, unless its inputs were closed.
+    pub fn stdin(&self) -> Option<mpsc::Sender<StdinChunk>> {
+        self.inputs().as_ref().map(|i| i.stdin.clone())
+    }
+
+    /// Its signal queue, unless its inputs were closed.
+    pub fn signals(&self) -> Option<mpsc::Sender<i32>> {
+        self.inputs().as_ref().map(|i| i.signals.clone())
+    }
+
+    /// It ended: drop its stdin and signal queues (what is still queued goes with the
+    /// receivers), so that an ended process kept for reading holds no queue.
+    pub fn close_inputs(&self) {
+        let inputs = self.inputs().take();
+        drop(inputs);
     }
 
     pub fn take_started(&self) -> Option<oneshot::Receiver<()>> {
