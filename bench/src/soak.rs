@@ -431,18 +431,15 @@ async fn op_counter(
         .spawn(shared, "count", counter_command(pace), false)
         .await?;
     let (mut got, mut dropped) = (Vec::new(), 0);
-    let mut offset = read_counter(conn(c)?, &id, 0, &mut got, &mut dropped, drop_after).await?;
-    if drop_after.is_some() {
-        if !drop_and_resume(shared, c, vec![]).await? {
-            return Ok(());
-        }
+    let offset = read_counter(conn(c)?, &id, 0, &mut got, &mut dropped, drop_after).await?;
+    if drop_after.is_some() && !drop_and_resume(shared, c, vec![]).await? {
+        return Ok(());
     }
-    offset = read_counter(conn(c)?, &id, offset, &mut got, &mut dropped, None).await?;
+    read_counter(conn(c)?, &id, offset, &mut got, &mut dropped, None).await?;
     let (rc, info) = conn(c)?.wait(&id).await?;
     if rc != 0 {
         bail!("{id} exited {rc}: {info}");
     }
-    let _ = offset;
     check_counter(shared, &id, &got, dropped, drop_after.is_some());
     Ok(())
 }
