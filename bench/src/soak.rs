@@ -660,12 +660,15 @@ async fn op_drop_download(
                 seq += 1;
                 more.extend(b64().decode(d.data.as_bytes())?);
             }
-            Ok(ServerMessage::DownloadData(d)) => {
+            Ok(ServerMessage::DownloadData(d)) if d.seq > seq => {
                 // It went on on the new connection: the chunks written to the dropped one
                 // are a gap in `seq`. The bytes before the gap are good; the rest is
                 // downloaded again from there.
                 shared.note_expected("download went on after the resume with a gap in seq");
-                let _ = d;
+                break false;
+            }
+            Ok(ServerMessage::DownloadData(d)) => {
+                shared.integrity(format!("{id}: seq {} again after {seq}", d.seq));
                 break false;
             }
             Ok(ServerMessage::Downloaded(_)) => break true,
