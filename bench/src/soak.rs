@@ -810,6 +810,8 @@ pub(crate) struct SoakReport {
     pub rss_max_kib: u64,
     pub restart_s: f64,
     pub temp_files: Vec<PathBuf>,
+    /// Uploaded files the walk for temporary files saw (it reached the workspaces).
+    pub uploads_seen: usize,
     pub leftovers: Vec<String>,
     pub load: String,
 }
@@ -832,6 +834,9 @@ impl SoakReport {
                 "upload temporary files left: {:?}",
                 self.temp_files
             ));
+        }
+        if self.uploads_seen == 0 {
+            out.push("the walk for temporary files saw none of the uploaded files".into());
         }
         if self.rss_max_kib > (self.budget_mb + RSS_OVERHEAD_MIB) * 1024 {
             out.push(format!(
@@ -932,9 +937,11 @@ pub(crate) async fn run(executor: &Path, plan: &Plan) -> anyhow::Result<SoakRepo
     // Settle: a failed upload's file goes at once, but the last drops may be in flight.
     tokio::time::sleep(Duration::from_secs(2)).await;
     sampler.abort();
-    let mut temps = temp_files(&state_dir);
+    let (mut temps, mut uploads_seen) = temp_files(&state_dir);
     if !workspace.starts_with(&state_dir) {
-        temps.extend(temp_files(&workspace));
+        let (more, seen) = temp_files(&workspace);
+        temps.extend(more);
+        uploads_seen += seen;
     }
     let pid = daemon.pid;
     tokio::task::spawn_blocking(move || daemon.stop()).await??;
@@ -950,6 +957,7 @@ pub(crate) async fn run(executor: &Path, plan: &Plan) -> anyhow::Result<SoakRepo
         rss_max_kib: rss_max.load(Ordering::SeqCst),
         restart_s,
         temp_files: temps,
+        uploads_seen,
         leftovers: left,
         load,
     })
@@ -997,8 +1005,9 @@ pub(crate) fn markdown(r: &SoakReport) -> String {
         t.integrity.len()
     ));
     out.push_str(&format!(
-        "| `.upload-` files left in the state dir / workspace | {} |\n",
-        r.temp_files.len()
+        "| `.upload-` files left in the state dir / workspace (uploaded files the walk saw) | {} ({}) |\n",
+        r.temp_files.len(),
+        r.uploads_seen
     ));
     out.push_str(&format!(
         "| daemon RSS max (sampled every 100 ms) vs budget | {:.1} MiB vs {} MiB (+{RSS_OVERHEAD_MIB} allowed) |\n",

@@ -52,9 +52,11 @@ pub(crate) fn leftovers(mark: &str, daemon: u32) -> Vec<String> {
     out
 }
 
-/// Files named `.NAME.upload-HEX` under `root` (symbolic links not followed).
-pub(crate) fn temp_files(root: &Path) -> Vec<PathBuf> {
+/// Files named `.NAME.upload-HEX` under `root` (symbolic links not followed), and how many
+/// files in directories named `soak` were seen (the soak's uploads: the walk reached them).
+pub(crate) fn temp_files(root: &Path) -> (Vec<PathBuf>, usize) {
     let mut found = Vec::new();
+    let mut uploads = 0;
     let mut todo = vec![root.to_path_buf()];
     while let Some(dir) = todo.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -68,10 +70,12 @@ pub(crate) fn temp_files(root: &Path) -> Vec<PathBuf> {
                 todo.push(entry.path());
             } else if entry.file_name().to_string_lossy().contains(".upload-") {
                 found.push(entry.path());
+            } else if dir.file_name().is_some_and(|n| n == "soak") {
+                uploads += 1;
             }
         }
     }
-    found
+    (found, uploads)
 }
 
 #[cfg(test)]
@@ -84,9 +88,11 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
         std::fs::write(dir.path().join("a/b/.x.bin.upload-1f2e"), "").unwrap();
         std::fs::write(dir.path().join("a/x.bin"), "").unwrap();
+        std::fs::create_dir_all(dir.path().join("w/soak")).unwrap();
+        std::fs::write(dir.path().join("w/soak/c0.bin"), "").unwrap();
         assert_eq!(
             temp_files(dir.path()),
-            vec![dir.path().join("a/b/.x.bin.upload-1f2e")]
+            (vec![dir.path().join("a/b/.x.bin.upload-1f2e")], 1)
         );
     }
 
