@@ -141,15 +141,7 @@ impl Daemon {
 
     /// Stop with SIGTERM (so it removes its cgroups) and wait; SIGKILL if it hangs.
     pub fn stop(mut self) -> anyhow::Result<()> {
-        let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + PATIENCE;
-        while Instant::now() < deadline {
-            if self.child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        bail!("the daemon did not exit within {PATIENCE:?} of SIGTERM; killed it")
+        self.terminate().context("killed it")
     }
 }
 

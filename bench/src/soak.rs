@@ -944,6 +944,12 @@ pub(crate) async fn run(executor: &Path, plan: &Plan) -> anyhow::Result<SoakRepo
         uploads_seen += seen;
     }
     let pid = daemon.pid;
+    // Both daemons' log (the state directory goes with the daemon), for what failed.
+    let log = std::env::temp_dir().join(format!("executor-soak-{}.log", std::process::id()));
+    match std::fs::copy(state_dir.join("daemon.log"), &log) {
+        Ok(_) => eprintln!("soak: the daemon's log is kept in {}", log.display()),
+        Err(err) => eprintln!("soak: cannot keep the daemon's log: {err}"),
+    }
     tokio::task::spawn_blocking(move || daemon.stop()).await??;
     // After the daemon stopped: nothing carrying our marker runs on the host.
     let left = leftovers(&shared.mark, pid);
