@@ -650,11 +650,14 @@ async fn op_drop_download(
     let conn = conn(c)?;
     let mut more = Vec::new();
     let mut seq = 2;
+    let resumed = Instant::now();
     let completed = loop {
-        // The answer is owed: `awaiting` named the download.
-        let next = tokio::time::timeout(Duration::from_secs(20), conn.next_for(&id))
+        // The answer is owed: `awaiting` named the download. It may take up to a minute: a
+        // download finds its connection gone only at its next chunk, or after waiting 60 s
+        // for one (forward_download in the daemon).
+        let next = tokio::time::timeout(Duration::from_secs(75), conn.next_for(&id))
             .await
-            .map_err(|_| anyhow!("{id}: no answer within 20 s of a resume awaiting it"))?;
+            .map_err(|_| anyhow!("{id}: no answer within 75 s of a resume awaiting it"))?;
         match next {
             Ok(ServerMessage::DownloadData(d)) if d.seq == seq => {
                 seq += 1;
@@ -679,6 +682,9 @@ async fn op_drop_download(
             }
         }
     };
+    if resumed.elapsed() > Duration::from_secs(5) {
+        shared.note_expected("download's answer came more than 5 s after the resume");
+    }
     if completed {
         shared.note_expected("download completed across the drop");
     }
