@@ -40,7 +40,15 @@ impl Daemon {
         ));
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("cannot create {}", state_dir.display()))?;
-        let log = std::fs::File::create(state_dir.join("daemon.log"))?;
+        Self::start_in(exe, extra, state_dir)
+    }
+
+    /// Start `exe serve` on `state_dir` (fresh or a stopped daemon's, whose token it keeps).
+    fn start_in(exe: &Path, extra: &[String], state_dir: PathBuf) -> anyhow::Result<Self> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(state_dir.join("daemon.log"))?;
         let spawned_at = Instant::now();
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
@@ -102,8 +110,24 @@ impl Daemon {
         })
     }
 
-    /// Stop with SIGTERM (so it removes its cgroups) and wait; SIGKILL if it hangs.
-    pub fn stop(mut self) -> anyhow::Result<()> {
+    /// Its state directory (token, audit log, workspaces), removed when it is dropped.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// Stop with SIGTERM and start `exe serve` again on the same state directory (a new
+    /// port: `url` changes, and `pid`).
+    pub fn restart(&mut self, exe: &Path, extra: &[String]) -> anyhow::Result<()> {
+        self.terminate()?;
+        let fresh = Self::start_in(exe, extra, self.state_dir.clone())?;
+        // The old value's drop must not remove the directory the new daemon runs on.
+        let mut old = std::mem::replace(self, fresh);
+        old.state_dir = PathBuf::new();
+        Ok(())
+    }
+
+    /// SIGTERM and wait for the exit, or fail after PATIENCE.
+    fn terminate(&mut self) -> anyhow::Result<()> {
         let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGTERM);
         let deadline = Instant::now() + PATIENCE;
         while Instant::now() < deadline {
@@ -112,7 +136,12 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        bail!("the daemon did not exit within {PATIENCE:?} of SIGTERM; killed it")
+        bail!("the daemon did not exit within {PATIENCE:?} of SIGTERM")
+    }
+
+    /// Stop with SIGTERM (so it removes its cgroups) and wait; SIGKILL if it hangs.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.terminate().context("killed it")
     }
 }
 
@@ -122,7 +151,9 @@ impl Drop for Daemon {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.state_dir);
+        if !self.state_dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+        }
     }
 }
 

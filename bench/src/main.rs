@@ -29,6 +29,10 @@ mod memory;
 mod phases;
 mod places;
 mod report;
+mod soak;
+mod soak_conn;
+mod soak_host;
+mod soak_ops;
 mod stats;
 mod steps;
 mod versus;
@@ -152,7 +156,16 @@ struct Opts {
     /// daemon's 16 commands per connection).
     #[arg(long, value_name = "N", default_value_t = 16)]
     memory_processes: usize,
-    /// The daemon's --memory-budget-mb for --memory-sessions.
+    /// Instead: a soak of this many seconds with protocol 1.1 (processes with and without a
+    /// PTY, stdin, signals, uploads and downloads, dropped connections resumed, payloads
+    /// SIGKILLed from the host, one daemon restart half way); non-zero exit when something
+    /// is lost or repeated, left behind, or fails unexpectedly.
+    #[arg(long, value_name = "SECONDS")]
+    soak: Option<f64>,
+    /// Concurrent clients of --soak.
+    #[arg(long, value_name = "N", default_value_t = 6)]
+    soak_clients: usize,
+    /// The daemon's --memory-budget-mb for --memory-sessions and --soak.
     #[arg(long, value_name = "MIB", default_value_t = 256)]
     memory_budget_mb: u64,
 }
@@ -268,6 +281,26 @@ fn run(opts: Opts) -> anyhow::Result<()> {
         };
         let report = rt.block_on(memory::measure(&executor, &plan))?;
         println!("{}", memory::markdown(&report));
+        return Ok(());
+    }
+    if let Some(seconds) = opts.soak {
+        let executor = find_executor(opts.executor.clone(), !opts.no_build)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let plan = soak::Plan {
+            seconds,
+            clients: opts.soak_clients.max(1),
+            budget_mb: opts.memory_budget_mb,
+        };
+        let report = rt.block_on(soak::run(&executor, &plan))?;
+        println!("{}", soak::markdown(&report));
+        let broken = report.broken();
+        if !broken.is_empty() {
+            bail!("the soak broke invariants: {}", broken.join("; "));
+        }
         return Ok(());
     }
     if let Some(new) = &opts.versus {
