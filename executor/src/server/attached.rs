@@ -465,6 +465,15 @@ impl Connection {
             ));
         }
         if req.foreground {
+            // What the terminal itself sends (Ctrl-C, Ctrl-\): the kernel's TIOCSIG takes no
+            // other signal, and the group is not signalled by its id (which could be reused).
+            if signal != libc::SIGINT && signal != libc::SIGQUIT {
+                return Err(bad(format!(
+                    "a foreground signal is one the terminal sends, INT or QUIT, not {:?}; \
+                     without `foreground` it reaches every process of the command",
+                    req.signal
+                )));
+            }
             let Some(pty) = &process.pty else {
                 return Err(bad(format!(
                     "process {:?} has no terminal (spawn it with `pty`)",

@@ -153,6 +153,23 @@ async fn ctrl_c_reaches_the_foreground_job_and_the_shell_lives_on() {
         );
         // The shell is back at its prompt and still running.
         assert!(wait(&mut client, &id, 0.0).await.running, "[{profile}]");
+        // Denial: a signal the terminal cannot send is refused, naming those it can, and
+        // reaches nobody.
+        client
+            .send(&ClientMessage::Signal(SignalRequest {
+                id: id.clone(),
+                signal: "TERM".into(),
+                foreground: true,
+            }))
+            .await;
+        match client.reply_for(&id).await {
+            ServerMessage::Error(e) => {
+                assert_eq!(e.code, ErrorCode::BadRequest, "[{profile}] {e:?}");
+                assert!(e.message.contains("INT or QUIT"), "[{profile}] {e:?}");
+            }
+            other => panic!("[{profile}] {other:?}"),
+        }
+        assert!(wait(&mut client, &id, 0.0).await.running, "[{profile}]");
         write_text(&mut client, &id, "echo back-$((1+2))\n").await;
         read_until(&mut client, &id, &mut offset, "back-3").await;
         write_text(&mut client, &id, "exit 3\n").await;
