@@ -291,6 +291,15 @@ impl Job {
                 answer_from(&id, answer, header, sent, result)
             }
         };
+        // Its chunks went to a connection that is gone since: some may never have arrived.
+        let reply = match reply {
+            Ok(ServerMessage::Downloaded(done))
+                if self.session.connection_gone(self.connection).is_cancelled() =>
+            {
+                Err(connection_dropped(done.bytes))
+            }
+            other => other,
+        };
         let reply = reply.unwrap_or_else(|err| {
             ServerMessage::Error(ErrorMessage {
                 id: Some(id.clone()),
@@ -417,6 +426,17 @@ async fn read_header(
     }
 }
 
+/// A download's answer once the connection it started on is gone.
+fn connection_dropped(sent: u64) -> ExecError {
+    ExecError::new(
+        ErrorCode::EnvironmentError,
+        format!(
+            "the connection dropped during the download after {sent} bytes; \
+             download the rest with offset"
+        ),
+    )
+}
+
 /// Send a download's bytes as they come, in `download_data` chunks, to the connection it
 /// started on; the connection's pace sets the payload's (the ring is a bounded queue). Once
 /// that connection is gone (dropped, or the session resumed on another) the download fails at
@@ -433,13 +453,7 @@ async fn forward_download(
     let dropped = |sent: u64| {
         stop.cancel();
         ring.discarded.cancel();
-        Err(ExecError::new(
-            ErrorCode::EnvironmentError,
-            format!(
-                "the connection dropped during the download after {sent} bytes; \
-                 download the rest with offset"
-            ),
-        ))
+        Err(connection_dropped(sent))
     };
     let (header, mut offset) = tokio::select! {
         header = read_header(ring, failed) => header?,
