@@ -349,9 +349,9 @@ pub(crate) async fn op_drop_download(
     let mut seq = 2;
     let resumed = Instant::now();
     let completed = loop {
-        // The answer is owed: `awaiting` named the download. It may take up to a minute: a
-        // download finds its connection gone only at its next chunk, or after waiting 60 s
-        // for one (forward_download in the daemon).
+        // The answer is owed: `awaiting` named the download. The daemon fails it as soon as
+        // its connection is gone; 75 s still lets a daemon that waits be told apart from a
+        // lost answer.
         let next = tokio::time::timeout(Duration::from_secs(75), conn.next_for(&id))
             .await
             .map_err(|_| anyhow!("{id}: no answer within 75 s of a resume awaiting it"))?;

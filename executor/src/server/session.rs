@@ -161,6 +161,9 @@ struct Attachment {
     writer_done: CancellationToken,
     /// While the outbox is replayed, new replies queue behind it.
     replaying: bool,
+    /// Cancelled when the connection lets go of the session or another takes it over: what
+    /// is tied to this connection (a download's chunks) stops at once.
+    gone: CancellationToken,
 }
 
 /// A connection's writer, as `attach` needs it: how to stop it and how to know it is done.
@@ -334,6 +337,7 @@ impl Session {
         let previous_writer = link.attached.take().map(|old| {
             tracing::info!(session = %self.id, old = old.connection, new = connection, "session taken over by a new connection");
             old.evicted.cancel();
+            old.gone.cancel();
             // Its writer may be stuck on a dead socket: stop it now, whatever its reader does.
             old.writer_stop.cancel();
             old.writer_done
@@ -349,6 +353,7 @@ impl Session {
             writer_stop: writer.stop,
             writer_done: writer.done,
             replaying: true,
+            gone: CancellationToken::new(),
         });
         Attached::Yes {
             evicted,
@@ -401,6 +406,7 @@ impl Session {
         let mut link = self.link();
         match &link.attached {
             Some(a) if a.connection == connection => {
+                a.gone.cancel();
                 link.attached = None;
                 link.detached_at = Some(std::time::Instant::now());
                 Some(link.generation)
@@ -410,13 +416,41 @@ impl Session {
         }
     }
 
-    /// Since when no connection is attached, if none is.
-    /// Whether a connection is attached (a download pauses for nobody: it fails, and the
-    /// client downloads the rest from its offset after a resume).
-    pub fn is_attached(&self) -> bool {
-        self.link().attached.is_some()
+    /// Cancelled once `connection` no longer holds the session (it let go, or another
+    /// connection took the session over); already cancelled if it does not hold it now.
+    /// What is tied to a connection (a download) fails at once then: it never goes on over
+    /// another connection, and the client downloads the rest from its offset after a resume.
+    pub fn connection_gone(&self, connection: u64) -> CancellationToken {
+        match &self.link().attached {
+            Some(a) if a.connection == connection => a.gone.clone(),
+            _ => {
+                let gone = CancellationToken::new();
+                gone.cancel();
+                gone
+            }
+        }
     }
 
+    /// Send `msg` to `connection` only, while it holds the session (and has replayed what was
+    /// kept for it). Returns whether it was queued there; never kept for another connection.
+    pub async fn send_on(&self, connection: u64, msg: ServerMessage) -> bool {
+        let (tx, gone) = {
+            let link = self.link();
+            match &link.attached {
+                Some(a) if a.connection == connection && !a.replaying => {
+                    (a.tx.clone(), a.gone.clone())
+                }
+                _ => return false,
+            }
+        };
+        tokio::select! {
+            sent = tx.send(msg) => sent.is_ok() && !gone.is_cancelled(),
+            () = gone.cancelled() => false,
+            () = self.ended.cancelled() => false,
+        }
+    }
+
+    /// Since when no connection is attached, if none is.
     fn detached_since(&self) -> Option<std::time::Instant> {
         let link = self.link();
         link.attached
@@ -450,11 +484,16 @@ fn final_id(msg: &ServerMessage) -> Option<String> {
 }
 
 /// Whether `msg` answers a request that only asks (`process_output`, `exited`, `processes`):
-/// it goes to the connection that asked or nowhere (see [`Session::answer`]).
+/// it goes to the connection that asked or nowhere (see [`Session::answer`]); and a
+/// download's chunks, tied to the connection the download started on (a chunk its queue
+/// hands back when it drops is never replayed on the next one).
 pub fn is_connection_bound(msg: &ServerMessage) -> bool {
     matches!(
         msg,
-        ServerMessage::ProcessOutput(_) | ServerMessage::Exited(_) | ServerMessage::Processes(_)
+        ServerMessage::ProcessOutput(_)
+            | ServerMessage::Exited(_)
+            | ServerMessage::Processes(_)
+            | ServerMessage::DownloadData(_)
     )
 }
 
@@ -717,6 +756,47 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(rx2.try_recv().is_err(), "nothing else reached connection 2");
+    }
+
+    fn chunk(id: &str, seq: u64) -> ServerMessage {
+        ServerMessage::DownloadData(protocol::DownloadData {
+            id: id.into(),
+            seq,
+            data: String::new(),
+        })
+    }
+
+    #[tokio::test]
+    async fn what_is_tied_to_a_connection_stops_when_it_lets_go_or_is_taken_over() {
+        let sessions = Sessions::default();
+        let session = sessions.create(client(), Duration::from_secs(30), None);
+        let (tx, mut rx) = mpsc::channel(16);
+        let _ = session.attach(1, tx, WriterControl::default());
+        assert!(replay(&session).is_empty());
+        let gone = session.connection_gone(1);
+        assert!(!gone.is_cancelled());
+        assert!(session.connection_gone(2).is_cancelled(), "2 never held it");
+        assert!(session.send_on(1, chunk("d", 0)).await);
+        assert!(matches!(rx.try_recv(), Ok(ServerMessage::DownloadData(_))));
+        // Queued on connection 1 when it drops: handed back, never kept for the next one.
+        assert!(session.send_on(1, chunk("d", 1)).await);
+        session.keep_queue(None, &mut rx);
+        assert_eq!(session.detach(1), Some(1));
+        assert!(
+            gone.is_cancelled(),
+            "detach wakes what waits on connection 1"
+        );
+        assert!(!session.send_on(1, chunk("d", 2)).await);
+        let (tx2, mut rx2) = mpsc::channel(16);
+        let _ = session.attach(2, tx2, WriterControl::default());
+        assert!(replay(&session).is_empty(), "no chunk of 1 replayed on 2");
+        assert!(!session.send_on(1, chunk("d", 3)).await);
+        assert!(rx2.try_recv().is_err());
+        // A takeover (no detach first) stops what is tied to the connection taken from.
+        let gone2 = session.connection_gone(2);
+        let (tx3, _rx3) = mpsc::channel(16);
+        let _ = session.attach(3, tx3, WriterControl::default());
+        assert!(gone2.is_cancelled());
     }
 
     #[test]

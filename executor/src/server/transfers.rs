@@ -256,7 +256,10 @@ impl Job {
         };
         let read = async {
             match answer {
-                Answer::Download => forward_download(&self.session, &id, &ring, &failed).await,
+                Answer::Download => {
+                    let on = (self.connection, &self.cancel);
+                    forward_download(&self.session, on, &id, &ring, &failed).await
+                }
                 _ => read_header(&ring, &failed)
                     .await
                     .map(|(header, _)| (header, 0)),
@@ -287,6 +290,15 @@ impl Job {
             (None, Ok(result), Ok((header, sent))) => {
                 answer_from(&id, answer, header, sent, result)
             }
+        };
+        // Its chunks went to a connection that is gone since: some may never have arrived.
+        let reply = match reply {
+            Ok(ServerMessage::Downloaded(done))
+                if self.session.connection_gone(self.connection).is_cancelled() =>
+            {
+                Err(connection_dropped(done.bytes))
+            }
+            other => other,
         };
         let reply = reply.unwrap_or_else(|err| {
             ServerMessage::Error(ErrorMessage {
@@ -414,16 +426,39 @@ async fn read_header(
     }
 }
 
-/// Send a download's bytes as they come, in `download_data` chunks; the connection's pace
-/// sets the payload's (the ring is a bounded queue). A connection that drops ends it: the
-/// client downloads the rest from its offset.
+/// A download's answer once the connection it started on is gone.
+fn connection_dropped(sent: u64) -> ExecError {
+    ExecError::new(
+        ErrorCode::EnvironmentError,
+        format!(
+            "the connection dropped during the download after {sent} bytes; \
+             download the rest with offset"
+        ),
+    )
+}
+
+/// Send a download's bytes as they come, in `download_data` chunks, to the connection it
+/// started on; the connection's pace sets the payload's (the ring is a bounded queue). Once
+/// that connection is gone (dropped, or the session resumed on another) the download fails at
+/// once: no chunk goes to another connection, and the client downloads the rest from its
+/// offset, and the payload is stopped (`stop`: it would wait for a reader that is gone).
 async fn forward_download(
     session: &Session,
+    (connection, stop): (u64, &CancellationToken),
     id: &str,
     ring: &OutputRing,
     failed: &CancellationToken,
 ) -> Result<(Header, u64), ExecError> {
-    let (header, mut offset) = read_header(ring, failed).await?;
+    let gone = session.connection_gone(connection);
+    let dropped = |sent: u64| {
+        stop.cancel();
+        ring.discarded.cancel();
+        Err(connection_dropped(sent))
+    };
+    let (header, mut offset) = tokio::select! {
+        header = read_header(ring, failed) => header?,
+        () = gone.cancelled() => return dropped(0),
+    };
     if matches!(header, Header::Error { .. }) {
         ring.discarded.cancel();
         return Ok((header, 0));
@@ -434,28 +469,21 @@ async fn forward_download(
         tokio::select! {
             () = ring.wait_for(offset, Duration::from_secs(60)) => {}
             () = failed.cancelled() => return Err(ExecError::new(ErrorCode::Internal, "the download stopped")),
+            () = gone.cancelled() => return dropped(sent),
         }
         let slice = ring.read(offset, DOWNLOAD_CHUNK);
         offset = slice.next_offset;
         if !slice.data.is_empty() {
-            if !session.is_attached() {
-                ring.discarded.cancel();
-                return Err(ExecError::new(
-                    ErrorCode::EnvironmentError,
-                    format!(
-                        "the connection dropped during the download after {sent} bytes; \
-                         download the rest with offset"
-                    ),
-                ));
-            }
-            sent += slice.data.len() as u64;
             let chunk = ServerMessage::DownloadData(DownloadData {
                 id: id.to_string(),
                 seq,
                 data: b64().encode(&slice.data),
             });
+            if !session.send_on(connection, chunk).await {
+                return dropped(sent);
+            }
+            sent += slice.data.len() as u64;
             seq += 1;
-            session.send(chunk).await;
         }
         if slice.eof {
             return Ok((header, sent));

@@ -747,3 +747,87 @@ async fn a_tar_upload_does_not_create_set_id_files_either() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_download_whose_connection_drops_fails_at_once_and_the_rest_comes_by_offset() {
+    // protocol/README.md, flow control: a download is tied to its connection. Dropped part
+    // way (no close frame), it fails with an error the resume delivers, well before the
+    // daemon's 60 s wait for a chunk; none of its chunks follow on the new connection.
+    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
+    let content = random(16 << 20);
+    std::fs::write(daemon.workspace.join("big.bin"), &content).unwrap();
+    let mut client = daemon.connect().await;
+    let session = client.hello.session.clone();
+    client
+        .send(&ClientMessage::Download(download_req("dl", "big.bin")))
+        .await;
+    let mut got = Vec::new();
+    for seq in 0..3 {
+        match client.reply_for("dl").await {
+            ServerMessage::DownloadData(chunk) => {
+                assert_eq!(chunk.seq, seq);
+                got.extend_from_slice(&executor_tests::unb64(&chunk.data));
+            }
+            other => panic!("expected download_data, got {other:?}"),
+        }
+    }
+    assert!(got.len() < content.len(), "the download was cut part way");
+    drop(client);
+    let mut client = daemon.connect().await;
+    let resumed_at = std::time::Instant::now();
+    client
+        .send(&ClientMessage::Resume(protocol::ResumeRequest {
+            session,
+            awaiting: vec!["dl".into()],
+        }))
+        .await;
+    match client.recv().await {
+        Some(ServerMessage::Resumed(_)) => {}
+        other => panic!("expected resumed, got {other:?}"),
+    }
+    let err = loop {
+        let msg = client
+            .recv_within(Duration::from_secs(20).saturating_sub(resumed_at.elapsed()))
+            .await
+            .unwrap_or_else(|()| {
+                panic!(
+                    "no answer for the dropped download within 20 s; daemon log:\n{}",
+                    daemon.log()
+                )
+            })
+            .expect("connection open");
+        match msg {
+            ServerMessage::Error(e) if e.id.as_deref() == Some("dl") => break e,
+            ServerMessage::DownloadData(c) if c.id == "dl" => {
+                panic!(
+                    "chunk {} of the dropped download on the new connection",
+                    c.seq
+                )
+            }
+            _ => {}
+        }
+    };
+    eprintln!("the error came {:?} after the resume", resumed_at.elapsed());
+    assert_eq!(err.code, ErrorCode::EnvironmentError, "{err:?}");
+    assert!(err.message.contains("offset"), "{}", err.message);
+    assert!(
+        resumed_at.elapsed() < Duration::from_secs(20),
+        "answered after {:?}",
+        resumed_at.elapsed()
+    );
+    // Nothing more of it follows.
+    while let Ok(Some(msg)) = client.recv_within(Duration::from_millis(500)).await {
+        if let ServerMessage::DownloadData(c) = &msg {
+            assert_ne!(c.id, "dl", "chunk {} after the error", c.seq);
+        }
+    }
+    // Allowed: the rest, by offset, on the new connection, completes the file byte for byte.
+    let mut rest = download_req("dl-rest", "big.bin");
+    rest.offset = got.len() as u64;
+    got.extend_from_slice(&client.download(rest).await.unwrap().data);
+    assert_eq!(got.len(), content.len());
+    assert!(
+        got == content,
+        "the pieces differ from the file on the host"
+    );
+}
