@@ -678,13 +678,12 @@ impl Job {
                         }))
                         .await;
                 }
-                process.exit.send_replace(Some(exited(result)));
+                self.session.processes.end(&process, exited(result));
                 // Its stdin feeder stops, closing our end of its socket: an ended process
                 // kept for reading holds no descriptor (idle sessions held 8 each), nor
                 // queues.
                 process.abort.cancel();
                 process.close_inputs();
-                self.session.processes.forget_old_ended(Kind::Process);
             }
             Err(err) => {
                 self.session.processes.remove(&id, &process);

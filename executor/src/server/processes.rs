@@ -258,7 +258,22 @@ impl Processes {
     /// ran at once used to be kept until the next spawn). Per kind: answered uploads (kept so
     /// late writes are dropped quietly) never push a process's output out.
     pub fn forget_old_ended(&self, kind: Kind) {
+        Self::forget_old_ended_locked(&mut self.lock(), kind);
+    }
+
+    /// A process ended: its exit recorded and the oldest ended forgotten in one step under
+    /// the table's lock, so that a client told of the exit (a `wait` woken by it) never finds
+    /// more than [`KEPT_ENDED`] kept when it asks next.
+    pub fn end(&self, process: &Process, exited: Exited) {
         let mut guard = self.lock();
+        process.exit.send_replace(Some(exited));
+        Self::forget_old_ended_locked(&mut guard, process.kind);
+    }
+
+    fn forget_old_ended_locked(
+        guard: &mut MutexGuard<'_, (HashMap<String, Arc<Process>>, u64)>,
+        kind: Kind,
+    ) {
         let mut ended: Vec<(u64, String)> = guard
             .0
             .values()
