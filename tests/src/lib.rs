@@ -474,7 +474,13 @@ impl Client {
 
     /// Run `command` and return its result, failing the test on a protocol error.
     pub async fn run(&mut self, id: &str, command: &str) -> ExecResult {
-        self.exec(req(id, command))
+        self.run_req(req(id, command)).await
+    }
+
+    /// Run a request and return its result, failing the test on a protocol error.
+    pub async fn run_req(&mut self, r: ExecRequest) -> ExecResult {
+        let id = r.id.clone();
+        self.exec(r)
             .await
             .result
             .unwrap_or_else(|e| panic!("{id}: {e:?}"))

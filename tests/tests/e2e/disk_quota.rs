@@ -30,15 +30,6 @@ fn in_profile(id: &str, command: &str, profile: &str) -> protocol::ExecRequest {
     r
 }
 
-async fn run(client: &mut Client, r: protocol::ExecRequest) -> protocol::ExecResult {
-    let id = r.id.clone();
-    client
-        .exec(r)
-        .await
-        .result
-        .unwrap_or_else(|err| panic!("{id}: {err:?}"))
-}
-
 /// Mount points beneath `dir`, from the host's mount table.
 fn mounts_under(dir: &Path) -> Vec<String> {
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -129,15 +120,13 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
     assert_eq!(bob.hello.disk_quota.bytes, Some(64 * MIB));
 
     // Past the quota: dd fails with ENOSPC inside the sandbox; the result names the quota.
-    let full = run(
-        &mut alice,
-        in_profile(
+    let full = alice
+        .run_req(in_profile(
             "fill",
             "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
             "strict",
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert!(
         full.output.contains("No space left on device") && full.output.contains("rc=1"),
         "{full:?}"
@@ -153,15 +142,13 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
     assert!(size > 8 * MIB && size < 16 * MIB, "{size}");
 
     // Another client writes twice as much, on a filesystem of its own.
-    let other = run(
-        &mut bob,
-        in_profile(
+    let other = bob
+        .run_req(in_profile(
             "write",
             "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
             "strict",
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert!(other.output.contains("rc=0"), "{other:?}");
     assert!(other.extra.limits_hit.is_empty(), "{other:?}");
     let bobs = Path::new(&bob.hello.workspace).join("big");
@@ -169,26 +156,22 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
 
     // The same client, under its quota again, writes fine; its home and TMPDIR count too
     // (landlock's commands have them).
-    let again = run(
-        &mut alice,
-        in_profile(
+    let again = alice
+        .run_req(in_profile(
             "again",
             "rm big && dd if=/dev/zero of=small bs=1M count=4 2>&1 && echo rc=$?",
             "strict",
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert!(again.output.contains("rc=0"), "{again:?}");
     assert!(again.extra.limits_hit.is_empty(), "{again:?}");
-    let tmp = run(
-        &mut alice,
-        in_profile(
+    let tmp = alice
+        .run_req(in_profile(
             "tmp",
             "dd if=/dev/zero of=\"$TMPDIR/t\" bs=1M count=32 2>&1; echo rc=$?; echo tmp=$TMPDIR",
             "landlock",
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert!(
         tmp.output.contains("No space left on device") && tmp.output.contains("rc=1"),
         "{tmp:?}"
@@ -197,11 +180,13 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
         tmp.extra.limits_hit.contains(&"disk_bytes".to_string()),
         "{tmp:?}"
     );
-    let home = run(
-        &mut alice,
-        in_profile("home", "rm \"$TMPDIR/t\"; echo $HOME", "landlock"),
-    )
-    .await;
+    let home = alice
+        .run_req(in_profile(
+            "home",
+            "rm \"$TMPDIR/t\"; echo $HOME",
+            "landlock",
+        ))
+        .await;
     let home = home.output.trim();
     // The home is the client's own, on its volume (not the host's /tmp).
     assert!(
@@ -234,7 +219,7 @@ async fn creating_files_past_the_file_quota_gets_enospc_and_the_result_names_the
     assert_eq!(alice.hello.disk_quota.files, Some(100));
     let touch =
         "for i in $(seq 1 300); do touch f$i 2>&1 || { echo stopped=$i; break; }; done; ls | wc -l";
-    let full = run(&mut alice, in_profile("files", touch, "strict")).await;
+    let full = alice.run_req(in_profile("files", touch, "strict")).await;
     assert!(
         full.output.contains("No space left on device") && full.output.contains("stopped="),
         "{full:?}"
@@ -248,7 +233,7 @@ async fn creating_files_past_the_file_quota_gets_enospc_and_the_result_names_the
     let made = std::fs::read_dir(&alice.hello.workspace).unwrap().count();
     assert!((50..300).contains(&made), "{made}");
     // Bob's quota has files to spare (one per 16 KiB: 2048).
-    let fine = run(&mut bob, in_profile("files", touch, "strict")).await;
+    let fine = bob.run_req(in_profile("files", touch, "strict")).await;
     assert!(!fine.output.contains("stopped="), "{fine:?}");
     assert!(fine.extra.limits_hit.is_empty(), "{fine:?}");
     assert_eq!(
@@ -256,11 +241,13 @@ async fn creating_files_past_the_file_quota_gets_enospc_and_the_result_names_the
         300
     );
     // Alice, under her quota again, creates files.
-    let again = run(
-        &mut alice,
-        in_profile("again", "rm -f f*; touch a b c && echo made", "strict"),
-    )
-    .await;
+    let again = alice
+        .run_req(in_profile(
+            "again",
+            "rm -f f*; touch a b c && echo made",
+            "strict",
+        ))
+        .await;
     assert!(again.output.contains("made"), "{again:?}");
     assert!(again.extra.limits_hit.is_empty(), "{again:?}");
     drop((alice, bob));
@@ -295,22 +282,22 @@ async fn a_single_token_daemon_puts_its_workspace_under_the_quota_its_flags_set(
         "{} is on no volume",
         workspace.display()
     );
-    let full = run(
-        &mut client,
-        in_profile(
+    let full = client
+        .run_req(in_profile(
             "fill",
             "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
             "strict",
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert!(full.output.contains("No space left on device"), "{full:?}");
     assert!(full.extra.limits_hit.contains(&"disk_bytes".to_string()));
-    let small = run(
-        &mut client,
-        in_profile("small", "rm big; echo hi > small && cat small", "strict"),
-    )
-    .await;
+    let small = client
+        .run_req(in_profile(
+            "small",
+            "rm big; echo hi > small && cat small",
+            "strict",
+        ))
+        .await;
     assert_eq!(small.output, "hi\n");
     assert!(small.extra.limits_hit.is_empty(), "{small:?}");
     assert_eq!(
@@ -319,29 +306,25 @@ async fn a_single_token_daemon_puts_its_workspace_under_the_quota_its_flags_set(
     );
     // Every profile writes the workspace on its volume, and is bound by its quota.
     for profile in ["landlock", "task-container"] {
-        let wrote = run(
-            &mut client,
-            in_profile(
+        let wrote = client
+            .run_req(in_profile(
                 profile,
                 &format!("echo {profile} > {profile} && cat {profile}"),
                 profile,
-            ),
-        )
-        .await;
+            ))
+            .await;
         assert_eq!(wrote.output, format!("{profile}\n"), "{wrote:?}");
         assert_eq!(
             std::fs::read_to_string(workspace.join(profile)).unwrap(),
             format!("{profile}\n")
         );
-        let full = run(
-            &mut client,
-            in_profile(
+        let full = client
+            .run_req(in_profile(
                 "fill",
                 "dd if=/dev/zero of=big bs=1M count=32 2>&1; rm -f big",
                 profile,
-            ),
-        )
-        .await;
+            ))
+            .await;
         assert!(
             full.output.contains("No space left on device"),
             "{profile}: {full:?}"
@@ -494,15 +477,13 @@ async fn a_session_scratch_is_on_its_clients_volume_and_goes_with_the_session() 
     leftovers.0 = Some(daemon.state.path().to_path_buf());
     let mut alice = connect(&daemon, ALICE).await;
     let scratch = Path::new(&alice.hello.workspace).to_path_buf();
-    let full = run(
-        &mut alice,
-        in_profile(
+    let full = alice
+        .run_req(in_profile(
             "fill",
             "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
             "strict",
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert!(full.output.contains("No space left on device"), "{full:?}");
     assert!(full.extra.limits_hit.contains(&"disk_bytes".to_string()));
     let volume = mounts_under(daemon.state.path());
@@ -520,15 +501,13 @@ async fn a_session_scratch_is_on_its_clients_volume_and_goes_with_the_session() 
         scratch.display()
     );
     let mut again = connect(&daemon, ALICE).await;
-    let fits = run(
-        &mut again,
-        in_profile(
+    let fits = again
+        .run_req(in_profile(
             "fits",
             "dd if=/dev/zero of=f bs=1M count=8 2>&1; echo rc=$?",
             "strict",
-        ),
-    )
-    .await;
+        ))
+        .await;
     assert!(fits.output.contains("rc=0"), "{fits:?}");
     assert!(fits.extra.limits_hit.is_empty(), "{fits:?}");
     drop(again);
@@ -570,11 +549,9 @@ async fn a_quota_larger_than_the_hosts_free_disk_is_refused_with_an_error_naming
         .path()
         .join("volumes/alice.img.partial")
         .exists());
-    let ok = run(
-        &mut bob,
-        in_profile("small", "echo ran > f && cat f", "strict"),
-    )
-    .await;
+    let ok = bob
+        .run_req(in_profile("small", "echo ran > f && cat f", "strict"))
+        .await;
     assert_eq!(ok.output, "ran\n");
     drop((alice, bob));
     stop_and_check_nothing_left(daemon).await;
@@ -624,11 +601,9 @@ async fn a_restart_after_sigkill_unmounts_what_was_left_and_the_workspace_keeps_
     let state = daemon.state.path().to_path_buf();
     leftovers.0 = Some(state.clone());
     let mut client = daemon.connect().await;
-    let kept = run(
-        &mut client,
-        in_profile("keep", "echo kept > kept", "strict"),
-    )
-    .await;
+    let kept = client
+        .run_req(in_profile("keep", "echo kept > kept", "strict"))
+        .await;
     assert_eq!(kept.returncode, 0, "{kept:?}");
     drop(client);
     // Killed: nothing of the daemon unmounts its volume.
@@ -641,7 +616,9 @@ async fn a_restart_after_sigkill_unmounts_what_was_left_and_the_workspace_keeps_
     assert_eq!(mounts_under(&state).len(), 1, "{:?}", mounts_under(&state));
     assert_eq!(loops_under(&state).len(), 1, "{:?}", loops_under(&state));
     let mut client = Client::connect(&url, Some(&daemon.token)).await.unwrap();
-    let read = run(&mut client, in_profile("read", "cat kept", "strict")).await;
+    let read = client
+        .run_req(in_profile("read", "cat kept", "strict"))
+        .await;
     assert_eq!(read.output, "kept\n");
     drop(client);
     nix::sys::signal::kill(
@@ -691,15 +668,13 @@ async fn many_clients_first_commands_at_once_each_get_a_volume_of_their_own() {
         .iter_mut()
         .enumerate()
         .map(|(i, client)| async move {
-            let r = run(
-                client,
-                in_profile(
+            let r = client
+                .run_req(in_profile(
                     "first",
                     &format!("echo {i} > mine && stat -f -c %i ."),
                     "strict",
-                ),
-            )
-            .await;
+                ))
+                .await;
             (i, r, client.hello.workspace.clone())
         });
     let mut points = std::collections::BTreeSet::new();
@@ -745,11 +720,9 @@ async fn a_workspace_the_operator_names_stays_the_operators_and_the_hello_says_i
     assert!(info.reason.contains("--workspace"), "{info:?}");
     assert_eq!(client.hello.workspace, tree.path().display().to_string());
     // The workspace is the operator's tree on the host's disk; the home is on the volume.
-    let r = run(
-        &mut client,
-        in_profile("where", "echo hi > f && echo $HOME", "landlock"),
-    )
-    .await;
+    let r = client
+        .run_req(in_profile("where", "echo hi > f && echo $HOME", "landlock"))
+        .await;
     assert_eq!(
         std::fs::read_to_string(tree.path().join("f")).unwrap(),
         "hi\n"

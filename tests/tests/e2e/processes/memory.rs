@@ -203,7 +203,7 @@ async fn a_running_processs_output_counts_against_the_output_quota_as_it_arrives
     });
     let mut client = Client::connect(&daemon.url, Some(ALICE)).await.unwrap();
     // Allowed case: within the quota a command runs.
-    let ok = run(&mut client, req("before", "echo fine")).await;
+    let ok = client.run_req(req("before", "echo fine")).await;
     assert_eq!(ok.output, "fine\n");
     spawn(
         &mut client,

@@ -142,15 +142,6 @@ async fn signal(client: &mut Client, id: &str, name: &str, foreground: bool) {
     }
 }
 
-async fn run(client: &mut Client, r: protocol::ExecRequest) -> protocol::ExecResult {
-    let id = r.id.clone();
-    client
-        .exec(r)
-        .await
-        .result
-        .unwrap_or_else(|e| panic!("{id}: {e:?}"))
-}
-
 async fn list(client: &mut Client) -> Vec<protocol::ProcessInfo> {
     let tag = format!("list-{}", marker());
     client

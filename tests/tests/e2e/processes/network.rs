@@ -61,7 +61,7 @@ async fn a_server_spawned_under_task_container_is_reached_by_a_second_command_an
     let url = format!("http://127.0.0.1:{port}/hello.txt");
     let mut exec = req("client", &fetch(&url));
     exec.profile = Some("task-container".into());
-    let result = run(&mut client, exec).await;
+    let result = client.run_req(exec).await;
     assert_eq!(result.output, format!("served {m}\n"), "{result:?}");
     // The host reaches it too, and the server logged both requests.
     let body = executor_tests::http_get(
