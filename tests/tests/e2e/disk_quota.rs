@@ -73,6 +73,14 @@ impl Drop for Leftovers {
     }
 }
 
+/// A daemon serving the clients file, with its volumes unmounted whatever the test's end
+/// (the `Leftovers` outlives the daemon: declared first, dropped last).
+fn start_with_volumes(file: &Path) -> (Leftovers, Daemon) {
+    let daemon = start(file, &[]);
+    let leftovers = Leftovers(Some(daemon.state.path().to_path_buf()));
+    (leftovers, daemon)
+}
+
 /// Stop the daemon as an operator would, then check that it left no mount and no loop device.
 async fn stop_and_check_nothing_left(mut daemon: Daemon) {
     let state = daemon.state.path().to_path_buf();
@@ -108,9 +116,7 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
         {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client",
          "disk_quota_bytes": 64 * MIB},
     ]}));
-    let mut leftovers = Leftovers::default();
-    let daemon = start(&file, &[]);
-    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let (_leftovers, daemon) = start_with_volumes(&file);
     let mut alice = connect(&daemon, ALICE).await;
     let mut bob = connect(&daemon, BOB).await;
     let quota = &alice.hello.disk_quota;
@@ -211,9 +217,7 @@ async fn creating_files_past_the_file_quota_gets_enospc_and_the_result_names_the
         {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client",
          "disk_quota_bytes": 32 * MIB},
     ]}));
-    let mut leftovers = Leftovers::default();
-    let daemon = start(&file, &[]);
-    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let (_leftovers, daemon) = start_with_volumes(&file);
     let mut alice = connect(&daemon, ALICE).await;
     let mut bob = connect(&daemon, BOB).await;
     assert_eq!(alice.hello.disk_quota.files, Some(100));
@@ -472,9 +476,7 @@ async fn a_session_scratch_is_on_its_clients_volume_and_goes_with_the_session() 
         {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_connection",
          "disk_quota_bytes": 16 * MIB},
     ]}));
-    let mut leftovers = Leftovers::default();
-    let daemon = start(&file, &[]);
-    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let (_leftovers, daemon) = start_with_volumes(&file);
     let mut alice = connect(&daemon, ALICE).await;
     let scratch = Path::new(&alice.hello.workspace).to_path_buf();
     let full = alice
@@ -527,9 +529,7 @@ async fn a_quota_larger_than_the_hosts_free_disk_is_refused_with_an_error_naming
         {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client",
          "disk_quota_bytes": 16 * MIB},
     ]}));
-    let mut leftovers = Leftovers::default();
-    let daemon = start(&file, &[]);
-    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let (_leftovers, daemon) = start_with_volumes(&file);
     let mut alice = connect(&daemon, ALICE).await;
     let mut bob = connect(&daemon, BOB).await;
     let err = alice
@@ -566,9 +566,7 @@ async fn an_upload_past_the_quota_fails_with_enospc_and_a_smaller_one_lands() {
         {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
          "disk_quota_bytes": 16 * MIB},
     ]}));
-    let mut leftovers = Leftovers::default();
-    let daemon = start(&file, &[]);
-    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let (_leftovers, daemon) = start_with_volumes(&file);
     let mut alice = connect(&daemon, ALICE).await;
     let workspace = Path::new(&alice.hello.workspace).to_path_buf();
     let big = vec![7u8; 32 * MIB as usize];
@@ -657,9 +655,7 @@ async fn many_clients_first_commands_at_once_each_get_a_volume_of_their_own() {
         })
         .collect();
     let (_dir, file) = clients_file(&serde_json::json!({ "clients": entries }));
-    let mut leftovers = Leftovers::default();
-    let daemon = start(&file, &[]);
-    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let (_leftovers, daemon) = start_with_volumes(&file);
     let mut clients = Vec::new();
     for token in &tokens {
         clients.push(connect(&daemon, token).await);
@@ -748,9 +744,7 @@ async fn a_spawned_process_past_the_quota_exits_with_the_quota_named_and_one_und
         {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
          "disk_quota_bytes": 16 * MIB},
     ]}));
-    let mut leftovers = Leftovers::default();
-    let daemon = start(&file, &[]);
-    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let (_leftovers, daemon) = start_with_volumes(&file);
     let mut alice = connect(&daemon, ALICE).await;
     let under = spawn_and_wait(
         &mut alice,
