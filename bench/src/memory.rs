@@ -33,6 +33,8 @@ pub(crate) struct MemoryReport {
     pub peak_rss_kib: u64,
     pub kept_bytes: u64,
     pub seconds: f64,
+    /// Connections refused with HTTP 503 (the budget had no room for them).
+    pub refused: usize,
 }
 
 /// One session: connect, run `processes` processes printing 1 MiB at once, wait until none
@@ -117,8 +119,14 @@ pub(crate) async fn measure(
     let mut filling = futures_util::stream::iter(0..plan.sessions)
         .map(|s| fill(&daemon, s, plan.processes))
         .buffer_unordered(AT_ONCE);
+    let mut refused = 0;
     while let Some(client) = filling.next().await {
-        held.push(client?);
+        match client {
+            Ok(client) => held.push(client),
+            // Past the budget the daemon refuses connections (their cost counts in it).
+            Err(err) if format!("{err:#}").contains("503") => refused += 1,
+            Err(err) => return Err(err),
+        }
         if held.len() % 100 == 0 {
             eprintln!(
                 "bench: {} sessions, daemon RSS {} MiB",
@@ -151,6 +159,7 @@ pub(crate) async fn measure(
         peak_rss_kib: peak,
         kept_bytes,
         seconds,
+        refused,
     })
 }
 
@@ -181,6 +190,20 @@ pub(crate) fn markdown(r: &MemoryReport) -> String {
     out.push_str(&format!(
         "| growth past the budget | {:.1} MiB, {per_session:.1} KiB per session |\n",
         over_budget as f64 / 1024.0
+    ));
+    out.push_str(&format!(
+        "| growth against the budget | {:.1} of {} MiB ({}) |\n",
+        grown as f64 / 1024.0,
+        r.budget_mb,
+        if over_budget == 0 {
+            "within"
+        } else {
+            "PAST IT"
+        }
+    ));
+    out.push_str(&format!(
+        "| refused connections (HTTP 503, memory budget full) | {} |\n",
+        r.refused
     ));
     out
 }

@@ -16,6 +16,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+/// What an open connection costs the daemon before it keeps anything: its task, its session,
+/// the WebSocket's read buffer and (with replies sent in frames of 16 KiB) its write buffer,
+/// its outbound queue. Counted from the handshake to the close, so that idle connections
+/// alone cannot take the daemon past its budget; measured (39.4 KiB) with `executor-bench
+/// --memory-sessions N --memory-processes 0` (bench/README.md).
+pub const CONNECTION_BYTES: u64 = 48 * 1024;
+/// What a process's entry in its session's table costs besides its output and its command
+/// text (counted too): the entry, its ring's and exit's channels, its stdin budget, and the
+/// allocator's page around a ring of 1 MiB. Counted until the entry is forgotten (8 ended
+/// processes are kept per session); measured (8.7 KiB) with `executor-bench --memory-sessions
+/// N --memory-budget-mb 4096`, against `--memory-processes 0`.
+pub const RECORD_BYTES: u64 = 10 * 1024;
+
 /// Kept data that can give bytes back: a process's output ring.
 pub trait Evictable: Send + Sync {
     /// Drop up to `want` of the oldest bytes; returns how many were dropped (and released
@@ -37,6 +50,9 @@ pub struct MemoryBudget {
 struct State {
     used: u64,
     clients: HashMap<Arc<str>, u64>,
+    /// Read buffers of connections that grew past their start, by the order they grew: the
+    /// first to go (giving one back costs its client a resume, not data).
+    buffers: BTreeMap<u64, Entry>,
     /// Rings of running processes, by registration order.
     running: BTreeMap<u64, Entry>,
     /// Rings of ended processes, by the order they ended.
@@ -182,8 +198,9 @@ impl MemoryBudget {
         granted
     }
 
-    /// Drop kept data of `client` (or of anyone) until `need` bytes are free: ended rings,
-    /// the first ended first, then running rings' oldest bytes, oldest ring first.
+    /// Drop kept data of `client` (or of anyone) until `need` bytes are free: connections'
+    /// grown read buffers (the connection is closed for its client to resume), then ended
+    /// rings, the first ended first, then running rings' oldest bytes, oldest ring first.
     fn make_room(
         &self,
         state: &mut State,
@@ -193,8 +210,12 @@ impl MemoryBudget {
         alive: &mut Vec<Arc<dyn Evictable>>,
     ) {
         let mut freed = 0;
-        for ended in [true, false] {
-            let map = if ended { &state.ended } else { &state.running };
+        for tier in 0..3 {
+            let map = match tier {
+                0 => &state.buffers,
+                1 => &state.ended,
+                _ => &state.running,
+            };
             let candidates: Vec<(u64, Arc<str>, Weak<dyn Evictable>)> = map
                 .iter()
                 .filter(|(key, e)| Some(**key) != exclude && client.is_none_or(|c| *c == e.client))
@@ -259,6 +280,13 @@ impl Owner {
         }
     }
 
+    /// Whether the client's or the daemon's budget is past its limit (what was forced in
+    /// could not be made room for).
+    pub fn over_budget(&self) -> bool {
+        let (all, mine) = self.budget.used(&self.client);
+        all > self.budget.limit || self.limit.is_some_and(|limit| mine > limit)
+    }
+
     /// Count output against `usage` (the client's output quota) as it arrives.
     pub fn counting_output(mut self, usage: Arc<crate::clients::Usage>) -> Self {
         self.usage = Some(usage);
@@ -284,10 +312,25 @@ impl Owner {
 
     /// A holder whose bytes may be dropped to make room for others (an output ring).
     pub fn hold_evictable(&self, ring: Weak<dyn Evictable>) -> Held {
+        self.hold_in(ring, false)
+    }
+
+    /// A connection's read buffer past its start: given back (by closing the connection,
+    /// whose session waits for a resume) before any output is dropped.
+    pub fn hold_read_buffer(&self, connection: Weak<dyn Evictable>) -> Held {
+        self.hold_in(connection, true)
+    }
+
+    fn hold_in(&self, ring: Weak<dyn Evictable>, buffer: bool) -> Held {
         let mut state = self.budget.lock();
         state.next_key += 1;
         let key = state.next_key;
-        state.running.insert(
+        let tier = if buffer {
+            &mut state.buffers
+        } else {
+            &mut state.running
+        };
+        tier.insert(
             key,
             Entry {
                 client: self.client.clone(),
@@ -303,13 +346,18 @@ impl Owner {
 }
 
 impl Held {
-    #[cfg(test)]
-    fn bytes(&self) -> u64 {
+    /// Bytes held now.
+    pub fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Acquire)
     }
 
     pub fn owner(&self) -> &Owner {
         &self.owner
+    }
+
+    /// Whether the budget may take the holder's bytes back (see [`Evictable`]).
+    pub fn is_evictable(&self) -> bool {
+        self.key().is_some()
     }
 
     fn key(&self) -> Option<u64> {
@@ -370,6 +418,11 @@ impl Held {
         self.take(bytes);
     }
 
+    /// The budget took everything the holder had (see [`Evictable::evict`]); returns how much.
+    pub fn evicted_all(&self) -> u64 {
+        self.take(u64::MAX)
+    }
+
     /// The holder's data is complete (a process's output ended): it goes among the first to
     /// be dropped, after what ended before it.
     pub fn ended(&self) {
@@ -392,6 +445,7 @@ impl Drop for Held {
             let mut state = self.owner.budget.lock();
             state.running.remove(&key);
             state.ended.remove(&key);
+            state.buffers.remove(&key);
         }
         let bytes = std::mem::take(self.bytes.get_mut());
         self.owner.budget.release(&self.owner, bytes);

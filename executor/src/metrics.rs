@@ -183,7 +183,8 @@ impl Metrics {
             "limit_hits",
             "Limits commands ran into, by client and limit: processes and memory (cgroup \
              limits of the profile), timeout, output (the output kept was cut to its head and \
-             tail)",
+             tail); and memory_budget_connection_shed: a connection dropped to give its grown \
+             read buffer back to the memory budget",
             limit_hits.clone(),
         );
         let memory = MemoryGauges::default();

@@ -258,8 +258,9 @@ impl Evictable for OutputRing {
             .min(usize::try_from(want).unwrap_or(usize::MAX));
         state.buf.drain(..n);
         state.start += n as u64;
-        if state.eof {
-            // An ended ring gives its memory back, not only its bytes.
+        // The ring gives its memory back, not only its bytes: an ended one all of it, a
+        // running one what it would not fill again soon (it grows back by doubling).
+        if state.eof || state.buf.capacity() > 2 * state.buf.len() {
             state.buf.shrink_to_fit();
         }
         drop(state);

@@ -136,6 +136,15 @@ impl Connection {
             .counting_output(self.daemon.clients.usage(&self.client.name))
     }
 
+    /// The memory-budget entry of a file operation's table entry named `label`: counted
+    /// whatever the budget says (a file operation's entry lives until it is answered, and
+    /// 8 ended uploads are kept).
+    pub(super) fn record_of(&self, label: &str) -> crate::budget::Held {
+        let record = self.memory_owner().hold();
+        record.force(crate::budget::RECORD_BYTES + label.len() as u64);
+        record
+    }
+
     pub(super) async fn handle_v1_1(&mut self, msg: ClientMessage, draining: bool) {
         let id = request_id(&msg);
         let handled = match msg {
@@ -200,6 +209,15 @@ impl Connection {
             stream: false,
         };
         let buffer = limits.max_process_buffer_bytes;
+        // The process's entry is kept (until forgotten) on the client's behalf, and counted:
+        // refused here, before anything starts, when no room can be made for it.
+        let record = self.memory_owner().hold();
+        if !record.try_grow(crate::budget::RECORD_BYTES + req.command.len() as u64) {
+            return Err(ExecError::new(
+                ErrorCode::Busy,
+                format!("memory budget full: {}", record.owner().describe()),
+            ));
+        }
         let Some((mut valid, job, held)) = self.admit_job(exec, draining).await else {
             return Ok(());
         };
@@ -232,6 +250,7 @@ impl Connection {
             Kind::Process,
             ring,
             stdio,
+            record,
         );
         let task = self.session.tasks.track_future(async move {
             job.run_process(valid, attached, process).await;
@@ -572,6 +591,7 @@ pub(super) fn register(
     kind: Kind,
     ring: Arc<OutputRing>,
     stdio: Stdio,
+    record: crate::budget::Held,
 ) -> (Arc<Process>, Attached) {
     let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_QUEUE);
     let (signal_tx, signal_rx) = mpsc::channel(16);
@@ -585,6 +605,7 @@ pub(super) fn register(
         signal_tx,
     );
     process.pty = stdio.pty;
+    process.record = Some(record);
     process.started = std::sync::Mutex::new(Some(started_rx));
     let abort = process.abort.clone();
     let process = session.processes.insert(process);

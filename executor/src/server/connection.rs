@@ -20,9 +20,10 @@ use protocol::{
     ServerMessage,
 };
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +43,8 @@ const OUTBOUND_QUEUE: usize = 16;
 /// Sessions of one client kept for a resume at once; past it the oldest ends (its commands
 /// are killed), so a client dropping connections over and over cannot pile them up.
 const MAX_DETACHED_PER_CLIENT: usize = 32;
+/// Largest frame the writer sends: longer messages go out fragmented (see [`send_in_frames`]).
+pub(super) const FRAME_BYTES: usize = 16 * 1024;
 /// Time the writer gets to flush results and a close frame when the connection ends normally.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -60,7 +63,63 @@ enum Ending {
     Shutdown,
     /// We closed it (oversized message).
     Refused,
+    /// We dropped it to give its grown read buffer back (the memory budget was full): as when
+    /// a connection drops, its session is kept for a resume (no close frame: clients resume
+    /// after a drop, not after a close).
+    Shed,
 }
+
+/// What a connection's WebSocket read buffer grew to past [`READ_BUFFER_BYTES`], counted in
+/// the memory budget, which may take it back by dropping the connection (`shed`).
+struct ReadBuffer {
+    held: crate::budget::Held,
+    /// Cancelled when the budget wants the buffer back.
+    shed: CancellationToken,
+}
+
+impl ReadBuffer {
+    /// Sheddable only when a dropped connection keeps its session for a resume (a grace
+    /// period): else the growth is counted and kept.
+    fn new(owner: &crate::budget::Owner, sheddable: bool) -> Arc<Self> {
+        Arc::new_cyclic(|me: &std::sync::Weak<Self>| {
+            let held = if sheddable {
+                let me: std::sync::Weak<dyn crate::budget::Evictable> = me.clone();
+                owner.hold_read_buffer(me)
+            } else {
+                owner.hold()
+            };
+            Self {
+                held,
+                shed: CancellationToken::new(),
+            }
+        })
+    }
+
+    fn sheddable(&self) -> bool {
+        self.held.is_evictable()
+    }
+
+    /// The buffer grew by `bytes`: counted, after others' grown buffers and ended output
+    /// made room.
+    fn grew(&self, bytes: u64) {
+        self.held.force(bytes);
+    }
+}
+
+impl crate::budget::Evictable for ReadBuffer {
+    fn evict(&self, _want: u64) -> u64 {
+        // A buffer that never grew has nothing to give back: its connection stays.
+        if self.held.bytes() == 0 {
+            return 0;
+        }
+        self.shed.cancel();
+        self.held.evicted_all()
+    }
+}
+
+/// The WebSocket read buffer a connection starts with; a larger frame grows it, and it keeps
+/// that size for the connection's life (tungstenite reuses it), so the growth is counted.
+pub(super) const READ_BUFFER_BYTES: usize = 16 * 1024;
 
 pub async fn run(
     ws: Ws,
@@ -68,14 +127,19 @@ pub async fn run(
     peer: SocketAddr,
     connection: u64,
     client: Arc<Client>,
+    cost: crate::budget::Held,
 ) {
     tracing::info!(%peer, connection, client = %client.name, "client connected");
+
     let _open = daemon.metrics.connection_opened(&client.name);
     let (mut sink, mut stream) = ws.split();
     let (tx, mut rx) = mpsc::channel::<ServerMessage>(OUTBOUND_QUEUE);
     let (close_tx, mut close_rx) = oneshot::channel::<(CloseCode, &'static str)>();
 
     let grace = client.resume_grace.unwrap_or(daemon.resume_grace);
+    // The largest message read so far: tungstenite's read buffer holds about that much.
+    let mut read_peak = READ_BUFFER_BYTES;
+    let read_buffer = ReadBuffer::new(cost.owner(), !grace.is_zero());
     let scratch_root = (client.workspace == WorkspacePolicy::PerConnection)
         .then(|| daemon.workspaces.scratch_root_of(&client));
     let fresh = daemon.sessions.create(client.clone(), grace, scratch_root);
@@ -138,7 +202,7 @@ pub async fn run(
                 };
                 let closing = matches!(frame, Message::Close(_));
                 let sent = tokio::select! {
-                    sent = sink.send(frame) => Some(sent.is_ok()),
+                    sent = send_in_frames(&mut sink, frame) => Some(sent.is_ok()),
                     () = stop.cancelled() => None,
                     () = peer_closed.cancelled() => Some(false),
                 };
@@ -204,9 +268,27 @@ pub async fn run(
             // taken over must not run (its client resends it on the new connection).
             biased;
             () = evicted.cancelled() => break Ending::TakenOver,
+            () = read_buffer.shed.cancelled() => {
+                let why = cost.owner().describe();
+                tracing::warn!(%peer, connection, %why, "memory budget full; dropping a connection to give its grown read buffer back (its session waits for a resume)");
+                daemon.metrics.limit_hit(&conn.client.name, "memory_budget_connection_shed");
+                break Ending::Shed;
+            }
             frame = stream.next() => match frame {
-                Some(Ok(Message::Text(text))) => conn.handle_text(text.as_str(), draining).await,
-                Some(Ok(Message::Binary(_))) => {
+                Some(Ok(Message::Text(text))) => {
+                    let len = text.len();
+                    conn.handle_text(text.as_str(), draining).await;
+                    if len > read_peak {
+                        read_buffer.grew((len - read_peak) as u64);
+                        read_peak = len;
+                        // Past a budget with nothing else to give back: this connection's
+                        // own buffer goes (the message was handled; its replies wait for the
+                        // resume).
+                        if read_buffer.sheddable() && cost.owner().over_budget() {
+                            read_buffer.shed.cancel();
+                        }
+                    }
+                }                Some(Ok(Message::Binary(_))) => {
                     conn.error(None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text").await;
                 }
                 Some(Ok(Message::Close(_))) => break Ending::Closed,
@@ -255,7 +337,7 @@ pub async fn run(
     match ending {
         // Nobody reads replies any more: the writer answers the close frame and stops.
         Ending::Closed => peer_closed.cancel(),
-        Ending::Dropped | Ending::TakenOver => {
+        Ending::Dropped | Ending::TakenOver | Ending::Shed => {
             // Its queue goes back to the session before anything newer does, so the client
             // gets the replies in order when it resumes (or is resuming: the new connection
             // waits for this). It writes nothing more: this is quick.
@@ -277,7 +359,9 @@ pub async fn run(
         // this one finished): that one's end decided the session's fate, not ours. (Ended
         // here, a session kept for a resume was lost: found by the resume race test.)
         Some(_) if ending == Ending::TakenOver => {}
-        Some(generation) if ending == Ending::Dropped && !session.grace.is_zero() => {
+        Some(generation)
+            if matches!(ending, Ending::Dropped | Ending::Shed) && !session.grace.is_zero() =>
+        {
             tracing::info!(%peer, connection, session = %session.id, grace = ?session.grace, running = session.running.len(), "connection dropped; session kept for a resume");
             daemon.tasks.spawn(expire_after_grace(
                 daemon.clone(),
@@ -326,6 +410,34 @@ pub async fn end_session(daemon: &Daemon, session: &Session) {
             Err(err) => tracing::error!(%err, "scratch removal panicked"),
         }
     }
+}
+
+/// Send `message`, a text message in frames of at most [`FRAME_BYTES`] (RFC 6455 section
+/// 5.4 fragmentation). tungstenite's write buffer keeps the capacity of the largest frame it
+/// ever held for the connection's life: one result of 1 MiB sent whole made an idle
+/// connection hold 1 MiB until it closed (issue 35: 30 idle connections, +30 MiB).
+async fn send_in_frames<S>(sink: &mut S, message: Message) -> Result<(), WsError>
+where
+    S: futures_util::Sink<Message, Error = WsError> + Unpin,
+{
+    let text = match message {
+        Message::Text(text) if text.len() > FRAME_BYTES => text,
+        other => return sink.send(other).await,
+    };
+    let bytes = Bytes::from(text);
+    let mut from = 0;
+    while from < bytes.len() {
+        let to = (from + FRAME_BYTES).min(bytes.len());
+        let opcode = if from == 0 {
+            OpCode::Data(Data::Text)
+        } else {
+            OpCode::Data(Data::Continue)
+        };
+        let frame = Frame::message(bytes.slice(from..to), opcode, to == bytes.len());
+        sink.feed(Message::Frame(frame)).await?;
+        from = to;
+    }
+    sink.flush().await
 }
 
 /// End a detached session whose client did not come back in time.

@@ -435,6 +435,20 @@ fn upgrade(
             "expected a WebSocket upgrade (version 13)\n",
         );
     };
+    // The connection's own cost counts against the budgets like what it keeps: idle
+    // connections cannot take the daemon past them (an old one's output goes first).
+    let held = daemon
+        .memory
+        .owner(&client.name, client.limits.memory_budget_bytes)
+        .hold();
+    if !held.try_grow(crate::budget::CONNECTION_BYTES) {
+        let why = held.owner().describe();
+        tracing::warn!(%peer, client = %client.name, %why, "memory budget full; refusing a connection");
+        return text_owned(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("memory budget full: {why}; close idle connections or raise the budget\n"),
+        );
+    }
     let accept = derive_accept_key(key.as_bytes());
     let upgraded = hyper::upgrade::on(&mut req);
     let connection = daemon.next_connection.fetch_add(1, Ordering::Relaxed);
@@ -450,14 +464,14 @@ fn upgrade(
         };
         let limits = &daemon.engine.limits;
         let config = WebSocketConfig::default()
-            .read_buffer_size(16 * 1024)
-            .write_buffer_size(16 * 1024)
+            .read_buffer_size(connection::READ_BUFFER_BYTES)
+            .write_buffer_size(connection::FRAME_BYTES)
             // A result escapes at most 6 bytes of JSON per output byte (\u0000).
             .max_write_buffer_size(limits.max_message_bytes + limits.max_output_bytes * 6)
             .max_message_size(Some(limits.max_message_bytes))
             .max_frame_size(Some(limits.max_message_bytes));
         let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
-        connection::run(ws, daemon, peer, connection, client).await;
+        connection::run(ws, daemon, peer, connection, client, held).await;
     });
     let mut resp = Response::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;

@@ -77,6 +77,9 @@ pub struct Process {
     pub started: Mutex<Option<oneshot::Receiver<()>>>,
     /// Order of creation, to forget the oldest ended first.
     serial: u64,
+    /// The entry's own cost in the client's memory budget (its output counts in its ring's),
+    /// given back when the entry is forgotten.
+    pub record: Option<crate::budget::Held>,
 }
 
 impl Process {
@@ -101,6 +104,7 @@ impl Process {
             failure: Mutex::new(None),
             started: Mutex::new(None),
             serial: 0,
+            record: None,
         }
     }
 

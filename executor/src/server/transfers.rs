@@ -104,8 +104,16 @@ impl Connection {
         valid.spec.stdin = StdinKind::Socket;
         valid.spec.builtin = Some(op);
         let ring = OutputRing::new(MAX_HEADER_BYTES, false);
-        let (process, attached) =
-            register(&self.session, &valid.id, label, Kind::Upload, ring, stdio);
+        let record = self.record_of(&label);
+        let (process, attached) = register(
+            &self.session,
+            &valid.id,
+            label,
+            Kind::Upload,
+            ring,
+            stdio,
+            record,
+        );
         let task = self.session.tasks.track_future(async move {
             job.run_file_op(valid, attached, process, Answer::Upload)
                 .await;
@@ -212,8 +220,16 @@ impl Connection {
         };
         valid.spec.builtin = Some(op);
         let ring = OutputRing::kept_for(queue, false, Some(&self.memory_owner()));
-        let (process, attached) =
-            register(&self.session, &valid.id, label, Kind::Query, ring, stdio);
+        let record = self.record_of(&label);
+        let (process, attached) = register(
+            &self.session,
+            &valid.id,
+            label,
+            Kind::Query,
+            ring,
+            stdio,
+            record,
+        );
         let task = self.session.tasks.track_future(async move {
             job.run_file_op(valid, attached, process, answer).await;
             drop(held);

@@ -59,6 +59,7 @@ async fn metric(daemon: &Daemon, token: &str, name: &str) -> u64 {
 
 const ALICE: &str = "alice-token-0123456789abcdef0123456789";
 const BOB: &str = "bob-token-0123456789abcdef0123456789abc";
+const CAROL: &str = "carol-token-0123456789abcdef0123456789a";
 
 #[tokio::test]
 async fn a_client_past_its_memory_budget_loses_its_oldest_output_and_another_clients_is_intact() {
@@ -299,6 +300,222 @@ async fn stdin_queued_past_the_clients_memory_budget_is_busy_naming_it() {
             assert_eq!(e.code, ErrorCode::Busy, "{e:?}");
             assert!(e.message.contains("memory budget"), "{e:?}");
             assert!(e.message.contains("memory_budget_bytes"), "{e:?}");
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+}
+
+/// A `write` of 700 KB (512 KiB in base64) to no process: refused at once, after it was read.
+async fn send_big(client: &mut Client) {
+    client
+        .send(&ClientMessage::Write(WriteRequest {
+            id: "nobody".into(),
+            data: Some(b64(&vec![b'x'; 512 * 1024])),
+            text: None,
+            eof: false,
+        }))
+        .await;
+    match client.recv().await {
+        Some(ServerMessage::Error(e)) => assert_eq!(e.code, ErrorCode::NotFound, "{e:?}"),
+        other => panic!("expected not_found, got {other:?}"),
+    }
+}
+
+/// The daemon's resident memory in KiB once it settled (allocator arenas warmed by `warm`).
+async fn settled_rss(daemon: &Daemon) -> u64 {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    rss_kib(daemon.pid())
+}
+
+/// Issue 35: "the same output through `exec` on 30 held connections: 14 -> 44 MiB". A result
+/// of 1 MiB was written as one WebSocket frame, and the connection's write buffer kept that
+/// capacity while it stayed open. Results now go out in frames of 16 KiB: 16 idle
+/// connections that each received a mebibyte's result hold far less than a mebibyte each.
+#[tokio::test]
+async fn idle_connections_that_received_a_mebibyte_result_do_not_keep_it() {
+    const CONNECTIONS: usize = 16;
+    let daemon = Daemon::start();
+    let mut warm = daemon.connect().await;
+    let result = warm.run("w", MEBIBYTE).await;
+    assert_eq!(result.output.len() as u64, MIB);
+    drop(warm);
+    let before = settled_rss(&daemon).await;
+    let mut idle = Vec::new();
+    for c in 0..CONNECTIONS {
+        let mut client = daemon.connect().await;
+        let result = client.run(&format!("c{c}"), MEBIBYTE).await;
+        // Allowed case: the whole result arrives, in order (fragmented on the wire).
+        assert_eq!(result.returncode, 0, "{}", result.exception_info);
+        assert_eq!(
+            result.output.as_bytes(),
+            pattern(0, MIB as usize),
+            "c{c}: the result's output"
+        );
+        idle.push(client);
+    }
+    let after = settled_rss(&daemon).await;
+    let grown_kib = after.saturating_sub(before);
+    eprintln!(
+        "daemon RSS {} -> {} KiB over {CONNECTIONS} idle connections that each received 1 MiB",
+        before, after
+    );
+    // Before: about 1 MiB per connection (16 MiB); now the connection's own cost.
+    assert!(
+        grown_kib < CONNECTIONS as u64 * 320,
+        "the daemon grew by {grown_kib} KiB: more than 320 KiB per idle connection"
+    );
+}
+
+/// A message from the client grows the connection's read buffer (tungstenite keeps it at the
+/// largest frame read). That is counted in the memory budget, and with a resume grace the
+/// budget takes it back from idle connections by dropping them, before any output; their
+/// sessions wait for a resume. 24 connections each send a 700 KB message (16 MiB in all)
+/// under an 8 MiB budget: the daemon stays within it, and a dropped one resumes.
+#[tokio::test]
+async fn grown_read_buffers_count_in_the_budget_and_idle_ones_are_dropped_for_a_resume() {
+    const CONNECTIONS: usize = 24;
+    const BUDGET_MIB: u64 = 8;
+    const OVERHEAD_MIB: u64 = 12;
+    let daemon = Daemon::start_with(&[
+        "--memory-budget-mb",
+        &BUDGET_MIB.to_string(),
+        "--resume-grace",
+        "300",
+    ]);
+    let mut warm = daemon.connect().await;
+    send_big(&mut warm).await;
+    drop(warm);
+    let before = settled_rss(&daemon).await;
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let mut client = daemon.connect().await;
+        send_big(&mut client).await;
+        clients.push(client);
+    }
+    let token = daemon.token.clone();
+    let kept = metric(&daemon, &token, "executor_memory_kept_bytes").await;
+    assert!(kept <= BUDGET_MIB * MIB, "{kept} bytes kept");
+    let after = settled_rss(&daemon).await;
+    let grown_mib = after.saturating_sub(before) / 1024;
+    eprintln!("daemon RSS {before} -> {after} KiB, {kept} bytes kept");
+    assert!(
+        grown_mib <= BUDGET_MIB + OVERHEAD_MIB,
+        "the daemon grew by {grown_mib} MiB, past its {BUDGET_MIB} MiB budget and {OVERHEAD_MIB} MiB"
+    );
+    // The first connections were dropped (no close frame: a drop, resumed like any), the
+    // last ones are open (allowed case).
+    let mut dropped = Vec::new();
+    for (i, client) in clients.iter_mut().enumerate() {
+        client
+            .send(&ClientMessage::ListProcesses(ListProcessesRequest {
+                id: None,
+            }))
+            .await;
+        match client.recv_within(PATIENCE).await {
+            Ok(Some(ServerMessage::Processes(_))) => {}
+            Ok(None) => dropped.push(i),
+            other => panic!("connection {i}: {other:?}"),
+        }
+    }
+    eprintln!("dropped connections: {dropped:?}");
+    assert!(!dropped.is_empty(), "no connection was dropped");
+    assert!(
+        dropped.len() < CONNECTIONS,
+        "every connection was dropped, the newest too"
+    );
+    assert!(
+        dropped[0] == 0,
+        "the oldest grown buffer goes first: {dropped:?}"
+    );
+    let session = clients[dropped[0]].hello.session.clone();
+    let mut again = daemon.connect().await;
+    again
+        .send(&ClientMessage::Resume(ResumeRequest {
+            session: session.clone(),
+            awaiting: Vec::new(),
+        }))
+        .await;
+    match again.recv().await {
+        Some(ServerMessage::Resumed(r)) => assert_eq!(r.session, session),
+        other => panic!("expected resumed, got {other:?}"),
+    }
+    assert_eq!(
+        metric(
+            &daemon,
+            &token,
+            "executor_limit_hits_total{client=\"default\",limit=\"memory_budget_connection_shed\"}"
+        )
+        .await,
+        dropped.len() as u64
+    );
+}
+
+/// Each open connection counts in its client's budget: past it a connection is refused
+/// with 503 naming the budget, while another client connects (allowed case), and a closed
+/// connection gives its share back. A spawn whose entry (its command counted) does not fit is `busy`.
+#[tokio::test]
+async fn connections_and_process_entries_past_a_clients_budget_are_refused_naming_it() {
+    let (_dir, file) = executor_tests::clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": ALICE, "memory_budget_bytes": 200 * 1024},
+        {"name": "bob", "token": BOB},
+        {"name": "carol", "token": CAROL, "memory_budget_bytes": 100 * 1024},
+    ]}));
+    let daemon = Daemon::start_opts(executor_tests::DaemonOptions {
+        extra: ["--clients", &file.display().to_string()]
+            .map(String::from)
+            .to_vec(),
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    });
+    let mut alice = Vec::new();
+    let refused = loop {
+        match Client::connect(&daemon.url, Some(ALICE)).await {
+            Ok(client) => alice.push(client),
+            Err(err) => break err,
+        }
+        assert!(
+            alice.len() < 64,
+            "alice's budget never refused a connection"
+        );
+    };
+    assert!(!alice.is_empty(), "alice could not connect at all");
+    match refused {
+        tokio_tungstenite::tungstenite::Error::Http(resp) => {
+            assert_eq!(resp.status(), 503);
+            let body = String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default());
+            assert!(body.contains("memory budget full"), "{body}");
+            assert!(body.contains("memory_budget_bytes"), "{body}");
+        }
+        other => panic!("expected HTTP 503, got {other}"),
+    }
+    // Another client is not refused.
+    let mut bob = Client::connect(&daemon.url, Some(BOB)).await.unwrap();
+    assert_eq!(bob.run("b", "echo hi").await.output, "hi\n");
+    // A closed connection gives its share back.
+    alice.pop();
+    let mut back = None;
+    for _ in 0..50 {
+        if let Ok(client) = Client::connect(&daemon.url, Some(ALICE)).await {
+            back = Some(client);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut back = back.expect("alice could not connect again after closing one connection");
+    assert_eq!(back.run("a", "echo back").await.output, "back\n");
+    // A process entry counts its command: with one connection open, a short one spawns
+    // (allowed case) and one of 64 KiB, more than carol's 100 KiB budget has left, is busy.
+    let mut carol = Client::connect(&daemon.url, Some(CAROL)).await.unwrap();
+    spawn(&mut carol, spawn_req("short", "true")).await;
+    assert_eq!(wait(&mut carol, "short", 60.0).await.returncode, 0);
+    let long = format!("true {}", "x".repeat(64 * 1024));
+    carol
+        .send(&ClientMessage::Spawn(spawn_req("long", &long)))
+        .await;
+    match carol.reply_for("long").await {
+        ServerMessage::Error(e) => {
+            assert_eq!(e.code, ErrorCode::Busy, "{e:?}");
+            assert!(e.message.contains("memory budget full"), "{e:?}");
         }
         other => panic!("expected busy, got {other:?}"),
     }
