@@ -211,25 +211,41 @@ impl MemoryBudget {
     ) {
         let mut freed = 0;
         for tier in 0..3 {
-            let map = match tier {
-                0 => &state.buffers,
-                1 => &state.ended,
-                _ => &state.running,
-            };
-            let candidates: Vec<(u64, Arc<str>, Weak<dyn Evictable>)> = map
-                .iter()
-                .filter(|(key, e)| Some(**key) != exclude && client.is_none_or(|c| *c == e.client))
-                .map(|(key, e)| (*key, e.client.clone(), e.ring.clone()))
-                .collect();
-            for (_, owner, ring) in candidates {
-                if freed >= need {
+            // Walked in order without copying the tier (a daemon with thousands of idle
+            // sessions has tens of thousands of ended rings), and what can never give bytes
+            // again leaves it: a shed read buffer, an ended ring emptied, a ring gone.
+            let mut from = 0;
+            while freed < need {
+                let map = match tier {
+                    0 => &mut state.buffers,
+                    1 => &mut state.ended,
+                    _ => &mut state.running,
+                };
+                let Some((key, owner, ring)) = map
+                    .range(from..)
+                    .find(|(key, e)| {
+                        Some(**key) != exclude && client.is_none_or(|c| *c == e.client)
+                    })
+                    .map(|(key, e)| (*key, e.client.clone(), e.ring.clone()))
+                else {
                     break;
-                }
+                };
+                from = key + 1;
                 let Some(ring) = ring.upgrade() else {
+                    map.remove(&key);
                     continue;
                 };
-                let got = ring.evict(need - freed);
+                let want = need - freed;
+                let got = ring.evict(want);
                 alive.push(ring);
+                let spent = match tier {
+                    0 => got > 0,
+                    1 => got < want,
+                    _ => false,
+                };
+                if spent {
+                    map.remove(&key);
+                }
                 freed += got;
                 state.used = state.used.saturating_sub(got);
                 if let Some(used) = state.clients.get_mut(&owner) {
@@ -505,6 +521,46 @@ mod tests {
         assert_eq!(budget.dropped(), 20);
         drop(h);
         assert_eq!(budget.used("a").1, 0);
+    }
+
+    /// A connection's read buffer: all or nothing, like the connection it is dropped with.
+    struct Buffer(Mutex<Option<Held>>);
+
+    impl Evictable for Buffer {
+        fn evict(&self, _want: u64) -> u64 {
+            self.0.lock().unwrap().as_ref().map_or(0, Held::evicted_all)
+        }
+    }
+
+    #[test]
+    fn grown_read_buffers_go_before_any_output_and_spent_entries_leave_the_walk() {
+        let budget = MemoryBudget::new(100, None, None);
+        let a = budget.owner("a", None);
+        let ended = ring(&a, 30);
+        ended.0.lock().unwrap().1.as_ref().unwrap().ended();
+        let buffer = Arc::new(Buffer(Mutex::new(None)));
+        let weak: Weak<dyn Evictable> = Arc::downgrade(&(buffer.clone() as Arc<dyn Evictable>));
+        let held = a.hold_read_buffer(weak);
+        held.force(40);
+        *buffer.0.lock().unwrap() = Some(held);
+        let other = a.hold();
+        // 100 - 70 = 30 free: 20 more than that takes the buffer (40), not the output.
+        assert!(other.try_grow(50));
+        assert_eq!(kept(&ended), 30, "the ended output is intact");
+        assert_eq!(budget.used("a").0, 80);
+        // The buffer gave everything: it is out of the walk; the ended ring goes next, and
+        // once empty leaves the walk too.
+        assert!(!other.try_grow(60), "only 50 can be had");
+        assert_eq!(kept(&ended), 0);
+        {
+            let state = budget.lock();
+            assert!(state.buffers.is_empty(), "a shed buffer left the walk");
+            assert!(
+                state.ended.is_empty(),
+                "an emptied ended ring left the walk"
+            );
+        }
+        assert_eq!(budget.used("a").0, 50);
     }
 
     #[test]

@@ -80,7 +80,8 @@ struct ReadBuffer {
 impl ReadBuffer {
     /// Sheddable only when a dropped connection keeps its session for a resume (a grace
     /// period): else the growth is counted and kept.
-    fn new(owner: &crate::budget::Owner, sheddable: bool) -> Arc<Self> {
+    /// Made when the buffer first grows: only grown buffers are among the budget's candidates.
+    fn new(owner: &crate::budget::Owner, sheddable: bool, shed: CancellationToken) -> Arc<Self> {
         Arc::new_cyclic(|me: &std::sync::Weak<Self>| {
             let held = if sheddable {
                 let me: std::sync::Weak<dyn crate::budget::Evictable> = me.clone();
@@ -88,10 +89,7 @@ impl ReadBuffer {
             } else {
                 owner.hold()
             };
-            Self {
-                held,
-                shed: CancellationToken::new(),
-            }
+            Self { held, shed }
         })
     }
 
@@ -139,7 +137,8 @@ pub async fn run(
     let grace = client.resume_grace.unwrap_or(daemon.resume_grace);
     // The largest message read so far: tungstenite's read buffer holds about that much.
     let mut read_peak = READ_BUFFER_BYTES;
-    let read_buffer = ReadBuffer::new(cost.owner(), !grace.is_zero());
+    let shed = CancellationToken::new();
+    let mut read_buffer: Option<Arc<ReadBuffer>> = None;
     let scratch_root = (client.workspace == WorkspacePolicy::PerConnection)
         .then(|| daemon.workspaces.scratch_root_of(&client));
     let fresh = daemon.sessions.create(client.clone(), grace, scratch_root);
@@ -268,7 +267,7 @@ pub async fn run(
             // taken over must not run (its client resends it on the new connection).
             biased;
             () = evicted.cancelled() => break Ending::TakenOver,
-            () = read_buffer.shed.cancelled() => {
+            () = shed.cancelled() => {
                 let why = cost.owner().describe();
                 tracing::warn!(%peer, connection, %why, "memory budget full; dropping a connection to give its grown read buffer back (its session waits for a resume)");
                 daemon.metrics.limit_hit(&conn.client.name, "memory_budget_connection_shed");
@@ -279,13 +278,16 @@ pub async fn run(
                     let len = text.len();
                     conn.handle_text(text.as_str(), draining).await;
                     if len > read_peak {
-                        read_buffer.grew((len - read_peak) as u64);
+                        let buffer = read_buffer.get_or_insert_with(|| {
+                            ReadBuffer::new(cost.owner(), !grace.is_zero(), shed.clone())
+                        });
+                        buffer.grew((len - read_peak) as u64);
                         read_peak = len;
                         // Past a budget with nothing else to give back: this connection's
                         // own buffer goes (the message was handled; its replies wait for the
                         // resume).
-                        if read_buffer.sheddable() && cost.owner().over_budget() {
-                            read_buffer.shed.cancel();
+                        if buffer.sheddable() && cost.owner().over_budget() {
+                            shed.cancel();
                         }
                     }
                 }                Some(Ok(Message::Binary(_))) => {
