@@ -674,7 +674,7 @@ pub(crate) async fn settle() {
 
 /// How long the machine is left idle before each round trip or run "alone": longer than the
 /// time a CPU takes to go idle, and than an RCU grace period here (8-24 ms), which a move
-/// through `cgroup.procs` waits for after a spell without one (bench/README, "A cgroup v1
+/// through `cgroup.procs` waits for after a spell without one (bench/JOURNAL.md, "A cgroup v1
 /// move waits for an RCU grace period" and "A v1 move without the wait").
 pub(crate) const ALONE_AFTER: Duration = Duration::from_millis(100);
 

@@ -6,7 +6,7 @@
 //! linked in), which would load the machine's own modules, built against another libc; and a
 //! command that may write `/etc` (task-container) could name a module of its own for the
 //! root daemon to load at its next look. Users only another source knows (LDAP, systemd's
-//! dynamic users) are therefore not seen (README, clients file, `uid`).
+//! dynamic users) are therefore not seen (docs/operating.md, clients file, `uid`).
 
 /// `/etc/passwd` and `/etc/group` as read once (either unreadable: empty, naming nobody).
 pub(crate) struct Accounts {

@@ -356,7 +356,7 @@ pub struct Isolation {
     /// Layers applied, in order, e.g. `["session", "subreaper", "cgroup"]`.
     pub layers: Vec<String>,
     /// Parts of the profile's policy this host cannot apply and the profile does without,
-    /// e.g. `["landlock_scope"]` on a kernel before 6.12 (see the main README).
+    /// e.g. `["landlock_scope"]` on a kernel before 6.12 (see docs/profiles.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
 }
