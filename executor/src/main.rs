@@ -7,6 +7,7 @@ mod budget;
 mod cgroup;
 mod clients;
 mod connect;
+mod dial_out;
 mod disk_quota;
 mod engine;
 mod files;
@@ -217,7 +218,7 @@ pub(crate) struct ServeArgs {
     common: CommonArgs,
     /// Set by `executor connect`: dial out to this relay once listening.
     #[arg(skip)]
-    dial_out: Option<connect::Relay>,
+    dial_out: Option<dial_out::Relay>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]

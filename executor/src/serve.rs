@@ -336,7 +336,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         let _ = stdout.flush();
 
         if let Some(relay) = args.dial_out.take() {
-            tokio::spawn(crate::connect::dial(relay, addr, daemon.shutdown.clone()));
+            tokio::spawn(crate::dial_out::dial(relay, addr, daemon.shutdown.clone()));
         }
         tokio::spawn(shutdown_on_signal(daemon.clone()));
         tokio::spawn(reload_on_sighup(daemon.clone()));
