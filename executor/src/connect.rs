@@ -12,8 +12,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use pinning::Fingerprint;
 
+use crate::args::ServeArgs;
 use crate::dial_out::Relay;
-use crate::ServeArgs;
 
 #[derive(Args)]
 pub(crate) struct ConnectArgs {
