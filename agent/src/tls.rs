@@ -19,11 +19,8 @@ pub use pinning::Fingerprint;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error(
-        "invalid TLS fingerprint {0:?}: expected sha256: and 64 hex digits (colons allowed), as \
-         `executor tls-fingerprint` prints it"
-    )]
-    Fingerprint(String),
+    #[error(transparent)]
+    Fingerprint(#[from] pinning::InvalidFingerprint),
     #[error("cannot read the CA file {path}: {source}")]
     ReadCa {
         path: PathBuf,
@@ -52,8 +49,7 @@ impl Tls {
         let config = match (fingerprint, ca) {
             (Some(_), Some(_)) => return Err(TlsError::PinAndCa),
             (Some(pin), None) => {
-                let pin = Fingerprint::parse(pin).map_err(|e| TlsError::Fingerprint(e.0))?;
-                pinning::client_config(pin).map_err(TlsError::Config)?
+                pinning::client_config(Fingerprint::parse(pin)?).map_err(TlsError::Config)?
             }
             (None, ca) => {
                 let mut roots = RootCertStore::empty();
