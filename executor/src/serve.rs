@@ -8,12 +8,11 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use protocol::{HostFacts, Limits, ProfileSummary};
 
+use crate::args::{default_state_dir, interpreter, LogFormat, ServeArgs};
 use crate::engine::{default_limits, Engine};
+use crate::runtimes::runtime;
 use crate::setup::{helper_exe, resolved, setup, Paths, ProfileChoice, Setup};
-use crate::{
-    audit, cgroup, clients, default_state_dir, interpreter, runtime, server, spawner, sys, token,
-    workspaces, LogFormat, ServeArgs,
-};
+use crate::{audit, cgroup, clients, server, spawner, sys, token, workspaces};
 
 pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     sys::tune_allocator();
@@ -336,7 +335,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         let _ = stdout.flush();
 
         if let Some(relay) = args.dial_out.take() {
-            tokio::spawn(crate::connect::dial(relay, addr, daemon.shutdown.clone()));
+            tokio::spawn(crate::dial_out::dial(relay, addr, daemon.shutdown.clone()));
         }
         tokio::spawn(shutdown_on_signal(daemon.clone()));
         tokio::spawn(reload_on_sighup(daemon.clone()));
