@@ -136,7 +136,11 @@ async fn attempt(ctx: &Ctx, slot: usize, instance: &Instance) -> Finished {
     let mut stop = ctx.stop.clone();
     let deployed = tokio::select! {
         d = crate::deploy::start_within(ctx.deployment.as_ref(), &spec, deadline) => d,
-        _ = stopped(&mut stop) => return Finished::failed(ExitStatus::Interrupted.as_str(), "interrupted while starting"),
+        _ = stopped(&mut stop) => {
+            let reason = "interrupted while starting";
+            write_failure(ctx, id, ExitStatus::Interrupted.as_str(), reason, &environment);
+            return Finished::failed(ExitStatus::Interrupted.as_str(), reason);
+        }
     };
     let deployed = match deployed {
         Ok(d) => d,
@@ -190,7 +194,11 @@ async fn with_executor(
     };
     let opened = tokio::select! {
         o = tokio::time::timeout_at(deadline_at, opened) => o,
-        _ = stopped(&mut stop) => return Finished::failed(ExitStatus::Interrupted.as_str(), "interrupted while connecting"),
+        _ = stopped(&mut stop) => {
+            let reason = "interrupted while connecting";
+            write_failure(ctx, id, ExitStatus::Interrupted.as_str(), reason, &environment);
+            return Finished::failed(ExitStatus::Interrupted.as_str(), reason);
+        }
     };
     let mut env = match opened {
         Ok(Ok(env)) => {
@@ -240,7 +248,9 @@ async fn with_executor(
             o = env.execute(&rendered) => o,
             _ = stopped(&mut stop) => {
                 env.close().await;
-                return Finished::failed(ExitStatus::Interrupted.as_str(), "interrupted in env_startup_command");
+                let reason = "interrupted in env_startup_command";
+                write_failure(ctx, id, ExitStatus::Interrupted.as_str(), reason, &environment);
+                return Finished::failed(ExitStatus::Interrupted.as_str(), reason);
             }
         };
         let failure = match out {

@@ -178,10 +178,11 @@ async fn a_model_error_and_a_failing_startup_command_are_recorded_and_the_batch_
 #[tokio::test]
 async fn an_interrupted_batch_resumes_without_running_a_finished_instance_twice() {
     // 0 and 1 finish at once; 2 and 3 are still running their first command at Ctrl-C.
-    let bench = Bench::new(4, &[(2, &slow_script(60)), (3, &slow_script(60))], &[]);
+    // A duration of its own: the host's `sleep 60`s (another test's) must not count.
+    let bench = Bench::new(4, &[(2, &slow_script(131)), (3, &slow_script(131))], &[]);
     let child = bench.command(&["-w", "2"]).spawn().unwrap();
-    let running = wait_for(Duration::from_secs(60), || {
-        bench.preds().len() == 2 && processes_with("sleep 60").len() >= 2
+    let running = wait_for(Duration::from_secs(300), || {
+        bench.preds().len() == 2 && processes_with("sleep 131").len() >= 2
     })
     .await;
     assert!(
@@ -225,10 +226,10 @@ async fn an_interrupted_batch_resumes_without_running_a_finished_instance_twice(
 #[tokio::test]
 async fn a_hangup_stops_the_batch_cleanly_as_sigterm_does() {
     // 0 finishes at once; 1 is running its first command at the hangup (a closed terminal).
-    let bench = Bench::new(2, &[(1, &slow_script(60))], &[]);
+    let bench = Bench::new(2, &[(1, &slow_script(132))], &[]);
     let child = bench.command(&["-w", "2"]).spawn().unwrap();
-    let running = wait_for(Duration::from_secs(60), || {
-        bench.preds().len() == 1 && !processes_with("sleep 60").is_empty()
+    let running = wait_for(Duration::from_secs(300), || {
+        bench.preds().len() == 1 && !processes_with("sleep 132").is_empty()
     })
     .await;
     assert!(
