@@ -6,7 +6,7 @@
 use anyhow::{bail, Context};
 
 use crate::cgroup;
-use crate::spawner::Leftover;
+use crate::wire::Leftover;
 use crate::workspaces::{self, RemoveError};
 
 /// The home directory of one `executor run`: private to the command's identity, removed once

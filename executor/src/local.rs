@@ -15,7 +15,7 @@ use crate::homes::{self, HomeAhead, TempHome};
 use crate::runner::{OutputSink, StopReason};
 use crate::serve::host_facts;
 use crate::setup::{setup, Paths, ProfileChoice, Setup};
-use crate::spawner::Leftover;
+use crate::wire::Leftover;
 use crate::{
     cgroup, default_state_dir, interpreter, local_runtime, request, runtime, server, CheckArgs,
     RunArgs, TlsFingerprintArgs,

@@ -27,6 +27,7 @@ mod signals;
 mod spawner;
 mod sys;
 mod token;
+mod wire;
 mod workspaces;
 
 use std::ffi::OsStr;
