@@ -5,9 +5,9 @@
 
 use anyhow::{bail, Context};
 
-use crate::cgroup;
 use crate::wire::Leftover;
 use crate::workspaces::{self, RemoveError};
+use sandbox::cgroup;
 
 /// The home directory of one `executor run`: private to the command's identity, removed once
 /// the run is over (by its fork server, as one of its leftovers). Made in [`homes_dir`], named
@@ -232,7 +232,7 @@ impl Drop for HomeAhead {
 /// Whose `{home}` a command of `profile` gets: `Some` where the profile gives its commands a
 /// home (strict's HOME is its private /tmp), with the owner it needs (the profile's user,
 /// when we are root and can hand it over).
-pub(crate) fn owner(profile: &crate::profile::Profile) -> Option<Owner> {
+pub(crate) fn owner(profile: &sandbox::profile::Profile) -> Option<Owner> {
     profile.uses_home().then(|| {
         profile
             .user

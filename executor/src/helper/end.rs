@@ -12,9 +12,9 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use crate::cgroup;
-use crate::plan::Template;
-use crate::signals;
+use sandbox::cgroup;
+use sandbox::plan::Template;
+use sandbox::signals;
 
 /// How long the final sweep may take before the helper gives up and reports what it killed.
 const SWEEP_DEADLINE: Duration = Duration::from_secs(5);

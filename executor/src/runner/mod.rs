@@ -22,12 +22,12 @@ use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::cgroup;
 use crate::helper::HELPER_ARG;
-use crate::plan::{HelperReport, Plan};
 use crate::spawner::Spawner;
 use attached::Attached;
 use output::{Captured, HeadTail, Utf8Stream};
+use sandbox::cgroup;
+use sandbox::plan::{HelperReport, Plan};
 
 /// How long the helper may take to kill the tree and report after the lifeline closes.
 const STOP_GRACE: Duration = Duration::from_secs(6);
@@ -388,7 +388,7 @@ impl Runner {
             if hung {
                 process.kill();
             }
-            let name = crate::plan::cgroup_name(process.pid());
+            let name = sandbox::plan::cgroup_name(process.pid());
             let dirs: Vec<_> = plan
                 .template
                 .cgroups

@@ -51,8 +51,8 @@ mod root_pool;
 pub use one_shot::{fork_here, remove_leftovers, Ahead};
 
 use crate::helper::{InitLoans, Place};
-use crate::plan::{SandboxPlan, Template};
-use crate::sys::{self, Forked};
+use sandbox::plan::{SandboxPlan, Template};
+use sandbox::sys::{self, Forked};
 
 use crate::wire::lease::{self, CgroupName, Lease};
 use crate::wire::{
@@ -249,7 +249,7 @@ fn unprivileged_identity(plan: &SandboxPlan) -> bool {
 /// [`unprivileged_identity`], in a pid namespace of their own (so every process that was in
 /// a namespace is gone once its init is reaped: `net_pool`, `root_pool`).
 fn unprivileged(plan: &SandboxPlan) -> bool {
-    plan.namespaces.contains(&crate::profile::Namespace::Pid) && unprivileged_identity(plan)
+    plan.namespaces.contains(&sandbox::profile::Namespace::Pid) && unprivileged_identity(plan)
 }
 
 /// The server's loop, pooling network namespaces and root templates when `pool` (modules
@@ -634,7 +634,7 @@ fn fork_leader(
             parsed
                 .sandbox
                 .namespaces
-                .contains(&crate::profile::Namespace::Net)
+                .contains(&sandbox::profile::Namespace::Net)
         });
     }
     let pooled = cgroup.is_some();
@@ -723,7 +723,7 @@ fn next_name(pools: &mut Option<Pools>) -> String {
 
 fn remove_dirs(dirs: &[std::path::PathBuf]) {
     for dir in dirs {
-        crate::cgroup::remove(dir);
+        sandbox::cgroup::remove(dir);
     }
 }
 
@@ -731,7 +731,7 @@ fn remove_dirs(dirs: &[std::path::PathBuf]) {
 /// `namespaces`, for the pools' tests to change one thing of.
 #[cfg(test)]
 pub(crate) fn unprivileged_template(
-    namespaces: Vec<crate::profile::Namespace>,
+    namespaces: Vec<sandbox::profile::Namespace>,
     f: impl FnOnce(&mut SandboxPlan),
 ) -> Template {
     let mut sandbox = SandboxPlan {
@@ -753,7 +753,7 @@ pub(crate) fn unprivileged_template(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::Namespace;
+    use sandbox::profile::Namespace;
 
     #[test]
     fn only_an_unprivileged_identity_in_a_pid_namespace_counts_as_unprivileged() {

@@ -14,7 +14,7 @@ use nix::sys::socket::{
     SockFlag, SockType,
 };
 
-use crate::sys;
+use sandbox::sys;
 
 pub mod lease;
 

@@ -522,7 +522,7 @@ fn own_path(proc_cgroup: &str, kind: Kind) -> Option<String> {
 }
 
 /// Inode of our pid namespace: pids are only comparable within one.
-pub(crate) fn pid_namespace() -> u64 {
+pub fn pid_namespace() -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
