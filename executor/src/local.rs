@@ -11,12 +11,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use crate::engine::default_limits;
-use crate::homes::{self, HomeAhead, TempHome};
 use crate::runner::{OutputSink, StopReason};
 use crate::serve::host_facts;
 use crate::setup::{setup, Paths, ProfileChoice, Setup};
-use crate::wire::Leftover;
 use sandbox::cgroup;
+use sandbox::homes::{self, HomeAhead, TempHome};
+use sandbox::spawner::Leftover;
 
 use crate::{
     default_state_dir, interpreter, local_runtime, request, runtime, server, CheckArgs, RunArgs,
@@ -78,12 +78,12 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         .as_deref()
         .and_then(sandbox::profile::Profile::builtin)
         .and_then(Result::ok);
-    let ahead = crate::spawner::Ahead {
+    let ahead = sandbox::spawner::Ahead {
         net: named
             .as_ref()
             .is_some_and(|p| p.namespaces.contains(&sandbox::profile::Namespace::Net)),
     };
-    let spawner = crate::spawner::fork_here(ahead)
+    let spawner = sandbox::spawner::fork_here(ahead)
         .map_err(|err| tracing::debug!(%err, "no forked fork server: the helper is exec'd"))
         .ok();
     // The home of a named built-in profile that gives one is made on a thread of its own
@@ -228,7 +228,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     // large): a later run's server does them.
     if !left || server.is_none_or(|server| server.gone()) {
         leftovers.retain(|l| matches!(l, Leftover::Cgroup(_) | Leftover::Home { .. }));
-        for (dir, err) in crate::spawner::remove_leftovers(leftovers) {
+        for (dir, err) in sandbox::spawner::remove_leftovers(leftovers) {
             eprintln!("executor: cannot remove {}: {err}", dir.display());
         }
     }

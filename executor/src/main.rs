@@ -1,6 +1,8 @@
 //! `executor`: runs shell commands for agents, each as a new process session whose whole tree
 //! dies with it. See the README for the commands and `protocol/README.md` for the wire format.
 
+#![forbid(unsafe_code)]
+
 mod accounts;
 mod audit;
 mod budget;
@@ -8,8 +10,6 @@ mod clients;
 mod connect;
 mod disk_quota;
 mod engine;
-mod helper;
-mod homes;
 mod local;
 mod metrics;
 mod request;
@@ -17,9 +17,7 @@ mod runner;
 mod serve;
 mod server;
 mod setup;
-mod spawner;
 mod token;
-mod wire;
 mod workspaces;
 
 use std::ffi::OsStr;
@@ -258,8 +256,10 @@ pub(crate) struct RunArgs {
 fn main() -> ExitCode {
     // Helper and fork-server modes first: before clap, before any runtime or thread exists.
     match std::env::args_os().nth(1).as_deref() {
-        Some(arg) if arg == OsStr::new(helper::HELPER_ARG) => return helper::main(),
-        Some(arg) if arg == OsStr::new(spawner::FORK_SERVER_ARG) => spawner::main(),
+        Some(arg) if arg == OsStr::new(sandbox::HELPER_ARG) => return sandbox::helper_main(),
+        Some(arg) if arg == OsStr::new(sandbox::spawner::FORK_SERVER_ARG) => {
+            sandbox::spawner::main()
+        }
         _ => {}
     }
     // `executor run` is a one-shot whose start-up is part of every command it runs; clap

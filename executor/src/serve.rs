@@ -10,11 +10,11 @@ use protocol::{HostFacts, Limits, ProfileSummary};
 
 use crate::engine::{default_limits, Engine};
 use crate::setup::{helper_exe, resolved, setup, Paths, ProfileChoice, Setup};
-use sandbox::{cgroup, sys};
+use sandbox::{cgroup, spawner, sys};
 
 use crate::{
-    audit, clients, default_state_dir, interpreter, runtime, server, spawner, token, workspaces,
-    LogFormat, ServeArgs,
+    audit, clients, default_state_dir, interpreter, runtime, server, token, workspaces, LogFormat,
+    ServeArgs,
 };
 
 pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {

@@ -9,10 +9,10 @@ use anyhow::{bail, Context};
 use protocol::Limits;
 
 use crate::engine::Engine;
-use crate::spawner;
 use sandbox::cgroup;
 use sandbox::plan::PlanSettings;
 use sandbox::profile::Profile;
+use sandbox::spawner;
 
 /// Where the executor binary lies, for profiles that hide it.
 pub(crate) fn executor_bin() -> anyhow::Result<PathBuf> {

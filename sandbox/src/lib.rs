@@ -5,12 +5,18 @@
 //!
 //! `unsafe` lives in one module, [`sys`], each block with a `// SAFETY:` line.
 
-pub mod apply;
+mod apply;
 pub mod cgroup;
 pub mod files;
+mod helper;
+pub mod homes;
 pub mod locale;
 pub mod plan;
 pub mod profile;
 pub mod removal;
-pub mod signals;
+mod signals;
+pub mod spawner;
 pub mod sys;
+mod wire;
+
+pub use helper::{main as helper_main, HELPER_ARG};

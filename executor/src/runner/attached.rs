@@ -350,7 +350,7 @@ impl PtyMaster {
                 ours.readable().await?;
                 let mut buf = [0u8; 1];
                 match ours.try_io(Interest::READABLE, || {
-                    crate::wire::receive_fds(ours.as_fd(), &mut buf)
+                    sandbox::spawner::receive_fds(ours.as_fd(), &mut buf)
                 }) {
                     Ok(Some((_, fds))) => break fds.into_iter().next(),
                     Ok(None) => break None,

@@ -6,7 +6,7 @@
 
 pub mod volumes;
 
-pub use sandbox::removal::{remove, remove_unmounting_nothing, RemoveError};
+pub use sandbox::removal::remove;
 pub use volumes::{VolumeError, Volumes};
 
 use crate::clients::{Client, WorkspacePolicy};

@@ -35,8 +35,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sandbox::cgroup;
-use sandbox::plan::Template;
+use crate::cgroup;
+use crate::plan::Template;
 
 use crate::wire::lease::{CgroupName, MAX_CHARGED};
 
@@ -176,7 +176,7 @@ fn remove(dirs: &[PathBuf]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox::plan::CgroupDir;
+    use crate::plan::CgroupDir;
 
     fn template(uid: u32) -> (Vec<u8>, Template) {
         let parsed = Template {
@@ -187,7 +187,7 @@ mod tests {
                 kill: true,
                 is_parent: false,
             }],
-            sandbox: sandbox::plan::SandboxPlan {
+            sandbox: crate::plan::SandboxPlan {
                 user: Some((uid, uid)),
                 capabilities: Some(vec![]),
                 no_new_privs: true,

@@ -36,10 +36,10 @@ use nix::unistd::Pid;
 use super::end::{decode, Counters};
 use super::payload::{self, HandedOver};
 use super::{write_report, SetupError};
+use crate::apply;
+use crate::plan::{cgroup_name, HelperReport, Template};
+use crate::sys;
 use crate::wire::{self, lease, verdict, Stdio};
-use sandbox::apply;
-use sandbox::plan::{cgroup_name, HelperReport, Template};
-use sandbox::sys;
 
 /// How long init goes on killing what a command left before it reports and leaves the rest
 /// to the kernel (its own exit empties the namespace).
@@ -128,17 +128,17 @@ fn prepare(
             super::create_fresh(&dir)?;
         }
         for (file, value) in &cg.settings {
-            sandbox::cgroup::set(&dir, file, value).map_err(SetupError::Cgroup)?;
+            crate::cgroup::set(&dir, file, value).map_err(SetupError::Cgroup)?;
         }
         if !inside {
-            sandbox::cgroup::join_alone(&dir).map_err(SetupError::Cgroup)?;
+            crate::cgroup::join_alone(&dir).map_err(SetupError::Cgroup)?;
         }
     }
     let counters = Counters::open(template, &place.name);
     let procs = template
         .cgroups
         .first()
-        .and_then(|cg| sandbox::cgroup::open_counter(&cg.dir(&place.name), "cgroup.procs").ok());
+        .and_then(|cg| crate::cgroup::open_counter(&cg.dir(&place.name), "cgroup.procs").ok());
 
     // 3. SIGCHLD on a signalfd, so one poll waits for "child exited" and "daemon closed the
     //    lifeline" together. SIGPIPE blocked too: a report to a daemon that stopped reading

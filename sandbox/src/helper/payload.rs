@@ -17,9 +17,9 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
 use super::{ChildNote, SetupError, SETUP_FAILED};
-use sandbox::apply;
-use sandbox::plan::{CommandPlan, HelperReport, StdinKind, Template};
-use sandbox::sys;
+use crate::apply;
+use crate::plan::{CommandPlan, HelperReport, StdinKind, Template};
+use crate::sys;
 
 fn note(setup_w: BorrowedFd<'_>, note: &ChildNote) {
     if let Ok(mut text) = serde_json::to_vec(note) {
@@ -77,7 +77,7 @@ pub fn payload_main(
     // naming itself (`cgroup::join_alone`: no wait for the kernel's global lock). Our supervisor
     // stays outside them, so that killing them never kills it.
     for dir in join {
-        if let Err(err) = sandbox::cgroup::join_alone(dir) {
+        if let Err(err) = crate::cgroup::join_alone(dir) {
             fail(setup_w, &SetupError::Cgroup(err));
         }
     }
@@ -159,7 +159,7 @@ pub fn payload_main(
             std::io::stdin().as_fd().try_clone_to_owned(),
             std::io::stdout().as_fd().try_clone_to_owned(),
         ) {
-            (Ok(input), Ok(output)) => sandbox::files::serve(
+            (Ok(input), Ok(output)) => crate::files::serve(
                 op,
                 &mut std::fs::File::from(input),
                 &mut std::fs::File::from(output),

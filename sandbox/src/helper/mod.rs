@@ -64,13 +64,13 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::apply::SandboxError;
+use crate::cgroup;
+use crate::plan::{cgroup_name, HelperReport, Template};
+use crate::profile::Namespace;
+use crate::sys;
 use crate::wire::lease::Lease;
 use crate::wire::{self, Stdio};
-use sandbox::apply::SandboxError;
-use sandbox::cgroup;
-use sandbox::plan::{cgroup_name, HelperReport, Template};
-use sandbox::profile::Namespace;
-use sandbox::sys;
 
 /// argv[1] that selects helper mode. Checked in `main` before anything else runs.
 pub const HELPER_ARG: &str = "__sandbox-helper";

@@ -14,22 +14,22 @@ use nix::sys::socket::{
     SockFlag, SockType,
 };
 
-use sandbox::sys;
+use crate::sys;
 
 pub mod lease;
 
 /// First byte of a message to the server: what it asks for.
-pub(crate) const RUN: u8 = 0;
-pub(crate) const RUN_AND_WARM: u8 = 1;
-pub(crate) const DISMISS_IDLE: u8 = 2;
+pub const RUN: u8 = 0;
+pub const RUN_AND_WARM: u8 = 1;
+pub const DISMISS_IDLE: u8 = 2;
 /// What a one-shot run leaves, to remove after it ([`Leftover`]): for each, a kind's
 /// byte and a NUL-terminated path.
-pub(crate) const REMOVE_AFTER: u8 = 3;
+pub const REMOVE_AFTER: u8 = 3;
 
 /// A connected pair of close-on-exec SOCK_SEQPACKET sockets: what the fork server talks to
 /// the daemon, its workers and its helpers over (a message keeps its bounds and carries
 /// descriptors).
-pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -57,10 +57,10 @@ pub mod verdict {
 }
 
 /// One request of the daemon.
-pub(crate) struct Request {
-    pub(crate) warm: bool,
-    pub(crate) template: Vec<u8>,
-    pub(crate) stdio: [OwnedFd; 3],
+pub struct Request {
+    pub warm: bool,
+    pub template: Vec<u8>,
+    pub stdio: [OwnedFd; 3],
 }
 
 /// Init's last act: its verdict ([`verdict`] flags) on `control`, with its network
@@ -83,7 +83,7 @@ pub fn send_verdict(control: &OwnedFd, flags: u8, ns: Option<&OwnedFd>) {
 
 /// An init's verdict, read once it is reaped (so it never waits): the flags, and the network
 /// namespace it sent.
-pub(crate) fn receive_verdict(control: &OwnedFd) -> Option<(u8, Option<OwnedFd>)> {
+pub fn receive_verdict(control: &OwnedFd) -> Option<(u8, Option<OwnedFd>)> {
     let mut buf = [0u8; 1];
     let (bytes, mut fds) = receive_now::<1>(control.as_fd(), &mut buf)?;
     (bytes == 1).then(|| (buf[0], fds.pop()))
@@ -201,20 +201,20 @@ fn receive_with(
     Ok(Some((msg.bytes, fds)))
 }
 
-pub(crate) fn three(fds: Vec<OwnedFd>) -> io::Result<[OwnedFd; 3]> {
+pub fn three(fds: Vec<OwnedFd>) -> io::Result<[OwnedFd; 3]> {
     <[OwnedFd; 3]>::try_from(fds)
         .map_err(|_| io::Error::other("a message without three descriptors"))
 }
 
 /// What the daemon asks of the server.
-pub(crate) enum Message {
+pub enum Message {
     Run(Request),
     DismissIdle,
     RemoveAfter(Vec<Leftover>),
 }
 
 /// One message of the daemon, or `None` at end-of-file.
-pub(crate) fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
+pub fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
     let Some((bytes, fds)) = receive_fds(sock.as_fd(), buf)? else {
         return Ok(None);
     };
@@ -270,7 +270,7 @@ impl Leftover {
 }
 
 /// A [`REMOVE_AFTER`] message: each leftover as its kind's byte, its path and a NUL.
-pub(crate) fn encode(leftovers: &[Leftover]) -> Vec<u8> {
+pub fn encode(leftovers: &[Leftover]) -> Vec<u8> {
     let mut message = vec![REMOVE_AFTER];
     for leftover in leftovers {
         message.push(leftover.kind());

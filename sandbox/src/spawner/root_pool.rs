@@ -38,10 +38,10 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::CloneFlags;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 
-use sandbox::apply::mounts;
-use sandbox::plan::{MountPlan, Template};
-use sandbox::profile::Namespace;
-use sandbox::sys::{self, Forked};
+use crate::apply::mounts;
+use crate::plan::{MountPlan, Template};
+use crate::profile::Namespace;
+use crate::sys::{self, Forked};
 
 /// Templates kept at once (each a mount namespace of about forty mounts).
 const MAX_ROOTS: usize = 16;
@@ -217,9 +217,9 @@ fn receive_one(sock: &OwnedFd) -> io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox::profile::RootMode;
+    use crate::profile::RootMode;
 
-    fn template(f: impl FnOnce(&mut sandbox::plan::SandboxPlan)) -> Template {
+    fn template(f: impl FnOnce(&mut crate::plan::SandboxPlan)) -> Template {
         super::super::unprivileged_template(vec![Namespace::Pid, Namespace::Mount], |s| {
             s.mounts = Some(MountPlan {
                 root: RootMode::Empty,

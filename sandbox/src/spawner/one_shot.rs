@@ -43,9 +43,9 @@ use super::{
     reap, seqpacket_pair, serve, Leader, Pools, Removals, Spawner, ANSWER_TIMEOUT,
     MAX_TEMPLATE_BYTES,
 };
+use crate::removal::RemoveError;
+use crate::sys::{self, Forked};
 use crate::wire::{encode, Leftover};
-use crate::workspaces::RemoveError;
-use sandbox::sys::{self, Forked};
 
 /// How long a one-shot's fork server waits for its children to be gone before it removes
 /// the run's directories anyway (an init is gone well within a millisecond of its verdict).
@@ -139,7 +139,7 @@ pub fn remove_leftovers(leftovers: Vec<Leftover>) -> Vec<(PathBuf, RemoveError)>
     let mut errors = Vec::new();
     for leftover in &leftovers {
         if let Leftover::Cgroup(dir) = leftover {
-            sandbox::cgroup::remove(dir);
+            crate::cgroup::remove(dir);
         }
     }
     for leftover in &leftovers {
@@ -151,7 +151,7 @@ pub fn remove_leftovers(leftovers: Vec<Leftover>) -> Vec<(PathBuf, RemoveError)>
     }
     for leftover in &leftovers {
         match leftover {
-            Leftover::StaleCgroups(dir) => sandbox::cgroup::remove_stale(dir),
+            Leftover::StaleCgroups(dir) => crate::cgroup::remove_stale(dir),
             Leftover::StaleHomes(dir) => crate::homes::remove_stale(dir),
             Leftover::Cgroup(_) | Leftover::Home { .. } => {}
         }
@@ -204,7 +204,7 @@ pub(super) fn finish(
     }
     // Below the run's directories first: a parent stays busy while a child directory is in it.
     for (dir, _) in removals.dirs.drain(..) {
-        sandbox::cgroup::remove(&dir);
+        crate::cgroup::remove(&dir);
     }
     // A command's process still there after all this time (a supervisor stuck with it) could
     // still shape the home: it is left to a later run's sweep, which unmounts nothing.

@@ -47,17 +47,20 @@ mod inits;
 mod net_pool;
 mod one_shot;
 mod root_pool;
+mod started;
 
 pub use one_shot::{fork_here, remove_leftovers, Ahead};
+pub use started::Started;
+
+pub use crate::wire::{receive_fds, Leftover};
 
 use crate::helper::{InitLoans, Place};
-use sandbox::plan::{SandboxPlan, Template};
-use sandbox::sys::{self, Forked};
+use crate::plan::{SandboxPlan, Template};
+use crate::sys::{self, Forked};
 
 use crate::wire::lease::{self, CgroupName, Lease};
 use crate::wire::{
-    receive, receive_fds, send_stdio, seqpacket_pair, Leftover, Message, Request, DISMISS_IDLE,
-    RUN, RUN_AND_WARM,
+    receive, send_stdio, seqpacket_pair, Message, Request, DISMISS_IDLE, RUN, RUN_AND_WARM,
 };
 use inits::{reap, Leader, Removals};
 
@@ -249,7 +252,7 @@ fn unprivileged_identity(plan: &SandboxPlan) -> bool {
 /// [`unprivileged_identity`], in a pid namespace of their own (so every process that was in
 /// a namespace is gone once its init is reaped: `net_pool`, `root_pool`).
 fn unprivileged(plan: &SandboxPlan) -> bool {
-    plan.namespaces.contains(&sandbox::profile::Namespace::Pid) && unprivileged_identity(plan)
+    plan.namespaces.contains(&crate::profile::Namespace::Pid) && unprivileged_identity(plan)
 }
 
 /// The server's loop, pooling network namespaces and root templates when `pool` (modules
@@ -634,7 +637,7 @@ fn fork_leader(
             parsed
                 .sandbox
                 .namespaces
-                .contains(&sandbox::profile::Namespace::Net)
+                .contains(&crate::profile::Namespace::Net)
         });
     }
     let pooled = cgroup.is_some();
@@ -723,15 +726,15 @@ fn next_name(pools: &mut Option<Pools>) -> String {
 
 fn remove_dirs(dirs: &[std::path::PathBuf]) {
     for dir in dirs {
-        sandbox::cgroup::remove(dir);
+        crate::cgroup::remove(dir);
     }
 }
 
 /// A template whose commands run unprivileged (uid 65534, no capability, no_new_privs) in
 /// `namespaces`, for the pools' tests to change one thing of.
 #[cfg(test)]
-pub(crate) fn unprivileged_template(
-    namespaces: Vec<sandbox::profile::Namespace>,
+pub fn unprivileged_template(
+    namespaces: Vec<crate::profile::Namespace>,
     f: impl FnOnce(&mut SandboxPlan),
 ) -> Template {
     let mut sandbox = SandboxPlan {
@@ -753,7 +756,7 @@ pub(crate) fn unprivileged_template(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandbox::profile::Namespace;
+    use crate::profile::Namespace;
 
     #[test]
     fn only_an_unprivileged_identity_in_a_pid_namespace_counts_as_unprivileged() {

@@ -9,8 +9,8 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use super::{cgroup_pool, Pools};
+use crate::plan::Template;
 use crate::wire::{receive_verdict, verdict};
-use sandbox::plan::Template;
 
 /// A worker whose init leads (a template with a pid namespace, `helper::leads`), from its fork
 /// until its init is reaped: what it was lent, and where its init says, as its last act, what
@@ -104,7 +104,7 @@ fn report_for_init(template: &[u8], name: &str, status: &OwnedFd, signal: Signal
     let Ok(parsed) = serde_json::from_slice::<Template>(template) else {
         return;
     };
-    let report = sandbox::plan::HelperReport::Finished {
+    let report = crate::plan::HelperReport::Finished {
         code: None,
         signal: Some(signal as i32),
         killed: 0,
@@ -144,7 +144,7 @@ impl Removals {
     pub(super) fn try_now(&mut self) -> Option<Duration> {
         self.dirs.retain_mut(|(dir, tries)| {
             *tries += 1;
-            !sandbox::cgroup::try_remove(dir) && *tries < Self::TRIES
+            !crate::cgroup::try_remove(dir) && *tries < Self::TRIES
         });
         (!self.dirs.is_empty()).then_some(Self::RETRY)
     }

@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 
 use nix::sched::CloneFlags;
 
-use sandbox::plan::Template;
-use sandbox::profile::Namespace;
+use crate::plan::Template;
+use crate::profile::Namespace;
 
 /// Free namespaces kept per template (a sequential client needs two: the running command
 /// holds one, the worker built ahead another).
@@ -117,10 +117,10 @@ pub(super) fn made_ahead() -> io::Result<OwnedFd> {
     let ns_file = || std::fs::File::open("/proc/thread-self/ns/net").map(OwnedFd::from);
     let home = ns_file()?;
     nix::sched::unshare(CloneFlags::CLONE_NEWNET)?;
-    let made = sandbox::sys::loopback_up().and_then(|()| ns_file());
+    let made = crate::sys::loopback_up().and_then(|()| ns_file());
     if nix::sched::setns(&home, CloneFlags::CLONE_NEWNET).is_err() {
         // Never serve from a namespace that is not ours.
-        sandbox::sys::exit_child(1);
+        crate::sys::exit_child(1);
     }
     made
 }
@@ -129,7 +129,7 @@ pub(super) fn made_ahead() -> io::Result<OwnedFd> {
 mod tests {
     use super::*;
 
-    fn template(f: impl FnOnce(&mut sandbox::plan::SandboxPlan)) -> Template {
+    fn template(f: impl FnOnce(&mut crate::plan::SandboxPlan)) -> Template {
         super::super::unprivileged_template(
             vec![Namespace::Pid, Namespace::Net, Namespace::Mount],
             f,

@@ -12,9 +12,9 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use sandbox::cgroup;
-use sandbox::plan::Template;
-use sandbox::signals;
+use crate::cgroup;
+use crate::plan::Template;
+use crate::signals;
 
 /// How long the final sweep may take before the helper gives up and reports what it killed.
 const SWEEP_DEADLINE: Duration = Duration::from_secs(5);
