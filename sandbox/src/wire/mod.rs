@@ -233,7 +233,7 @@ pub fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
 }
 
 /// What a one-shot run leaves behind, for its fork server to remove once the run is over
-/// ([`remove_leftovers`]).
+/// (`spawner::remove_leftovers`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Leftover {
     /// A cgroup directory of the run's (its command's own: `cgroup::Placement::one_command`).
