@@ -15,8 +15,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use crate::agent_loop::{Caught, Interrupts, INTERRUPTED};
+use crate::command_args::{env_pairs, exit_code, CommandPlace, ExecArgs, EXEC_FAILED};
 use crate::deploy::flags::ExecutorArgs;
-use crate::exec::{env_pairs, exit_code, ExecArgs, EXEC_FAILED};
 use crate::executor_client::{
     decode_output, list_processes_message, resize_message, signal_message, wait_message, Client,
     ClientError,
@@ -46,7 +46,7 @@ pub struct ShellArgs {
     #[command(flatten)]
     pub executor: ExecutorArgs,
     #[command(flatten)]
-    pub place: crate::exec::CommandPlace,
+    pub place: CommandPlace,
     /// Seconds before the shell's whole process tree is killed (default: the executor's
     /// longest).
     #[arg(long)]

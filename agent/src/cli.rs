@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::exec::ExecArgs;
+use crate::command_args::ExecArgs;
 use crate::run::RunArgs;
 
 #[derive(Parser)]

@@ -12,8 +12,8 @@ use clap::Args;
 use protocol::{DownloadRequest, ErrorCode, FileStat, UploadRequest};
 
 use crate::agent_loop::{Interrupts, INTERRUPTED};
+use crate::command_args::EXEC_FAILED;
 use crate::deploy::flags::ExecutorArgs;
-use crate::exec::EXEC_FAILED;
 use crate::executor_client::{Client, ClientError};
 use crate::target::{Reached, Unreached};
 

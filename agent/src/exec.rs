@@ -1,39 +1,16 @@
 //! `agent exec`: one command through an executor, like `ssh host CMD` but sandboxed.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 
 use anyhow::{bail, Context};
-use clap::Args;
 use futures_util::{SinkExt, StreamExt};
-use protocol::{ClientMessage, Ending, ExecRequest, ServerMessage};
+use protocol::{ClientMessage, ExecRequest, ServerMessage};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::agent_loop::{Interrupts, INTERRUPTED};
-use crate::deploy::flags::ExecutorArgs;
+use crate::command_args::{env_pairs, exit_code, ExecArgs, EXEC_FAILED};
 use crate::executor_client;
 use crate::target::{Reached, Unreached};
-
-#[derive(Args)]
-pub struct ExecArgs {
-    #[command(flatten)]
-    pub executor: ExecutorArgs,
-    /// Seconds before the command's whole process tree is killed.
-    #[arg(long, default_value_t = 30.0)]
-    pub timeout: f64,
-    #[command(flatten)]
-    pub place: CommandPlace,
-    /// Feed our stdin to the command's stdin (protocol 1.1 `spawn`; without it the command's
-    /// stdin is empty).
-    #[arg(long)]
-    pub stdin: bool,
-    /// The command; several words are joined with spaces, as ssh does.
-    #[arg(last = true, required = true)]
-    pub command: Vec<String>,
-}
-
-/// Exit code of `agent exec` for its own failures (as ssh uses 255).
-pub const EXEC_FAILED: u8 = 255;
 
 pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
@@ -57,40 +34,6 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
             eprintln!("agent exec: {e:#}");
             Ok(EXEC_FAILED)
         }
-    }
-}
-
-/// Where a command runs and what it adds to its environment (`exec`, `shell`).
-#[derive(Args)]
-pub struct CommandPlace {
-    /// Working directory (default: the executor's workspace; for a local executor, here).
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<String>,
-    /// Extra environment variable NAME=VALUE; repeatable.
-    #[arg(long = "env", value_name = "NAME=VALUE")]
-    pub env: Vec<String>,
-}
-
-/// `--env NAME=VALUE` flags as a map.
-pub fn env_pairs(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
-    let mut env = BTreeMap::new();
-    for pair in pairs {
-        let Some((name, value)) = pair.split_once('=') else {
-            bail!("--env expects NAME=VALUE, got {pair:?}");
-        };
-        env.insert(name.to_string(), value.to_string());
-    }
-    Ok(env)
-}
-
-/// Our exit code for how a command ended: its own code, 124 on timeout, 128+N when signal N
-/// ended it, 130 when it was cancelled.
-pub fn exit_code(returncode: i32, ended: Ending) -> u8 {
-    match ended {
-        Ending::TimedOut => 124,
-        Ending::Cancelled | Ending::Disconnected | Ending::Shutdown => 130,
-        Ending::Signaled => 128 + returncode.unsigned_abs().min(127) as u8,
-        Ending::Exited => (returncode & 0xff) as u8,
     }
 }
 

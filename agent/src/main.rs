@@ -7,6 +7,7 @@ mod archive;
 mod attach;
 mod batch;
 mod cli;
+mod command_args;
 mod config;
 mod config_files;
 mod console;

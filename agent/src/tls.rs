@@ -3,81 +3,24 @@
 //! Either the executor's certificate is pinned by its SHA-256 fingerprint (`--tls-fingerprint`,
 //! `environment.tls_fingerprint`): exactly that certificate is accepted, whatever its names, issuer
 //! or dates, which is what a self-signed `executor serve --tls` certificate needs. Or it is
-//! verified as usual, against the WebPKI roots plus an optional extra CA (`--tls-ca`).
+//! verified as usual, against the WebPKI roots plus an optional extra CA (`--tls-ca`). The pin
+//! itself (the fingerprint, the verifier) is the `pinning` crate's, shared with `executor
+//! connect`.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
-};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
 use tokio_tungstenite::Connector;
 
-/// A certificate's SHA-256 digest, shown as `sha256:` and lowercase hex (the form
-/// `executor serve --tls` prints).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Fingerprint([u8; 32]);
-
-impl Fingerprint {
-    pub fn of(der: &[u8]) -> Self {
-        let digest = ring::digest::digest(&ring::digest::SHA256, der);
-        let mut bytes = [0u8; 32];
-        bytes.copy_from_slice(digest.as_ref());
-        Self(bytes)
-    }
-
-    /// Accept what operators paste: `sha256:<hex>` as the executor prints it, bare hex, hex
-    /// with colons (`openssl x509 -fingerprint -sha256` prints `sha256 Fingerprint=AB:CD:...`),
-    /// in either case.
-    pub fn parse(text: &str) -> Result<Self, TlsError> {
-        let invalid = || TlsError::Fingerprint(text.to_string());
-        let trimmed = text.trim();
-        let lower = trimmed.to_ascii_lowercase();
-        let hex = ["sha256 fingerprint=", "sha256:", "sha256="]
-            .iter()
-            .find_map(|prefix| lower.strip_prefix(prefix))
-            .unwrap_or(&lower);
-        let digits: Vec<u8> = hex.bytes().filter(|&b| b != b':').collect();
-        if digits.len() != 64 {
-            return Err(invalid());
-        }
-        let mut bytes = [0u8; 32];
-        for (byte, pair) in bytes.iter_mut().zip(digits.chunks(2)) {
-            let pair = std::str::from_utf8(pair).map_err(|_| invalid())?;
-            *byte = u8::from_str_radix(pair, 16).map_err(|_| invalid())?;
-        }
-        Ok(Self(bytes))
-    }
-}
-
-impl fmt::Display for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("sha256:")?;
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
+pub use pinning::Fingerprint;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error(
-        "invalid TLS fingerprint {0:?}: expected sha256: and 64 hex digits (colons allowed), as \
-         `executor tls-fingerprint` prints it"
-    )]
-    Fingerprint(String),
+    #[error(transparent)]
+    Fingerprint(#[from] pinning::InvalidFingerprint),
     #[error("cannot read the CA file {path}: {source}")]
     ReadCa {
         path: PathBuf,
@@ -92,18 +35,6 @@ pub enum TlsError {
     Config(#[source] rustls::Error),
 }
 
-/// The pinned certificate was not the one presented.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the executor presented a TLS certificate with fingerprint {presented}, but {pinned} is \
-     pinned; refusing to connect (if the executor's certificate was replaced on purpose, pin the \
-     new one: `executor tls-fingerprint` on its host prints it)"
-)]
-pub struct PinMismatch {
-    pub pinned: Fingerprint,
-    pub presented: Fingerprint,
-}
-
 /// How to set up TLS for `wss://` URLs; plain `ws://` URLs use none of it.
 #[derive(Clone)]
 pub struct Tls {
@@ -115,26 +46,23 @@ pub struct Tls {
 impl Tls {
     /// From `--tls-fingerprint` / `--tls-ca` (or their config keys).
     pub fn new(fingerprint: Option<&str>, ca: Option<&Path>) -> Result<Self, TlsError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(TlsError::Config)?;
         let config = match (fingerprint, ca) {
             (Some(_), Some(_)) => return Err(TlsError::PinAndCa),
-            (Some(pin), None) => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(PinnedVerifier {
-                    pinned: Fingerprint::parse(pin)?,
-                    provider,
-                }))
-                .with_no_client_auth(),
+            (Some(pin), None) => {
+                pinning::client_config(Fingerprint::parse(pin)?).map_err(TlsError::Config)?
+            }
             (None, ca) => {
                 let mut roots = RootCertStore::empty();
                 roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
                 if let Some(path) = ca {
                     add_ca_file(&mut roots, path)?;
                 }
-                builder.with_root_certificates(roots).with_no_client_auth()
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(TlsError::Config)?
+                    .with_root_certificates(roots)
+                    .with_no_client_auth()
             }
         };
         Ok(Self {
@@ -197,73 +125,6 @@ fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsError> {
     Ok(())
 }
 
-/// Accepts exactly the certificate whose SHA-256 is pinned. Names, issuer and validity dates
-/// are not checked (a pinned self-signed certificate has no CA to vouch for them), but the
-/// handshake signatures are: the server must hold the pinned certificate's private key.
-#[derive(Debug)]
-struct PinnedVerifier {
-    pinned: Fingerprint,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for PinnedVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let presented = Fingerprint::of(end_entity);
-        // Digests of public data: a comparison that leaks timing gives nothing away.
-        if presented == self.pinned {
-            return Ok(ServerCertVerified::assertion());
-        }
-        let mismatch = PinMismatch {
-            pinned: self.pinned,
-            presented,
-        };
-        Err(rustls::Error::InvalidCertificate(CertificateError::Other(
-            rustls::OtherError(Arc::new(mismatch)),
-        )))
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 /// If `err` is a refused certificate, say why in a sentence: connecting again cannot help, so
 /// callers do not retry it.
 pub fn certificate_refused(err: &tokio_tungstenite::tungstenite::Error) -> Option<String> {
@@ -275,14 +136,17 @@ pub fn certificate_refused(err: &tokio_tungstenite::tungstenite::Error) -> Optio
 
 /// [`certificate_refused`] for the I/O error of a handshake.
 fn io_certificate_refused(io: &std::io::Error) -> Option<String> {
-    let rustls::Error::InvalidCertificate(cert) = io.get_ref()?.downcast_ref::<rustls::Error>()?
-    else {
+    let err = io.get_ref()?.downcast_ref::<rustls::Error>()?;
+    let rustls::Error::InvalidCertificate(cert) = err else {
         return None;
     };
-    if let CertificateError::Other(other) = cert {
-        if let Some(mismatch) = other.0.downcast_ref::<PinMismatch>() {
-            return Some(mismatch.to_string());
-        }
+    if let Some(mismatch) = pinning::mismatch_in(err) {
+        return Some(format!(
+            "the executor presented a TLS certificate with fingerprint {}, but {} is pinned; \
+             refusing to connect (if the executor's certificate was replaced on purpose, pin \
+             the new one: `executor tls-fingerprint` on its host prints it)",
+            mismatch.presented, mismatch.pinned
+        ));
     }
     Some(format!(
         "the executor's TLS certificate was refused: {cert}; pin its fingerprint with \
@@ -296,39 +160,6 @@ mod tests {
     use super::*;
 
     const HEX: &str = "07157fa82463878b9dfbea67b3a71f613c05817af48bc0a55e20a87d56ac4704";
-
-    #[test]
-    fn fingerprints_parse_in_the_forms_operators_paste_and_print_canonically() {
-        let canonical = format!("sha256:{HEX}");
-        let colons: String = HEX
-            .as_bytes()
-            .chunks(2)
-            .map(|p| std::str::from_utf8(p).unwrap().to_uppercase())
-            .collect::<Vec<_>>()
-            .join(":");
-        for form in [
-            canonical.clone(),
-            HEX.to_string(),
-            HEX.to_uppercase(),
-            format!("SHA256:{}", HEX.to_uppercase()),
-            colons.clone(),
-            format!("sha256 Fingerprint={colons}"),
-            format!("  sha256:{colons}\n"),
-        ] {
-            let parsed = Fingerprint::parse(&form).unwrap_or_else(|e| panic!("{form}: {e}"));
-            assert_eq!(parsed.to_string(), canonical, "{form}");
-        }
-        for bad in [
-            "",
-            "sha256:",
-            &HEX[..62],
-            &format!("{HEX}00"),
-            &format!("sha1:{HEX}"),
-            &HEX.replace('a', "g"),
-        ] {
-            assert!(Fingerprint::parse(bad).is_err(), "{bad:?} accepted");
-        }
-    }
 
     #[test]
     fn a_pin_or_ca_is_refused_with_a_plain_ws_url_and_a_pin_excludes_a_ca() {

@@ -10,18 +10,17 @@ use protocol::{Ending, ServerMessage};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
+use crate::args::{default_state_dir, interpreter, CheckArgs, RunArgs, TlsFingerprintArgs};
 use crate::engine::default_limits;
 use crate::runner::{OutputSink, StopReason};
+use crate::runtimes::{local_runtime, runtime};
 use crate::serve::host_facts;
 use crate::setup::{setup, Paths, ProfileChoice, Setup};
 use sandbox::cgroup;
 use sandbox::homes::{self, HomeAhead, TempHome};
 use sandbox::spawner::Leftover;
 
-use crate::{
-    default_state_dir, interpreter, local_runtime, request, runtime, server, CheckArgs, RunArgs,
-    TlsFingerprintArgs,
-};
+use crate::{request, server};
 
 /// `executor run`: one command, output streamed to stdout, exit code passed on.
 pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {

@@ -8,14 +8,13 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use protocol::{HostFacts, Limits, ProfileSummary};
 
+use crate::args::{default_state_dir, interpreter, LogFormat, ServeArgs};
 use crate::engine::{default_limits, Engine};
+use crate::runtimes::runtime;
 use crate::setup::{helper_exe, resolved, setup, Paths, ProfileChoice, Setup};
 use sandbox::{cgroup, spawner, sys};
 
-use crate::{
-    audit, clients, default_state_dir, interpreter, runtime, server, token, workspaces, LogFormat,
-    ServeArgs,
-};
+use crate::{audit, clients, server, token, workspaces};
 
 pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     sys::tune_allocator();
@@ -338,7 +337,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         let _ = stdout.flush();
 
         if let Some(relay) = args.dial_out.take() {
-            tokio::spawn(crate::connect::dial(relay, addr, daemon.shutdown.clone()));
+            tokio::spawn(crate::dial_out::dial(relay, addr, daemon.shutdown.clone()));
         }
         tokio::spawn(shutdown_on_signal(daemon.clone()));
         tokio::spawn(reload_on_sighup(daemon.clone()));

@@ -20,18 +20,14 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, ChildStdin};
 
 use super::config::DockerConfig;
-use super::{Deployed, Deployment, Endpoint, Handle, TaskSpec};
+use super::containers::{docker_command, Owner, LABEL, RUN_LABEL, TASK_LABEL};
+use super::{Deployed, Deployment, Handle, TaskSpec};
 use crate::config::EnvironmentConfig;
+use crate::executor_client::Endpoint;
 
-/// Label on every container we start; `agent deploy reap` removes what carries it.
-pub const LABEL: &str = "executor-agent";
-/// Label naming the run (a batch, or one `deploy up`) that started the container.
-pub const RUN_LABEL: &str = "executor-agent.run";
-/// Label naming the task (the instance id).
-pub const TASK_LABEL: &str = "executor-agent.task";
 /// Where the executor and its token appear in the container.
 const EXECUTOR_IN_CONTAINER: &str = "/.executor/executor";
 const TOKEN_IN_CONTAINER: &str = "/.executor/token";
@@ -50,7 +46,7 @@ pub struct Docker {
     /// Arguments of the executor after `serve` besides ours (profiles it may offer).
     profiles: Vec<String>,
     /// This agent, in every container's labels, so `deploy reap` spares a live run's.
-    owner: super::reap::Owner,
+    owner: Owner,
 }
 
 impl Docker {
@@ -63,16 +59,9 @@ impl Docker {
                 .into_iter()
                 .flat_map(|p| ["--allow-profile".to_string(), p.to_string()])
                 .collect(),
-            owner: super::reap::Owner::current(),
+            owner: Owner::current(),
         })
     }
-}
-
-/// `docker` (or podman) with the configured global arguments.
-pub fn docker_command(config: &DockerConfig) -> Command {
-    let mut c = Command::new(&config.executable);
-    c.args(&config.global_args);
-    c
 }
 
 /// A container name: docker allows `[a-zA-Z0-9][a-zA-Z0-9_.-]`.

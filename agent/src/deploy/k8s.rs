@@ -23,7 +23,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::docker::{LABEL, TASK_LABEL};
+use super::containers::{LABEL, TASK_LABEL};
 
 const PORT: u16 = 7681;
 const EXECUTOR_DIR: &str = "/.executor";

@@ -234,7 +234,7 @@ impl super::Deployment for Local {
                 workspace.display()
             );
             Ok(super::Deployed {
-                endpoint: super::Endpoint {
+                endpoint: crate::executor_client::Endpoint {
                     url: local.url.clone(),
                     token: Some(local.token.clone()),
                     token_file: Some(local.state.path().join("token")),
@@ -272,13 +272,4 @@ pub fn make_open_dir(dir: &std::path::Path) -> anyhow::Result<()> {
         std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))?;
     }
     Ok(())
-}
-
-/// `root`, `alice (uid 1000)`, or `uid 1000` when the host names no such user.
-pub fn user_name(uid: u32) -> String {
-    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
-        Ok(Some(user)) if uid == 0 => user.name,
-        Ok(Some(user)) => format!("{} (uid {uid})", user.name),
-        _ => format!("uid {uid}"),
-    }
 }

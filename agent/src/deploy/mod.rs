@@ -12,6 +12,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod containers;
 pub mod docker;
 pub mod flags;
 pub mod k8s;
@@ -29,19 +30,7 @@ use anyhow::{bail, Context};
 use futures_util::future::BoxFuture;
 
 use crate::config::EnvironmentConfig;
-
-/// How to reach a started executor.
-#[derive(Debug, Clone)]
-pub struct Endpoint {
-    /// `ws://` or `wss://` URL of `/v1/ws`.
-    pub url: String,
-    pub token: Option<String>,
-    /// A file holding the token (mode 0600), for clients that read one.
-    pub token_file: Option<PathBuf>,
-    /// `sha256:<hex>` of a `wss://` executor's certificate, to pin.
-    pub tls_fingerprint: Option<String>,
-    pub tls_ca: Option<PathBuf>,
-}
+use crate::executor_client::{Choice, Endpoint, PROFILE_PREFERENCE};
 
 /// What one task asks of its deployment.
 #[derive(Debug, Clone, Default)]
@@ -74,8 +63,8 @@ impl Deployed {
     /// How the profile is chosen when none is named: a local executor's among strict and
     /// landlock only, another executor we started among what it offers, a shared one's
     /// default.
-    pub fn profile_choice(&self) -> crate::executor_client::Choice {
-        crate::executor_client::Choice::for_deployment(self.kind, self.owned)
+    pub fn profile_choice(&self) -> Choice {
+        Choice::for_deployment(self.kind, self.owned)
     }
 
     /// The executor's own log so far (for error reports), where we have it.
@@ -185,15 +174,6 @@ pub fn static_executor(configured: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// The profile that runs commands unsandboxed, as the executor's own user.
 pub const TRUSTED: &str = "trusted";
 
-/// The `docker run` arguments under which the executor in a container can build namespaces
-/// (tested with rootful podman and runc, the default seccomp profile: `executor check` shows
-/// `strict` and `task-container` ok). Docker's default seccomp profile opens the namespace
-/// syscalls to a container holding CAP_SYS_ADMIN as podman's does; on a host with AppArmor,
-/// docker's default profile also denies mount, hence `--security-opt apparmor=unconfined`
-/// there (not tested here).
-pub const NAMESPACE_RUN_ARGS: &str =
-    "--docker-run-arg=--cap-add=SYS_ADMIN --docker-run-arg=--cap-add=NET_ADMIN";
-
 /// The profiles an executor we deploy offers: the preference order without `trusted`, unless
 /// the user asked for it by name (`--profile trusted`, `environment.profile: trusted`).
 /// `trusted` runs commands as the executor's own user, which in a container is root, and so
@@ -208,7 +188,7 @@ pub fn offered_profiles(requested: Option<&str>) -> Vec<&'static str> {
              it over; use it only for trusted commands"
         );
     }
-    crate::executor_client::PROFILE_PREFERENCE
+    PROFILE_PREFERENCE
         .iter()
         .copied()
         .filter(|p| *p != TRUSTED || trusted)

@@ -11,15 +11,10 @@
 use clap::Args;
 
 use super::config::DockerConfig;
-use super::docker::{docker_command, LABEL, RUN_LABEL};
-
-/// The owner's host name (`/proc/sys/kernel/hostname`).
-pub const OWNER_HOST_LABEL: &str = "executor-agent.owner-host";
-/// The owner's pid namespace (`/proc/self/ns/pid`'s link, e.g. `pid:[4026531836]`).
-pub const OWNER_PIDNS_LABEL: &str = "executor-agent.owner-pidns";
-pub const OWNER_PID_LABEL: &str = "executor-agent.owner-pid";
-/// The owner's start time in clock ticks since boot: tells a reused pid from the owner.
-pub const OWNER_START_LABEL: &str = "executor-agent.owner-start";
+use super::containers::{
+    docker_command, start_time, Owner, LABEL, OWNER_HOST_LABEL, OWNER_PIDNS_LABEL, OWNER_PID_LABEL,
+    OWNER_START_LABEL, RUN_LABEL,
+};
 
 #[derive(Args)]
 pub struct ReapArgs {
@@ -39,58 +34,6 @@ pub struct ReapArgs {
     /// Every container of ours, also those of agents still running.
     #[arg(long)]
     pub all: bool,
-}
-
-/// Who started a container: this process, as its labels record it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owner {
-    pub host: String,
-    pub pidns: String,
-    pub pid: u32,
-    pub start: String,
-}
-
-impl Owner {
-    /// This process.
-    pub fn current() -> Self {
-        let pid = std::process::id();
-        Self {
-            host: hostname(),
-            pidns: pidns(),
-            pid,
-            start: start_time(pid).unwrap_or_default(),
-        }
-    }
-
-    /// `--label` pairs for `docker run`.
-    pub fn labels(&self) -> Vec<(&'static str, String)> {
-        vec![
-            (OWNER_HOST_LABEL, self.host.clone()),
-            (OWNER_PIDNS_LABEL, self.pidns.clone()),
-            (OWNER_PID_LABEL, self.pid.to_string()),
-            (OWNER_START_LABEL, self.start.clone()),
-        ]
-    }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default()
-}
-
-fn pidns() -> String {
-    std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.display().to_string())
-        .unwrap_or_default()
-}
-
-/// Field 22 of `/proc/<pid>/stat` (after the parenthesised command, which may hold spaces).
-fn start_time(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    // Fields 3.. follow the command; the start time is field 22.
-    after.split_whitespace().nth(19).map(str::to_string)
 }
 
 /// Whether the owner recorded in a container's labels is gone, as seen from `here`: same

@@ -19,8 +19,9 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{mpsc, Mutex};
 
 use super::config::RemoteExecutor;
-use super::{Deployed, Deployment, Endpoint, Handle, TaskSpec};
+use super::{Deployed, Deployment, Handle, TaskSpec};
 use crate::config::EnvironmentConfig;
+use crate::executor_client::Endpoint;
 
 /// Every remote executor `config` names: `executor_url` (with the top-level token and TLS
 /// keys) first, then the `remote` list (whose entries default to the same keys).

@@ -21,7 +21,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Notify};
 use tokio_rustls::server::TlsStream;
 
-use super::{Deployed, Deployment, Endpoint, Handle, TaskSpec};
+use super::{Deployed, Deployment, Handle, TaskSpec};
+use crate::executor_client::Endpoint;
 
 /// What the relay sends on a waiting connection when it hands it a client.
 const GO: &[u8] = b"g";

@@ -25,8 +25,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
 use super::config::SshConfig;
-use super::{Deployed, Deployment, Endpoint, Handle, TaskSpec};
+use super::{Deployed, Deployment, Handle, TaskSpec};
 use crate::config::EnvironmentConfig;
+use crate::executor_client::Endpoint;
 use crate::shell::quote;
 
 const STOP_PATIENCE: Duration = Duration::from_secs(10);

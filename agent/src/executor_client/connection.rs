@@ -1,5 +1,6 @@
 //! Opening a WebSocket to an executor: TLS, the bearer token, the hello; and `resume`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -11,6 +12,19 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::tls::{self, Tls};
+
+/// How to reach an executor (one a deployment started, or named in the configuration).
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// `ws://` or `wss://` URL of `/v1/ws`.
+    pub url: String,
+    pub token: Option<String>,
+    /// A file holding the token (mode 0600), for clients that read one.
+    pub token_file: Option<PathBuf>,
+    /// `sha256:<hex>` of a `wss://` executor's certificate, to pin.
+    pub tls_fingerprint: Option<String>,
+    pub tls_ca: Option<PathBuf>,
+}
 
 pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 

@@ -25,7 +25,7 @@ pub use client::{
     decode_output, list_processes_message, resize_message, signal_message, wait_message, Client,
     ClientError,
 };
-pub use connection::{connect, Ws};
+pub use connection::{connect, Endpoint, Ws};
 pub use profile::{profile_line, Choice, PROFILE_PREFERENCE};
 use session::Attempt;
 
@@ -100,7 +100,7 @@ pub struct Environment {
 impl Environment {
     /// [`Environment::open`] on a deployed executor: its URL, token and certificate pin.
     pub async fn open_endpoint(
-        endpoint: &crate::deploy::Endpoint,
+        endpoint: &Endpoint,
         mut config: EnvironmentConfig,
         choice: Choice,
     ) -> anyhow::Result<Self> {

@@ -14,6 +14,15 @@ pub const PROFILE_PREFERENCE: &[&str] = &["strict", "landlock", "task-container"
 /// out, never a silent step down to a profile that writes `/usr`.
 pub const LOCAL_CHOICES: &[&str] = &["strict", "landlock"];
 
+/// The `docker run` arguments under which the executor in a container can build namespaces
+/// (tested with rootful podman and runc, the default seccomp profile: `executor check` shows
+/// `strict` and `task-container` ok). Docker's default seccomp profile opens the namespace
+/// syscalls to a container holding CAP_SYS_ADMIN as podman's does; on a host with AppArmor,
+/// docker's default profile also denies mount, hence `--security-opt apparmor=unconfined`
+/// there (not tested here).
+pub const NAMESPACE_RUN_ARGS: &str =
+    "--docker-run-arg=--cap-add=SYS_ADMIN --docker-run-arg=--cap-add=NET_ADMIN";
+
 /// How the profile is settled when the configuration names none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice {
@@ -170,7 +179,7 @@ pub fn no_local_profile(workspace: &str, refused: &[String]) -> String {
     let described = match &meta {
         Some(m) => format!(
             "owned by {}, mode {:04o}",
-            crate::deploy::local::user_name(m.uid()),
+            user_name(m.uid()),
             m.mode() & 0o7777
         ),
         None => "which cannot be read".to_string(),
@@ -184,7 +193,7 @@ pub fn no_local_profile(workspace: &str, refused: &[String]) -> String {
             ways.push(format!(
                 "run the agent as the directory's owner (`sudo -u {} agent ...`): a local \
                  executor of an ordinary user runs landlock's commands as that user",
-                crate::deploy::local::user_name(uid)
+                user_name(uid)
             ));
         }
     }
@@ -225,6 +234,15 @@ pub fn no_usable_profile(workspace: &str, refused: &[String]) -> String {
         } else {
             refused.join("; ")
         },
-        crate::deploy::NAMESPACE_RUN_ARGS
+        NAMESPACE_RUN_ARGS
     )
+}
+
+/// `root`, `alice (uid 1000)`, or `uid 1000` when the host names no such user.
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) if uid == 0 => user.name,
+        Ok(Some(user)) => format!("{} (uid {uid})", user.name),
+        _ => format!("uid {uid}"),
+    }
 }

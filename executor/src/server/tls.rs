@@ -86,9 +86,7 @@ pub struct Identity {
 /// The canonical fingerprint of a certificate: `sha256:` and 64 lowercase hex digits, no
 /// colons. Clients accept this form as well as colon-separated and uppercase hex.
 pub fn fingerprint(der: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, der);
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    pinning::Fingerprint::of(der).to_string()
 }
 
 /// Where a generated certificate lives.

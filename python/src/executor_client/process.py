@@ -5,21 +5,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .protocol import ProcessExit, ProcessOutput
-
-if TYPE_CHECKING:
-    from .aio import AsyncClient
 
 #: The longest wait the executor grants one `read` or `wait` request; longer waits repeat it.
 MAX_WAIT = 60.0
 
 
+class ProcessCalls(Protocol):
+    """What a process asks of its client's connection (`AsyncClient` is one): named here, below
+    the client, so that this module needs nothing of it."""
+
+    async def _process_write(self, rid: str, data: bytes, *, eof: bool) -> None: ...
+
+    async def _process_read(
+        self, rid: str, offset: int, wait: float, max_bytes: int | None
+    ) -> ProcessOutput: ...
+
+    async def _process_signal(self, rid: str, name: str, foreground: bool) -> None: ...
+
+    async def _process_resize(self, rid: str, rows: int, cols: int) -> None: ...
+
+    async def _process_wait(self, rid: str, timeout: float) -> ProcessExit: ...
+
+
 class AsyncProcess:
     """A running (or ended) process of the session. Calls go over the client's connection."""
 
-    def __init__(self, client: AsyncClient, process_id: str, command: str, *, pty: bool) -> None:
+    def __init__(self, client: ProcessCalls, process_id: str, command: str, *, pty: bool) -> None:
         self._client = client
         self.id = process_id
         self.command = command

@@ -6,7 +6,6 @@
 //! one-shot run's) own cgroups, so that killing the command's never kills it. Control: the
 //! daemon and the test itself are in none of the command's.
 
-use std::collections::BTreeMap;
 use std::process::Stdio;
 
 use executor_tests::checks::{cancel, preq};
@@ -15,56 +14,8 @@ use executor_tests::{
 };
 use protocol::ClientMessage;
 
-/// The hierarchies a command is placed in on this host, each with where its files are: the
-/// cgroup2 mount (key "0") and v1 mounts of `pids` and `memory` (keyed by controller).
-fn hierarchies() -> BTreeMap<String, String> {
-    let mut found = BTreeMap::new();
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    for line in mountinfo.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mount_point = left.split_whitespace().nth(4).unwrap_or_default();
-        let mut fields = right.split_whitespace();
-        let (fstype, options) = (fields.next(), fields.nth(1).unwrap_or_default());
-        match fstype {
-            Some("cgroup2") => {
-                found.insert("0".to_string(), mount_point.to_string());
-            }
-            Some("cgroup") => {
-                for controller in ["pids", "memory"] {
-                    if options.split(',').any(|o| o == controller) {
-                        found.insert(controller.to_string(), mount_point.to_string());
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    found
-}
-
-/// `pid`'s path in each hierarchy of [`hierarchies`] (keys as there).
-fn paths_of(pid: i32) -> BTreeMap<String, String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let mut paths = BTreeMap::new();
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (id, controllers, path) = (parts.next(), parts.next(), parts.next());
-        let (Some(id), Some(controllers), Some(path)) = (id, controllers, path) else {
-            continue;
-        };
-        if id == "0" {
-            paths.insert("0".to_string(), path.to_string());
-        }
-        for c in controllers.split(',') {
-            if c == "pids" || c == "memory" {
-                paths.insert(c.to_string(), path.to_string());
-            }
-        }
-    }
-    paths
-}
+use crate::host_cgroups::{hierarchies, paths_of, run_cgroup_dirs};
+use crate::run_local::executor_run;
 
 /// Check the placement of the command whose sleeper is `sleeper`, made by a daemon (or run)
 /// whose own process is `owner`, under `profile`. `one_command`: the owner is a one-shot
@@ -202,7 +153,7 @@ async fn a_one_shot_runs_its_command_in_cgroups_of_its_own_and_its_helper_does_n
     }
     for profile in ["landlock", "strict"] {
         let m = marker();
-        let mut run = crate::run_local::executor_run(profile, &[], &marked_sleep(&m))
+        let mut run = executor_run(profile, &[], &marked_sleep(&m))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -218,23 +169,6 @@ async fn a_one_shot_runs_its_command_in_cgroups_of_its_own_and_its_helper_does_n
     }
 }
 
-/// The cgroup directories of the one-shot run `pid`: below the test's own cgroups, which the
-/// run shares.
-pub(crate) fn run_cgroup_dirs(pid: u32) -> Vec<String> {
-    let own = paths_of(std::process::id() as i32);
-    let mut found = Vec::new();
-    for (key, mount) in &hierarchies() {
-        let home = format!("{mount}{}", own.get(key).map_or("", String::as_str));
-        for entry in std::fs::read_dir(&home).unwrap().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&format!("executor-{pid}-ns")) {
-                found.push(format!("{home}/{name}"));
-            }
-        }
-    }
-    found
-}
-
 #[tokio::test]
 async fn a_one_shot_leaves_no_cgroup_directory_behind() {
     if !require("root", is_root()) {
@@ -242,7 +176,7 @@ async fn a_one_shot_leaves_no_cgroup_directory_behind() {
     }
     let places = hierarchies();
     for profile in ["landlock", "strict"] {
-        let mut run = crate::run_local::executor_run(profile, &[], "exit 3")
+        let mut run = executor_run(profile, &[], "exit 3")
             .stdout(Stdio::null())
             .spawn()
             .unwrap();
@@ -259,7 +193,7 @@ async fn a_one_shot_leaves_no_cgroup_directory_behind() {
     // Control: a run whose command still runs has one in every hierarchy; interrupted, it
     // removes them too.
     let m = marker();
-    let mut run = crate::run_local::executor_run("landlock", &[], &marked_sleep(&m))
+    let mut run = executor_run("landlock", &[], &marked_sleep(&m))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

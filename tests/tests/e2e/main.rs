@@ -9,6 +9,7 @@ mod clients;
 mod daemon_life;
 mod disk_quota;
 mod files;
+mod host_cgroups;
 mod kill;
 mod metrics;
 mod output;

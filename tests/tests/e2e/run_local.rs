@@ -384,7 +384,7 @@ async fn sleeper_run(
         .filter(|h| !known.contains(h))
         .collect();
     assert_eq!(new.len(), 1, "{new:?}");
-    assert!(!crate::cgroup_placement::run_cgroup_dirs(run.id()).is_empty());
+    assert!(!crate::host_cgroups::run_cgroup_dirs(run.id()).is_empty());
     let server = fork_server_of(run.id() as i32);
     SleeperRun {
         pid: run.id(),
@@ -669,7 +669,7 @@ async fn a_ctrl_c_to_the_runs_process_group_leaves_its_fork_server_to_clean_up()
         homes_in(tmp.path())
     );
     assert_eq!(
-        crate::cgroup_placement::run_cgroup_dirs(run_pid),
+        crate::host_cgroups::run_cgroup_dirs(run_pid),
         Vec::<String>::new()
     );
 }
@@ -703,7 +703,7 @@ async fn a_run_whose_fork_server_died_removes_what_it_left_itself() {
         homes_in(tmp.path())
     );
     assert_eq!(
-        crate::cgroup_placement::run_cgroup_dirs(run_pid),
+        crate::host_cgroups::run_cgroup_dirs(run_pid),
         Vec::<String>::new()
     );
 }
@@ -736,7 +736,7 @@ async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remov
     let home = std::path::PathBuf::from(home.trim());
     assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
     let run_pid = run.id();
-    assert!(!crate::cgroup_placement::run_cgroup_dirs(run_pid).is_empty());
+    assert!(!crate::host_cgroups::run_cgroup_dirs(run_pid).is_empty());
     let server = fork_server_of(run_pid as i32);
     let mounted = home.join("tmp");
     let kept = mount_with_a_file(&mounted);
@@ -746,7 +746,7 @@ async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remov
     // the rest (the run's cgroup directories), not the home.
     assert!(eventually(PATIENCE, || !alive(server)).await);
     assert_eq!(
-        crate::cgroup_placement::run_cgroup_dirs(run_pid),
+        crate::host_cgroups::run_cgroup_dirs(run_pid),
         Vec::<String>::new()
     );
     assert_eq!(homes_in(tmp.path()), vec![home.clone()]);
