@@ -1,7 +1,7 @@
 //! The executor's sandbox runtime: everything that turns a command into an isolated process
 //! tree, and nothing of the daemon around it. No async runtime: the code here runs in
 //! single-threaded processes (the fork server, the helpers it forks, the payload) or is
-//! called by the daemon as plain, short, non-waiting functions.
+//! called by the daemon as plain blocking functions, each bounded in time.
 //!
 //! **A plan in.** [`profile::Profile`] is a profile and its schema (the shipped ones are
 //! compiled in); [`plan::plan_command`] turns a profile, a [`plan::CommandSpec`] and the

@@ -1,5 +1,6 @@
 //! The daemon's way in: a helper started by the fork server for one command, wired to fresh
-//! pipes. The daemon wraps the ends it gets in its own async types; nothing here waits.
+//! pipes. The daemon wraps the ends it gets in its own async types; nothing here waits but
+//! for the fork server's answer, itself bounded (`ANSWER_TIMEOUT`).
 
 use std::io;
 use std::os::fd::OwnedFd;
