@@ -16,7 +16,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::profile::Profile;
+use sandbox::profile::Profile;
 
 /// Name of the one client of single-token mode.
 pub const DEFAULT_CLIENT: &str = "default";

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use protocol::{ErrorCode, ExecResult, Isolation, Limits, ResultExtra};
 
-use crate::plan::{plan_command, PlanSettings};
-use crate::profile::Profile;
 use crate::request::ValidRequest;
 use crate::runner::{Io, RunError, Runner, StopReason};
+use sandbox::plan::{plan_command, PlanSettings};
+use sandbox::profile::Profile;
 
 /// Limits used when no flag overrides them; the comments give the reason for each value.
 pub fn default_limits() -> Limits {
@@ -173,7 +173,7 @@ impl Engine {
     /// enough to choose a default without paying for every profile (`executor run`).
     pub async fn probe_for_default(&self) -> BTreeMap<String, Result<Probed, String>> {
         let mut found = BTreeMap::new();
-        for name in crate::profile::DEFAULT_PREFERENCE {
+        for name in sandbox::profile::DEFAULT_PREFERENCE {
             if !self.profiles.contains_key(*name) {
                 continue;
             }
@@ -192,7 +192,7 @@ impl Engine {
         let probes = names.iter().map(|name| async move {
             let req = ValidRequest {
                 id: format!("probe-{name}"),
-                spec: crate::plan::CommandSpec {
+                spec: sandbox::plan::CommandSpec {
                     command: "true".into(),
                     cwd: Some("/".into()),
                     env: BTreeMap::new(),
@@ -228,7 +228,7 @@ impl Engine {
 
     /// The strongest of the default profiles this host can run.
     pub fn choose_default(probe: &BTreeMap<String, Result<Probed, String>>) -> String {
-        crate::profile::DEFAULT_PREFERENCE
+        sandbox::profile::DEFAULT_PREFERENCE
             .iter()
             .find(|name| probe.get(**name).is_some_and(Result::is_ok))
             .map(|name| name.to_string())

@@ -12,13 +12,15 @@ use tokio::sync::mpsc;
 
 use crate::args::{default_state_dir, interpreter, CheckArgs, RunArgs, TlsFingerprintArgs};
 use crate::engine::default_limits;
-use crate::homes::{self, HomeAhead, TempHome};
 use crate::runner::{OutputSink, StopReason};
 use crate::runtimes::{local_runtime, runtime};
 use crate::serve::host_facts;
 use crate::setup::{setup, Paths, ProfileChoice, Setup};
-use crate::spawner::Leftover;
-use crate::{cgroup, request, server};
+use sandbox::cgroup;
+use sandbox::homes::{self, HomeAhead, TempHome};
+use sandbox::spawner::Leftover;
+
+use crate::{request, server};
 
 /// `executor run`: one command, output streamed to stdout, exit code passed on.
 pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -45,14 +47,14 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     let by_name = args.profile.is_some();
     let first = args
         .profile
-        .unwrap_or_else(|| crate::profile::DEFAULT_PREFERENCE[0].to_string());
+        .unwrap_or_else(|| sandbox::profile::DEFAULT_PREFERENCE[0].to_string());
     if by_name {
         eprintln!("executor: profile {first:?} (named with --profile)");
     } else {
         eprintln!(
             "executor: profile {first:?} (the strongest; {} where strict cannot run here; \
              --profile NAME to choose)",
-            crate::profile::DEFAULT_PREFERENCE[1..].join(", then ")
+            sandbox::profile::DEFAULT_PREFERENCE[1..].join(", then ")
         );
     }
     let request = protocol::ExecRequest {
@@ -73,14 +75,14 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     let named = valid
         .profile
         .as_deref()
-        .and_then(crate::profile::Profile::builtin)
+        .and_then(sandbox::profile::Profile::builtin)
         .and_then(Result::ok);
-    let ahead = crate::spawner::Ahead {
+    let ahead = sandbox::spawner::Ahead {
         net: named
             .as_ref()
-            .is_some_and(|p| p.namespaces.contains(&crate::profile::Namespace::Net)),
+            .is_some_and(|p| p.namespaces.contains(&sandbox::profile::Namespace::Net)),
     };
-    let spawner = crate::spawner::fork_here(ahead)
+    let spawner = sandbox::spawner::fork_here(ahead)
         .map_err(|err| tracing::debug!(%err, "no forked fork server: the helper is exec'd"))
         .ok();
     // The home of a named built-in profile that gives one is made on a thread of its own
@@ -191,7 +193,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
             .await;
         // The command did not run (an error, never a result): where the profile was ours to
         // choose, the next one takes its place.
-        let mut choices = crate::profile::DEFAULT_PREFERENCE[1..].iter();
+        let mut choices = sandbox::profile::DEFAULT_PREFERENCE[1..].iter();
         while let (false, Err(err), Some(next)) = (by_name, &result, choices.next()) {
             let failed = valid.profile.clone().unwrap_or_default();
             eprintln!(
@@ -225,7 +227,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     // large): a later run's server does them.
     if !left || server.is_none_or(|server| server.gone()) {
         leftovers.retain(|l| matches!(l, Leftover::Cgroup(_) | Leftover::Home { .. }));
-        for (dir, err) in crate::spawner::remove_leftovers(leftovers) {
+        for (dir, err) in sandbox::spawner::remove_leftovers(leftovers) {
             eprintln!("executor: cannot remove {}: {err}", dir.display());
         }
     }
@@ -235,7 +237,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
 /// Load built-in profile `name` into `engine` for a run stepping down to it, with the home it
 /// gives its commands (made now; the caller removes it after the command).
 fn step_down(engine: &mut crate::engine::Engine, name: &str) -> anyhow::Result<Option<TempHome>> {
-    let profile = crate::profile::Profile::builtin(name)
+    let profile = sandbox::profile::Profile::builtin(name)
         .transpose()?
         .with_context(|| format!("no built-in profile {name:?}"))?;
     let home = match homes::owner(&profile) {
@@ -346,7 +348,7 @@ pub(crate) fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         facts.landlock_abi,
         match facts.landlock_abi {
             0 => " (not in this kernel)",
-            n if n >= crate::plan::MAX_LANDLOCK_ABI => "",
+            n if n >= sandbox::plan::MAX_LANDLOCK_ABI => "",
             _ => " (older than 6: see each profile's missing rights)",
         }
     );

@@ -1,34 +1,25 @@
 //! `executor`: runs shell commands for agents, each as a new process session whose whole tree
 //! dies with it. See the README for the commands and `protocol/README.md` for the wire format.
 
+#![forbid(unsafe_code)]
+
 mod accounts;
 mod args;
 mod audit;
 mod budget;
-mod cgroup;
 mod clients;
 mod connect;
 mod dial_out;
 mod disk_quota;
 mod engine;
-mod files;
-mod helper;
-mod homes;
 mod local;
-mod locale;
 mod metrics;
-mod plan;
-mod profile;
 mod request;
 mod runner;
 mod runtimes;
-mod sandbox;
 mod serve;
 mod server;
 mod setup;
-mod signals;
-mod spawner;
-mod sys;
 mod token;
 mod workspaces;
 
@@ -84,8 +75,10 @@ struct RunCli {
 fn main() -> ExitCode {
     // Helper and fork-server modes first: before clap, before any runtime or thread exists.
     match std::env::args_os().nth(1).as_deref() {
-        Some(arg) if arg == OsStr::new(helper::HELPER_ARG) => return helper::main(),
-        Some(arg) if arg == OsStr::new(spawner::FORK_SERVER_ARG) => spawner::main(),
+        Some(arg) if arg == OsStr::new(sandbox::HELPER_ARG) => return sandbox::helper_main(),
+        Some(arg) if arg == OsStr::new(sandbox::spawner::FORK_SERVER_ARG) => {
+            sandbox::spawner::main()
+        }
         _ => {}
     }
     // `executor run` is a one-shot whose start-up is part of every command it runs; clap

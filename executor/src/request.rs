@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use protocol::{ExecRequest, Limits};
 
-use crate::plan::CommandSpec;
+use sandbox::plan::CommandSpec;
 
 /// Longest accepted `cwd`, as Linux's PATH_MAX.
 const MAX_CWD_BYTES: usize = 4096;

@@ -12,7 +12,9 @@ use crate::args::{default_state_dir, interpreter, LogFormat, ServeArgs};
 use crate::engine::{default_limits, Engine};
 use crate::runtimes::runtime;
 use crate::setup::{helper_exe, resolved, setup, Paths, ProfileChoice, Setup};
-use crate::{audit, cgroup, clients, server, spawner, sys, token, workspaces};
+use sandbox::{cgroup, spawner, sys};
+
+use crate::{audit, clients, server, token, workspaces};
 
 pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     sys::tune_allocator();

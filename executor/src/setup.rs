@@ -9,9 +9,10 @@ use anyhow::{bail, Context};
 use protocol::Limits;
 
 use crate::engine::Engine;
-use crate::plan::PlanSettings;
-use crate::profile::Profile;
-use crate::{cgroup, spawner};
+use sandbox::cgroup;
+use sandbox::plan::PlanSettings;
+use sandbox::profile::Profile;
+use sandbox::spawner;
 
 /// Where the executor binary lies, for profiles that hide it.
 pub(crate) fn executor_bin() -> anyhow::Result<PathBuf> {
@@ -155,9 +156,9 @@ pub(crate) async fn setup(
         daemon_uid: nix::unistd::geteuid().as_raw(),
         loader_files,
         cgroups: cgroups.clone(),
-        landlock_abi: crate::sys::landlock_abi(),
+        landlock_abi: sandbox::sys::landlock_abi(),
         // Every profile's root is made of this host's directories.
-        utf8_locale: crate::locale::root_has(Path::new("/"), crate::locale::UTF8),
+        utf8_locale: sandbox::locale::root_has(Path::new("/"), sandbox::locale::UTF8),
     };
     let mut engine = Engine::new(limits, plan_settings, helper_exe(), profiles, String::new());
     if let Some(spawner) = spawner {

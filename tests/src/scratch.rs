@@ -9,7 +9,7 @@
 //! directory descriptor open at a time, so neither the stack nor the descriptors grow with the
 //! depth. `tests/clippy.toml` disallows `tempfile`'s directories and std's `remove_dir_all`
 //! in the suites so that recursion does not come back. (The executor's own removal,
-//! `executor/src/workspaces/removal.rs`, also defends against the commands that shaped the
+//! `sandbox/src/removal.rs`, also defends against the commands that shaped the
 //! tree; here the trees are the tests' own, and the walk only checks that it never leaves
 //! them: it does not cross into mounts, and stops if a directory it climbs back to is not the
 //! one it went down from.)

@@ -350,7 +350,7 @@ impl PtyMaster {
                 ours.readable().await?;
                 let mut buf = [0u8; 1];
                 match ours.try_io(Interest::READABLE, || {
-                    crate::spawner::receive_fds(ours.as_fd(), &mut buf)
+                    sandbox::spawner::receive_fds(ours.as_fd(), &mut buf)
                 }) {
                     Ok(Some((_, fds))) => break fds.into_iter().next(),
                     Ok(None) => break None,
@@ -383,8 +383,8 @@ impl PtyMaster {
             nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
         )?;
         let (rows, cols) = *lock(&self.0.size);
-        crate::sys::set_window_size(fd.as_fd(), rows, cols)?;
-        self.settle(Some(crate::sys::register_async(fd)?));
+        sandbox::sys::set_window_size(fd.as_fd(), rows, cols)?;
+        self.settle(Some(register_async(fd)?));
         Ok(())
     }
 
@@ -423,7 +423,7 @@ impl PtyMaster {
     pub fn resize(&self, rows: u16, cols: u16) -> io::Result<()> {
         *lock(&self.0.size) = (rows, cols);
         match self.0.fd.get() {
-            Some(Some(fd)) => crate::sys::set_window_size(fd.get_ref().as_fd(), rows, cols),
+            Some(Some(fd)) => sandbox::sys::set_window_size(fd.get_ref().as_fd(), rows, cols),
             // Not there yet: `bind` applies the size kept above.
             _ => Ok(()),
         }
@@ -490,6 +490,14 @@ impl AsyncWrite for PtyMaster {
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
+}
+
+/// Register a descriptor we own with tokio's reactor (a PTY master, which tokio's typed
+/// wrappers do not cover). `AsyncFd::register` is an `unsafe fn`: the runtime crate's
+/// `sys::register_owned` calls it, keeping its promise (an owned descriptor stays open and
+/// the same while registered), so that the daemon holds no `unsafe`.
+fn register_async(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    sandbox::sys::register_owned(fd, AsyncFd::<OwnedFd>::register).map_err(|err| err.into_parts().1)
 }
 
 #[cfg(test)]

@@ -22,12 +22,12 @@ use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::cgroup;
-use crate::helper::HELPER_ARG;
-use crate::plan::{HelperReport, Plan};
-use crate::spawner::Spawner;
 use attached::Attached;
 use output::{Captured, HeadTail, Utf8Stream};
+use sandbox::cgroup;
+use sandbox::plan::{HelperReport, Plan};
+use sandbox::spawner::Spawner;
+use sandbox::HELPER_ARG;
 
 /// How long the helper may take to kill the tree and report after the lifeline closes.
 const STOP_GRACE: Duration = Duration::from_secs(6);
@@ -388,7 +388,7 @@ impl Runner {
             if hung {
                 process.kill();
             }
-            let name = crate::plan::cgroup_name(process.pid());
+            let name = sandbox::plan::cgroup_name(process.pid());
             let dirs: Vec<_> = plan
                 .template
                 .cgroups
@@ -522,43 +522,21 @@ fn fork_helper(
     line: &[u8],
     output: Option<&OwnedFd>,
 ) -> std::io::Result<(Helper, usize)> {
-    let pipe = || -> std::io::Result<(OwnedFd, OwnedFd)> {
-        Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
-    };
-    let (stdin_r, stdin_w) = pipe()?;
-    let (out_r, out_w) = match output {
-        Some(fd) => (None, fd.try_clone()?),
-        None => {
-            let (r, w) = pipe()?;
-            (Some(r), w)
-        }
-    };
-    let (status_r, status_w) = pipe()?;
-    // The command goes into the pipe before the helper has it, so it finds it there at once
-    // instead of waiting for us to be scheduled again: one wake-up fewer per command. The
-    // write end is non-blocking (as tokio wants it anyway): what does not fit follows later.
-    nix::fcntl::fcntl(
-        &stdin_w,
-        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-    )?;
-    let written = nix::unistd::write(&stdin_w, line).unwrap_or(0);
-    let pid = spawner.spawn(template, warm, [&stdin_r, &out_w, &status_w])?;
-    // The helper has its copies now; ours would hold its pipes open.
-    drop((stdin_r, out_w, status_w));
+    let started = spawner.start_helper(template, warm, line, output)?;
     use tokio::net::unix::pipe;
-    let output = match out_r {
+    let output = match started.output {
         Some(r) => {
             Some(Box::new(pipe::Receiver::from_owned_fd(r)?) as Box<dyn AsyncRead + Send + Unpin>)
         }
         None => None,
     };
     let helper = Helper {
-        lifeline: Box::new(pipe::Sender::from_owned_fd(stdin_w)?),
+        lifeline: Box::new(pipe::Sender::from_owned_fd(started.lifeline)?),
         output,
-        status: Box::new(pipe::Receiver::from_owned_fd(status_r)?),
-        process: HelperProcess::Forked(pid),
+        status: Box::new(pipe::Receiver::from_owned_fd(started.status)?),
+        process: HelperProcess::Forked(started.pid),
     };
-    Ok((helper, written))
+    Ok((helper, started.written))
 }
 
 /// Read the supervisor's status pipe: `started` (passed on to `started`), then the report, the

@@ -26,11 +26,11 @@ use super::processes::{
 };
 use super::session::Session;
 use crate::engine::ExecError;
-use crate::files::FileOp;
-use crate::plan::StdinKind;
 use crate::request::ValidRequest;
 use crate::runner::attached::{Attached, OutputRing, PtyMaster};
 use crate::runner::Io;
+use sandbox::files::FileOp;
+use sandbox::plan::StdinKind;
 
 /// Most bytes one `read` returns, and its default.
 const MAX_READ_BYTES: u64 = 256 * 1024;
@@ -225,7 +225,7 @@ impl Connection {
         let own_devpts = engine
             .profiles
             .get(valid.profile.as_deref().unwrap_or(&engine.default_profile))
-            .is_some_and(|p| p.namespaces.contains(&crate::profile::Namespace::Mount));
+            .is_some_and(|p| p.namespaces.contains(&sandbox::profile::Namespace::Mount));
         let stdio = match process_stdio(req.pty, own_devpts) {
             Ok(stdio) => stdio,
             Err(err) => {
@@ -500,7 +500,7 @@ impl Connection {
                 )));
             };
             pty.fd()
-                .and_then(|fd| crate::sys::signal_foreground(fd, signal))
+                .and_then(|fd| sandbox::sys::signal_foreground(fd, signal))
                 .map_err(|err| {
                     ExecError::new(
                         ErrorCode::EnvironmentError,

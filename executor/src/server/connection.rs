@@ -906,7 +906,7 @@ impl Job {
                 record.killed_processes = extra.killed_processes;
                 // A process's output was counted as it arrived (`budget::Owner`).
                 let counted =
-                    req.spec.builtin.is_none() && req.spec.stdin != crate::plan::StdinKind::Null;
+                    req.spec.builtin.is_none() && req.spec.stdin != sandbox::plan::StdinKind::Null;
                 if !counted {
                     self.daemon
                         .clients

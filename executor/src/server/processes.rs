@@ -198,7 +198,7 @@ pub async fn feed_stdin(
         };
         let written = match (&mut end, chunk) {
             (StdinEnd::Socket(sock), StdinChunk::Data(data, _budget, _held)) => {
-                let header = crate::files::frame_header(data.len());
+                let header = sandbox::files::frame_header(data.len());
                 if framed && sock.write_all(&header).await.is_err() {
                     return;
                 }
@@ -209,7 +209,7 @@ pub async fn feed_stdin(
             }
             (StdinEnd::Socket(sock), StdinChunk::Eof) => {
                 if framed {
-                    let _ = sock.write_all(&crate::files::frame_header(0)).await;
+                    let _ = sock.write_all(&sandbox::files::frame_header(0)).await;
                 }
                 let _ = sock.shutdown().await;
                 return;

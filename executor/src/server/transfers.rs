@@ -17,11 +17,11 @@ use super::connection::{Connection, Job};
 use super::processes::{Kind, Process};
 use super::session::Session;
 use crate::engine::ExecError;
-use crate::files::{FileOp, Header, MAX_HEADER_BYTES};
-use crate::plan::StdinKind;
 use crate::request::ValidRequest;
 use crate::runner::attached::{Attached, OutputRing};
 use crate::runner::Io;
+use sandbox::files::{FileOp, Header, MAX_HEADER_BYTES};
+use sandbox::plan::StdinKind;
 
 /// Raw bytes in one `download_data` message.
 const DOWNLOAD_CHUNK: usize = 64 * 1024;
@@ -340,7 +340,7 @@ fn answer_from(
 ) -> Result<ServerMessage, ExecError> {
     let (path, bytes, stat, entries, truncated) = match header {
         Header::Error { kind, message } => {
-            use crate::files::ErrorKind;
+            use sandbox::files::ErrorKind;
             let code = match kind {
                 ErrorKind::NotFound => ErrorCode::NotFound,
                 ErrorKind::Denied => ErrorCode::Denied,

@@ -4,10 +4,9 @@
 //! Removing one is `removal.rs`; a client with a disk quota has its files on a volume of its
 //! own (`volumes.rs`).
 
-mod removal;
 pub mod volumes;
 
-pub use removal::{remove, remove_unmounting_nothing, RemoveError};
+pub use sandbox::removal::remove;
 pub use volumes::{VolumeError, Volumes};
 
 use crate::clients::{Client, WorkspacePolicy};

@@ -233,7 +233,7 @@ impl Volumes {
         // here yet (a session's scratch is made after its volume is mounted).
         let scratch = point.join(SCRATCH);
         if scratch.exists() {
-            if let Err(err) = super::removal::remove(&scratch) {
+            if let Err(err) = sandbox::removal::remove(&scratch) {
                 tracing::error!(%err, dir = %scratch.display(), "cannot remove the scratch a previous daemon left");
             }
         }

@@ -1,7 +1,7 @@
 //! Where a command's processes sit, read on the host from `/proc/<pid>/cgroup` while it runs:
 //! in a cgroup of the command's own in every hierarchy the host limits it by (the cgroup2 one,
 //! and the v1 `pids` and `memory` hierarchies where the controllers live there, which the
-//! helper joins through v1's `tasks` file, `executor/src/cgroup.rs` `join`), with the profile's
+//! helper joins through v1's `tasks` file, `sandbox/src/cgroup.rs` `join`), with the profile's
 //! limits written there; and the helper that made the command back in the daemon's (or the
 //! one-shot run's) own cgroups, so that killing the command's never kills it. Control: the
 //! daemon and the test itself are in none of the command's.

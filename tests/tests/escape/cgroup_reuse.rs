@@ -1,5 +1,5 @@
 //! Cgroup directories reused among the commands of one template
-//! (`executor/src/spawner/cgroup_pool.rs`), read on the host from `/proc/<pid>/cgroup` of each
+//! (`sandbox/src/spawner/cgroup_pool.rs`), read on the host from `/proc/<pid>/cgroup` of each
 //! command's process while it runs: commands of one client come back to directories an
 //! earlier one ran in, never two at once, never another client's; a directory whose command
 //! left a process behind or hit a limit is removed, never lent again, and the command after

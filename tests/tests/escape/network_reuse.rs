@@ -1,5 +1,5 @@
 //! Network namespaces reused between strict commands (the fork server's pool,
-//! `executor/src/spawner/net_pool.rs`): a later command of the same template may get the
+//! `sandbox/src/spawner/net_pool.rs`): a later command of the same template may get the
 //! namespace an earlier one ran in, never while that one runs, never a client with a
 //! workspace of its own, and never one where anything was left. Each command here binds a UDP
 //! port and an abstract unix name and tries both again (the control: the second bind sees the

@@ -1,4 +1,4 @@
-//! Roots built once per template (`executor/src/spawner/root_pool.rs`): each strict command
+//! Roots built once per template (`sandbox/src/spawner/root_pool.rs`): each strict command
 //! runs in a copy of its template's mount tree, with a `/tmp`, `/dev/shm` and `/proc` of its
 //! own. Checked from the host: the template the fork server holds is kept between commands and
 //! made anew when the host changes under it; each command's mount namespace is its own; what

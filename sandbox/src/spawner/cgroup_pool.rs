@@ -38,13 +38,11 @@ use std::time::{Duration, Instant};
 use crate::cgroup;
 use crate::plan::Template;
 
-use super::lease::CgroupName;
+use crate::wire::lease::{CgroupName, MAX_CHARGED};
 
 /// Free names kept per template, and over all templates.
 const MAX_FREE_PER_TEMPLATE: usize = 4;
 const MAX_FREE: usize = 16;
-/// The most memory still charged to directories that are lent again.
-pub const MAX_CHARGED: u64 = 8 << 20;
 /// What every name the pool makes starts with (a helper's own directories are `w-<pid>`).
 const PREFIX: &str = "c-";
 /// What a name made for one worker only starts with ([`Cgroups::name_once`]).
@@ -152,7 +150,7 @@ impl Cgroups {
 
 /// Whether directories a command ran in may be lent again, as the kernel sees them: no
 /// process in them and at most [`MAX_CHARGED`] of memory still charged (an init checks its
-/// counters itself: `helper::verdict`).
+/// counters itself: `wire::verdict`).
 pub fn clean(dirs: &[PathBuf]) -> bool {
     let charged = |dir: &std::path::Path| {
         ["memory.current", "memory.usage_in_bytes"]

@@ -35,10 +35,11 @@ use nix::unistd::Pid;
 
 use super::end::{decode, Counters};
 use super::payload::{self, HandedOver};
-use super::{write_report, SetupError, Stdio};
+use super::{write_report, SetupError};
+use crate::apply;
 use crate::plan::{cgroup_name, HelperReport, Template};
-use crate::sandbox;
 use crate::sys;
+use crate::wire::{self, lease, verdict, Stdio};
 
 /// How long init goes on killing what a command left before it reports and leaves the rest
 /// to the kernel (its own exit empties the namespace).
@@ -65,17 +66,6 @@ pub struct Loans {
     pub net_pooled: bool,
 }
 
-/// What init tells the fork server on `control` as its last act: which of the command's
-/// things may be lent to the template's next command.
-pub mod verdict {
-    /// The cgroup directories: the command left no process behind, was not stopped, and hit
-    /// no limit (the fork server still checks they are empty, `spawner`).
-    pub const CGROUPS: u8 = 1;
-    /// The network namespace holds no socket (`spawner::net_pool::settles_empty`); one init
-    /// made itself comes with the message.
-    pub const NET: u8 = 2;
-}
-
 /// Init's life (module docs). Never returns.
 pub fn serve(template: &Template, control: OwnedFd, loans: Loans, place: &Place) -> ! {
     // The fork server's death is ours, and ours the whole namespace's.
@@ -88,7 +78,7 @@ pub fn serve(template: &Template, control: OwnedFd, loans: Loans, place: &Place)
         Ok(prepared) => prepared.run(template, control),
         Err(err) => {
             // Nothing ran: report the failure to the command that comes for this worker.
-            if let Ok(Some(stdio)) = crate::spawner::receive_stdio(&control) {
+            if let Ok(Some(stdio)) = wire::receive_stdio(&control) {
                 write_report(&stdio.status, &err.report());
             }
             sys::exit_child(0)
@@ -172,7 +162,7 @@ fn prepare(
         net_pooled,
     } = loans;
     let net_made = net.is_none();
-    sandbox::enter_namespaces(&template.sandbox, net.as_ref(), root.as_ref())?;
+    apply::enter_namespaces(&template.sandbox, net.as_ref(), root.as_ref())?;
     // Entered: nothing of the command may hold the namespaces' descriptors (the fork server
     // keeps its own).
     drop((net, root));
@@ -221,7 +211,7 @@ impl Prepared {
                 self.verdict(&control, verdict::CGROUPS);
                 sys::exit_child(0)
             }
-            if let Ok(Some(stdio)) = crate::spawner::receive_stdio(&control) {
+            if let Ok(Some(stdio)) = wire::receive_stdio(&control) {
                 if let Some(err) = &self.failure {
                     write_report(&stdio.status, &err.report());
                 }
@@ -273,7 +263,7 @@ impl Prepared {
         if all_gone {
             self.verdict(&control, flags);
         } else {
-            crate::spawner::send_verdict(&control, flags, None);
+            wire::send_verdict(&control, flags, None);
         }
         sys::exit_child(0)
     }
@@ -282,13 +272,13 @@ impl Prepared {
     /// network namespace is empty (waiting for it to settle only now that the command is
     /// reported), with the namespace itself where we made it.
     fn verdict(&self, control: &OwnedFd, flags: u8) {
-        let net = self.net_pooled && crate::spawner::settles_empty();
+        let net = self.net_pooled && lease::settles_empty();
         let ns = (net && self.net_made)
             .then(|| std::fs::File::open("/proc/thread-self/ns/net").ok())
             .flatten()
             .map(OwnedFd::from);
         let flags = flags | if net { verdict::NET } else { 0 };
-        crate::spawner::send_verdict(control, flags, ns.as_ref());
+        wire::send_verdict(control, flags, ns.as_ref());
     }
 }
 
@@ -514,7 +504,7 @@ pub fn exec_mode(template: &Template, stdio: Stdio) {
         output,
         status,
     } = stdio;
-    let _ = crate::spawner::send_stdio(&ours, [&life_r, &output, &status]);
+    let _ = wire::send_stdio(&ours, [&life_r, &output, &status]);
     // Nothing more comes: a payload that took nothing, or init waiting for what it never
     // got, reads the end.
     let _ = nix::sys::socket::shutdown(

@@ -519,10 +519,10 @@ impl Profile {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+pub mod tests {
     use super::*;
 
-    pub(crate) fn builtin(name: &str) -> Profile {
+    pub fn builtin(name: &str) -> Profile {
         Profile::all_builtin()
             .unwrap()
             .into_iter()

@@ -17,8 +17,8 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
 use super::{ChildNote, SetupError, SETUP_FAILED};
+use crate::apply;
 use crate::plan::{CommandPlan, HelperReport, StdinKind, Template};
-use crate::sandbox;
 use crate::sys;
 
 fn note(setup_w: BorrowedFd<'_>, note: &ChildNote) {
@@ -98,7 +98,7 @@ pub fn payload_main(
     if let Err(err) = wired {
         fail(setup_w, &SetupError::OutputPipe(err.into()));
     }
-    if let Err(err) = sandbox::confine_process(&template.sandbox) {
+    if let Err(err) = apply::confine_process(&template.sandbox) {
         fail(setup_w, &err.into());
     }
     let Source { control, handoff } = source;
@@ -106,7 +106,7 @@ pub fn payload_main(
     // hand-off. A stop (or kill) that lands as the message comes takes effect only once we
     // return from this call, with the descriptors ours alone if we had taken them, and the
     // supervisor could not report it on the status pipe.
-    let stdio = match crate::spawner::peek_stdio(control) {
+    let stdio = match crate::wire::peek_stdio(control) {
         Ok(Some(stdio)) => stdio,
         // Dismissed before a command came (or the fork server is gone).
         _ => sys::exit_child(0),
@@ -439,7 +439,7 @@ pub struct HandedOver {
 /// descriptors closed (queued, they would hold the output open).
 pub fn take_handoff(from: &OwnedFd, control: BorrowedFd<'_>) -> Option<HandedOver> {
     let mut buf = vec![0u8; 4 + super::LINE_CHUNK];
-    let (bytes, fds) = crate::spawner::receive_now::<2>(from.as_fd(), &mut buf)?;
+    let (bytes, fds) = crate::wire::receive_now::<2>(from.as_fd(), &mut buf)?;
     // (End of file, from a payload that exited without handing over, is no hand-off: the
     // message on `control` stays for the report to the command.)
     let [lifeline, status] = <[OwnedFd; 2]>::try_from(fds).ok()?;
@@ -450,7 +450,7 @@ pub fn take_handoff(from: &OwnedFd, control: BorrowedFd<'_>) -> Option<HandedOve
         status,
         rest: buf.get(4..bytes)?.to_vec(),
     };
-    drop(crate::spawner::receive_now::<3>(control, &mut [0u8; 16]));
+    drop(crate::wire::receive_now::<3>(control, &mut [0u8; 16]));
     Some(handed)
 }
 

@@ -50,7 +50,7 @@ mod end;
 mod init;
 mod payload;
 
-pub use init::{birth_cgroup, serve as serve_init, verdict, Loans as InitLoans, Place};
+pub use init::{birth_cgroup, serve as serve_init, Loans as InitLoans, Place};
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -64,12 +64,13 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::apply::SandboxError;
 use crate::cgroup;
 use crate::plan::{cgroup_name, HelperReport, Template};
 use crate::profile::Namespace;
-use crate::sandbox::SandboxError;
-use crate::spawner::Lease;
 use crate::sys;
+use crate::wire::lease::Lease;
+use crate::wire::{self, Stdio};
 
 /// argv[1] that selects helper mode. Checked in `main` before anything else runs.
 pub const HELPER_ARG: &str = "__sandbox-helper";
@@ -151,13 +152,6 @@ enum ChildNote {
     Failed { stage: String, message: String },
 }
 
-/// The three descriptors one command is served with.
-pub struct Stdio {
-    pub lifeline: OwnedFd,
-    pub output: OwnedFd,
-    pub status: OwnedFd,
-}
-
 /// Exec mode (a daemon without its fork server): the template (its length first, then the
 /// JSON) and then the lifeline, starting with the command line, on stdin, the output pipe on stdout, the status pipe on stderr. Always exits 0: the outcome
 /// travels in the report.
@@ -211,7 +205,7 @@ pub fn main() -> ExitCode {
     let sent = control
         .map_err(std::io::Error::from)
         .and_then(|(ours, theirs)| {
-            crate::spawner::send_stdio(&ours, [&stdio.lifeline, &stdio.output, &stdio.status])?;
+            wire::send_stdio(&ours, [&stdio.lifeline, &stdio.output, &stdio.status])?;
             Ok(theirs)
         });
     match sent {
@@ -293,7 +287,7 @@ pub fn serve_worker(template: &Template, control: OwnedFd, lease: Option<Lease>)
 
 /// Report `err` to the command that comes on `control` (none comes when it closes first).
 fn report_to_next(control: &OwnedFd, err: &SetupError) {
-    if let Ok(Some(stdio)) = crate::spawner::receive_stdio(control) {
+    if let Ok(Some(stdio)) = wire::receive_stdio(control) {
         write_report(&stdio.status, &err.report());
     }
 }

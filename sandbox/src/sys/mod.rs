@@ -1,4 +1,4 @@
-//! The executor's only `unsafe` code: thin wrappers over syscalls that nix does not expose
+//! The only `unsafe` code of the executor and its sandbox runtime: thin wrappers over syscalls that nix does not expose
 //! safely. Each block states why it is sound and checks errno at once.
 #![allow(unsafe_code)]
 
@@ -376,14 +376,20 @@ pub fn signal_foreground(fd: std::os::fd::BorrowedFd<'_>, signal: i32) -> io::Re
     Ok(())
 }
 
-/// Register a descriptor we own with tokio's reactor (a PTY master, which tokio's typed
-/// wrappers do not cover).
-pub fn register_async(
+/// Hand a descriptor we own to `register`, an `unsafe fn` whose one safety condition is that
+/// the descriptor is open and stays the same open descriptor for as long as what it returns
+/// holds it: tokio's `AsyncFd::register`, with which the daemon registers a PTY master with
+/// its reactor (tokio's typed wrappers do not cover one). The tokio part stays in the daemon;
+/// the promise is kept here, which holds no other `unsafe`. Pass no function with any other
+/// condition.
+pub fn register_owned<R>(
     fd: std::os::fd::OwnedFd,
-) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
-    // SAFETY: an OwnedFd is open, is closed only when dropped (by the AsyncFd that now owns
-    // it), and its as_raw_fd always returns the same descriptor.
-    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|err| err.into_parts().1)
+    register: unsafe fn(std::os::fd::OwnedFd) -> R,
+) -> R {
+    // SAFETY: an OwnedFd is open, is closed only when dropped (by what `register` returns,
+    // which now owns it), and its as_raw_fd always returns the same descriptor: the condition
+    // `register` states (see above).
+    unsafe { register(fd) }
 }
 
 /// Whose nice value [`set_nice`] sets.

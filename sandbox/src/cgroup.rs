@@ -24,6 +24,14 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// A warning in the daemon's log, with the target its lines had while this module was part of
+/// the executor's binary, so that the log and `RUST_LOG` filters read as before.
+macro_rules! warn {
+    ($($arg:tt)*) => {
+        tracing::warn!(target: "executor::cgroup", $($arg)*)
+    };
+}
+
 /// One cgroup hierarchy the daemon uses: where its commands go, and where helpers go back to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hierarchy {
@@ -224,7 +232,7 @@ pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
         Ok(unified) => {
             root.kill = unified.hierarchy.parent.join("cgroup.kill").exists();
             if !root.kill {
-                tracing::warn!(
+                warn!(
                     "cgroup.kill is missing (it needs Linux 5.14): whole trees are killed by \
                      signalling every process of a command's cgroup, its pid namespace and the \
                      helper's sweep"
@@ -239,7 +247,7 @@ pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
             }
             root.unified = Some(unified.hierarchy);
         }
-        Err(err) => tracing::warn!(
+        Err(err) => warn!(
             %err,
             "cgroup v2 unavailable: commands get no cgroup2 directory; whole trees die by the \
              pid namespace and the helper's sweep"
@@ -251,12 +259,12 @@ pub fn prepare(daemon_pid: u32, placement: &Placement) -> CgroupRoot {
         }
         match prepare_v1(controller, &mountinfo, &own, &name, !placement.one_command) {
             Ok(h) => *slot = Some(Controller::V1(h)),
-            Err(CgroupError::NotMounted(_)) if root.unified.is_some() => tracing::warn!(
+            Err(CgroupError::NotMounted(_)) if root.unified.is_some() => warn!(
                 controller,
                 "the {controller} controller is neither enabled in cgroup v2 nor mounted as \
                  cgroup v1: its per-command limit falls back to an rlimit"
             ),
-            Err(err) => tracing::warn!(
+            Err(err) => warn!(
                 %err,
                 controller,
                 "cgroup v1 controller unavailable: its per-command limit falls back to an rlimit"
@@ -306,14 +314,14 @@ fn prepare_unified(
                 back = leaf;
                 enabled = enable(&home, &wanted);
             }
-            Err(err) => tracing::warn!(%err, "cannot move the daemon into a cgroup of its own"),
+            Err(err) => warn!(%err, "cannot move the daemon into a cgroup of its own"),
         }
     }
     let wanted = match enabled {
         Ok(()) => wanted,
         Err(err) => {
             if !wanted.is_empty() {
-                tracing::warn!(
+                warn!(
                     %err,
                     cgroup = %home.display(),
                     "cannot enable the pids and memory controllers for commands: {} holds \
@@ -340,7 +348,7 @@ fn prepare_unified(
     let wanted = match enabled {
         Ok(()) => wanted,
         Err(err) => {
-            tracing::warn!(%err, "cannot enable controllers below {}", parent.display());
+            warn!(%err, "cannot enable controllers below {}", parent.display());
             Vec::new()
         }
     };
@@ -430,7 +438,7 @@ pub fn limit_all(root: &CgroupRoot, limits: TotalLimits) {
     };
     if let Some(h) = pids_at {
         if let Err(err) = set(&h.parent, pids_file, &processes) {
-            tracing::warn!(%err, "cannot bound the processes of all commands together");
+            warn!(%err, "cannot bound the processes of all commands together");
         }
     }
     let memory_at = match &root.memory {
@@ -439,7 +447,7 @@ pub fn limit_all(root: &CgroupRoot, limits: TotalLimits) {
             Some((h, "memory.limit_in_bytes"))
         }
         Some(Controller::V1(_)) => {
-            tracing::warn!(
+            warn!(
                 "memory.use_hierarchy is off: the memory of all commands together is not bounded"
             );
             None
@@ -448,7 +456,7 @@ pub fn limit_all(root: &CgroupRoot, limits: TotalLimits) {
     };
     if let Some((h, file)) = memory_at {
         if let Err(err) = set(&h.parent, file, &memory) {
-            tracing::warn!(%err, "cannot bound the memory of all commands together");
+            warn!(%err, "cannot bound the memory of all commands together");
         }
     }
 }
@@ -522,7 +530,7 @@ fn own_path(proc_cgroup: &str, kind: Kind) -> Option<String> {
 }
 
 /// Inode of our pid namespace: pids are only comparable within one.
-pub(crate) fn pid_namespace() -> u64 {
+pub fn pid_namespace() -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }

@@ -4,7 +4,7 @@
 //! covers over daemon files, a minimal /dev) made in every command's mount namespace, and
 //! taken down again when it ends: most of its init's CPU. All of it is the same for every
 //! command of a template but three mounts, the tmpfs `/tmp` and `/dev/shm` and a fresh
-//! `/proc`, and what the plan puts inside them (`sandbox::mounts` says which). So the fork
+//! `/proc`, and what the plan puts inside them (`apply::mounts` says which). So the fork
 //! server has a process of its own build that shared part once, in a mount namespace it then
 //! keeps open; each worker's init enters it and makes a copy (`unshare(CLONE_NEWNS)`, which
 //! copies the mount tree without a path lookup or a mount call), and mounts only its own part
@@ -38,9 +38,9 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::CloneFlags;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 
+use crate::apply::mounts;
 use crate::plan::{MountPlan, Template};
 use crate::profile::Namespace;
-use crate::sandbox::mounts;
 use crate::sys::{self, Forked};
 
 /// Templates kept at once (each a mount namespace of about forty mounts).

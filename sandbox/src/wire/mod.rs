@@ -1,31 +1,35 @@
-//! The messages on the fork server's sockets: the daemon's requests and the server's
-//! answers (module docs of `spawner`), a worker's command descriptors, and an init's verdict.
-//! All go over SOCK_SEQPACKET pairs: a message keeps its bounds and carries descriptors.
+//! What the fork server (`spawner`) and the helpers it forks (`helper`: supervisors, inits,
+//! payloads) share, below both so that neither imports the other: the messages on the fork
+//! server's sockets (the daemon's requests and the server's answers, module docs of
+//! `spawner`; what a one-shot run leaves behind; a worker's command descriptors; an init's
+//! verdict), and what is lent and given back ([`lease`]). All go over SOCK_SEQPACKET pairs: a
+//! message keeps its bounds and carries descriptors.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
 
 use nix::sys::socket::{
     recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
     SockFlag, SockType,
 };
 
-use super::Leftover;
-use crate::helper::Stdio;
 use crate::sys;
 
+pub mod lease;
+
 /// First byte of a message to the server: what it asks for.
-pub(super) const RUN: u8 = 0;
-pub(super) const RUN_AND_WARM: u8 = 1;
-pub(super) const DISMISS_IDLE: u8 = 2;
-/// What a one-shot run leaves, to remove after it (`one_shot::Leftover`): for each, a kind's
+pub const RUN: u8 = 0;
+pub const RUN_AND_WARM: u8 = 1;
+pub const DISMISS_IDLE: u8 = 2;
+/// What a one-shot run leaves, to remove after it ([`Leftover`]): for each, a kind's
 /// byte and a NUL-terminated path.
-pub(super) const REMOVE_AFTER: u8 = 3;
+pub const REMOVE_AFTER: u8 = 3;
 
 /// A connected pair of close-on-exec SOCK_SEQPACKET sockets: what the fork server talks to
 /// the daemon, its workers and its helpers over (a message keeps its bounds and carries
 /// descriptors).
-pub(super) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -34,14 +38,32 @@ pub(super) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     )?)
 }
 
-/// One request of the daemon.
-pub(super) struct Request {
-    pub(super) warm: bool,
-    pub(super) template: Vec<u8>,
-    pub(super) stdio: [OwnedFd; 3],
+/// The three descriptors one command is served with.
+pub struct Stdio {
+    pub lifeline: OwnedFd,
+    pub output: OwnedFd,
+    pub status: OwnedFd,
 }
 
-/// Init's last act: its verdict (`helper::verdict` flags) on `control`, with its network
+/// What init tells the fork server on `control` as its last act: which of the command's
+/// things may be lent to the template's next command.
+pub mod verdict {
+    /// The cgroup directories: the command left no process behind, was not stopped, and hit
+    /// no limit (the fork server still checks they are empty, `spawner`).
+    pub const CGROUPS: u8 = 1;
+    /// The network namespace holds no socket (`lease::settles_empty`); one init
+    /// made itself comes with the message.
+    pub const NET: u8 = 2;
+}
+
+/// One request of the daemon.
+pub struct Request {
+    pub warm: bool,
+    pub template: Vec<u8>,
+    pub stdio: [OwnedFd; 3],
+}
+
+/// Init's last act: its verdict ([`verdict`] flags) on `control`, with its network
 /// namespace where it made it and it may be lent again. Never waits.
 pub fn send_verdict(control: &OwnedFd, flags: u8, ns: Option<&OwnedFd>) {
     let fds: Vec<std::os::fd::RawFd> = ns.iter().map(|fd| fd.as_raw_fd()).collect();
@@ -61,7 +83,7 @@ pub fn send_verdict(control: &OwnedFd, flags: u8, ns: Option<&OwnedFd>) {
 
 /// An init's verdict, read once it is reaped (so it never waits): the flags, and the network
 /// namespace it sent.
-pub(super) fn receive_verdict(control: &OwnedFd) -> Option<(u8, Option<OwnedFd>)> {
+pub fn receive_verdict(control: &OwnedFd) -> Option<(u8, Option<OwnedFd>)> {
     let mut buf = [0u8; 1];
     let (bytes, mut fds) = receive_now::<1>(control.as_fd(), &mut buf)?;
     (bytes == 1).then(|| (buf[0], fds.pop()))
@@ -179,33 +201,135 @@ fn receive_with(
     Ok(Some((msg.bytes, fds)))
 }
 
-pub(super) fn three(fds: Vec<OwnedFd>) -> io::Result<[OwnedFd; 3]> {
+pub fn three(fds: Vec<OwnedFd>) -> io::Result<[OwnedFd; 3]> {
     <[OwnedFd; 3]>::try_from(fds)
         .map_err(|_| io::Error::other("a message without three descriptors"))
 }
 
 /// What the daemon asks of the server.
-pub(super) enum Message {
+pub enum Message {
     Run(Request),
     DismissIdle,
     RemoveAfter(Vec<Leftover>),
 }
 
 /// One message of the daemon, or `None` at end-of-file.
-pub(super) fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
+pub fn receive(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<Message>> {
     let Some((bytes, fds)) = receive_fds(sock.as_fd(), buf)? else {
         return Ok(None);
     };
     match buf[..bytes].split_first() {
         Some((&DISMISS_IDLE, [])) if fds.is_empty() => Ok(Some(Message::DismissIdle)),
-        Some((&REMOVE_AFTER, leftovers)) if fds.is_empty() => Ok(Some(Message::RemoveAfter(
-            super::one_shot::parse(leftovers),
-        ))),
+        Some((&REMOVE_AFTER, leftovers)) if fds.is_empty() => {
+            Ok(Some(Message::RemoveAfter(parse(leftovers))))
+        }
         Some((&flag @ (RUN | RUN_AND_WARM), template)) => Ok(Some(Message::Run(Request {
             warm: flag == RUN_AND_WARM,
             template: template.to_vec(),
             stdio: three(fds)?,
         }))),
         _ => Err(io::Error::other("a malformed request")),
+    }
+}
+
+/// What a one-shot run leaves behind, for its fork server to remove once the run is over
+/// (`spawner::remove_leftovers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leftover {
+    /// A cgroup directory of the run's (its command's own: `cgroup::Placement::one_command`).
+    Cgroup(PathBuf),
+    /// A directory holding the cgroups of the runs and daemons of our pid namespace: those of
+    /// the dead are removed (`cgroup::remove_stale`).
+    StaleCgroups(PathBuf),
+    /// The run's home (`homes`), what is mounted beneath it unmounted or, without `unmount`,
+    /// left with the home.
+    Home { dir: PathBuf, unmount: bool },
+    /// The directory of the homes of runs: those of runs that are gone are removed
+    /// (`homes::remove_stale`).
+    StaleHomes(PathBuf),
+}
+
+impl Leftover {
+    /// Its kind's byte in a [`REMOVE_AFTER`] message.
+    fn kind(&self) -> u8 {
+        match self {
+            Self::Cgroup(_) => b'c',
+            Self::StaleCgroups(_) => b'C',
+            Self::Home { unmount: false, .. } => b'h',
+            Self::Home { unmount: true, .. } => b'H',
+            Self::StaleHomes(_) => b's',
+        }
+    }
+
+    fn path(&self) -> &PathBuf {
+        match self {
+            Self::Cgroup(p) | Self::StaleCgroups(p) | Self::StaleHomes(p) => p,
+            Self::Home { dir, .. } => dir,
+        }
+    }
+}
+
+/// A [`REMOVE_AFTER`] message: each leftover as its kind's byte, its path and a NUL.
+pub fn encode(leftovers: &[Leftover]) -> Vec<u8> {
+    let mut message = vec![REMOVE_AFTER];
+    for leftover in leftovers {
+        message.push(leftover.kind());
+        message.extend_from_slice(leftover.path().as_os_str().as_encoded_bytes());
+        message.push(0);
+    }
+    message
+}
+
+/// The leftovers of a [`REMOVE_AFTER`] message's body; entries of an unknown kind are left
+/// out (never removed on a guess).
+fn parse(body: &[u8]) -> Vec<Leftover> {
+    use std::os::unix::ffi::OsStrExt;
+    body.split(|b| *b == 0)
+        .filter_map(|entry| {
+            let (&kind, path) = entry.split_first()?;
+            let path = PathBuf::from(std::ffi::OsStr::from_bytes(path));
+            (!path.as_os_str().is_empty()).then_some(())?;
+            match kind {
+                b'c' => Some(Leftover::Cgroup(path)),
+                b'C' => Some(Leftover::StaleCgroups(path)),
+                b'h' | b'H' => Some(Leftover::Home {
+                    dir: path,
+                    unmount: kind == b'H',
+                }),
+                b's' => Some(Leftover::StaleHomes(path)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftovers_are_read_back_as_sent_and_an_unknown_kind_is_left_out() {
+        let sent = vec![
+            Leftover::Cgroup(PathBuf::from("/sys/fs/cgroup/pids/executor-7-ns1")),
+            Leftover::StaleCgroups(PathBuf::from("/sys/fs/cgroup/unified/a b")),
+            Leftover::Home {
+                dir: PathBuf::from("/tmp/executor-homes-0/executor-home-7-ns1-00"),
+                unmount: false,
+            },
+            Leftover::Home {
+                dir: PathBuf::from("/tmp/h"),
+                unmount: true,
+            },
+            Leftover::StaleHomes(PathBuf::from("/tmp/executor-homes-0")),
+        ];
+        let message = encode(&sent);
+        assert_eq!(message[0], REMOVE_AFTER);
+        assert_eq!(parse(&message[1..]), sent);
+        assert_eq!(parse(b""), Vec::<Leftover>::new());
+        // An unknown kind, an empty path: nothing to remove.
+        assert_eq!(
+            parse(b"x/tmp/a\0c\0c/tmp/b\0"),
+            vec![Leftover::Cgroup(PathBuf::from("/tmp/b"))]
+        );
     }
 }

@@ -41,10 +41,11 @@ use nix::unistd::Pid;
 
 use super::{
     reap, seqpacket_pair, serve, Leader, Pools, Removals, Spawner, ANSWER_TIMEOUT,
-    MAX_TEMPLATE_BYTES, REMOVE_AFTER,
+    MAX_TEMPLATE_BYTES,
 };
+use crate::removal::RemoveError;
 use crate::sys::{self, Forked};
-use crate::workspaces::RemoveError;
+use crate::wire::{encode, Leftover};
 
 /// How long a one-shot's fork server waits for its children to be gone before it removes
 /// the run's directories anyway (an init is gone well within a millisecond of its verdict).
@@ -82,43 +83,6 @@ pub fn fork_here(ahead: Ahead) -> io::Result<Spawner> {
                 sock: Mutex::new(ours),
                 broken: AtomicBool::new(false),
             })
-        }
-    }
-}
-
-/// What a one-shot run leaves behind, for its fork server to remove once the run is over
-/// ([`remove_leftovers`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Leftover {
-    /// A cgroup directory of the run's (its command's own: `cgroup::Placement::one_command`).
-    Cgroup(PathBuf),
-    /// A directory holding the cgroups of the runs and daemons of our pid namespace: those of
-    /// the dead are removed (`cgroup::remove_stale`).
-    StaleCgroups(PathBuf),
-    /// The run's home (`homes`), what is mounted beneath it unmounted or, without `unmount`,
-    /// left with the home.
-    Home { dir: PathBuf, unmount: bool },
-    /// The directory of the homes of runs: those of runs that are gone are removed
-    /// (`homes::remove_stale`).
-    StaleHomes(PathBuf),
-}
-
-impl Leftover {
-    /// Its kind's byte in a [`REMOVE_AFTER`] message.
-    fn kind(&self) -> u8 {
-        match self {
-            Self::Cgroup(_) => b'c',
-            Self::StaleCgroups(_) => b'C',
-            Self::Home { unmount: false, .. } => b'h',
-            Self::Home { unmount: true, .. } => b'H',
-            Self::StaleHomes(_) => b's',
-        }
-    }
-
-    fn path(&self) -> &PathBuf {
-        match self {
-            Self::Cgroup(p) | Self::StaleCgroups(p) | Self::StaleHomes(p) => p,
-            Self::Home { dir, .. } => dir,
         }
     }
 }
@@ -166,40 +130,6 @@ impl Spawner {
             Err(_) => true,
         }
     }
-}
-
-/// A [`REMOVE_AFTER`] message: each leftover as its kind's byte, its path and a NUL.
-fn encode(leftovers: &[Leftover]) -> Vec<u8> {
-    let mut message = vec![REMOVE_AFTER];
-    for leftover in leftovers {
-        message.push(leftover.kind());
-        message.extend_from_slice(leftover.path().as_os_str().as_encoded_bytes());
-        message.push(0);
-    }
-    message
-}
-
-/// The leftovers of a [`REMOVE_AFTER`] message's body; entries of an unknown kind are left
-/// out (never removed on a guess).
-pub(super) fn parse(body: &[u8]) -> Vec<Leftover> {
-    use std::os::unix::ffi::OsStrExt;
-    body.split(|b| *b == 0)
-        .filter_map(|entry| {
-            let (&kind, path) = entry.split_first()?;
-            let path = PathBuf::from(std::ffi::OsStr::from_bytes(path));
-            (!path.as_os_str().is_empty()).then_some(())?;
-            match kind {
-                b'c' => Some(Leftover::Cgroup(path)),
-                b'C' => Some(Leftover::StaleCgroups(path)),
-                b'h' | b'H' => Some(Leftover::Home {
-                    dir: path,
-                    unmount: kind == b'H',
-                }),
-                b's' => Some(Leftover::StaleHomes(path)),
-                _ => None,
-            }
-        })
-        .collect()
 }
 
 /// Remove what a run left, in this order: its cgroup directories (a parent stays busy while a
@@ -301,31 +231,5 @@ mod tests {
         assert!(!server.gone());
         drop(theirs);
         assert!(server.gone());
-    }
-
-    #[test]
-    fn leftovers_are_read_back_as_sent_and_an_unknown_kind_is_left_out() {
-        let sent = vec![
-            Leftover::Cgroup(PathBuf::from("/sys/fs/cgroup/pids/executor-7-ns1")),
-            Leftover::StaleCgroups(PathBuf::from("/sys/fs/cgroup/unified/a b")),
-            Leftover::Home {
-                dir: PathBuf::from("/tmp/executor-homes-0/executor-home-7-ns1-00"),
-                unmount: false,
-            },
-            Leftover::Home {
-                dir: PathBuf::from("/tmp/h"),
-                unmount: true,
-            },
-            Leftover::StaleHomes(PathBuf::from("/tmp/executor-homes-0")),
-        ];
-        let message = encode(&sent);
-        assert_eq!(message[0], REMOVE_AFTER);
-        assert_eq!(parse(&message[1..]), sent);
-        assert_eq!(parse(b""), Vec::<Leftover>::new());
-        // An unknown kind, an empty path: nothing to remove.
-        assert_eq!(
-            parse(b"x/tmp/a\0c\0c/tmp/b\0"),
-            vec![Leftover::Cgroup(PathBuf::from("/tmp/b"))]
-        );
     }
 }

@@ -237,7 +237,7 @@ pub struct PlanSettings {
     pub utf8_locale: bool,
 }
 
-/// What the client asked for, already validated by `crate::request`, and who asks.
+/// What the client asked for, already validated by the daemon (`executor`'s `request`), and who asks.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CommandSpec {
     pub command: String,

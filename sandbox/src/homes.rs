@@ -6,17 +6,17 @@
 use anyhow::{bail, Context};
 
 use crate::cgroup;
-use crate::spawner::Leftover;
-use crate::workspaces::{self, RemoveError};
+use crate::removal::{self, RemoveError};
+use crate::wire::Leftover;
 
 /// The home directory of one `executor run`: private to the command's identity, removed once
 /// the run is over (by its fork server, as one of its leftovers). Made in [`homes_dir`], named
 /// `executor-home-<pid>-ns<pid namespace>-<random>`, so that a later run can tell when its run
 /// died with its fork server without removing it ([`remove_stale`]).
-pub(crate) struct TempHome {
-    pub(crate) dir: std::path::PathBuf,
+pub struct TempHome {
+    pub dir: std::path::PathBuf,
     /// The [`homes_dir`] it is in; `None` where that could not be trusted.
-    pub(crate) homes: Option<std::path::PathBuf>,
+    pub homes: Option<std::path::PathBuf>,
     /// Handed to another uid (the profile's user): processes of that uid outside the sandbox
     /// may have shaped it too.
     handed: bool,
@@ -75,7 +75,7 @@ fn homes_dir() -> Option<std::path::PathBuf> {
 }
 
 impl TempHome {
-    pub(crate) fn create(owner: Owner) -> anyhow::Result<Self> {
+    pub fn create(owner: Owner) -> anyhow::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
         let ours = format!(
             "{HOME_PREFIX}{}-ns{}",
@@ -127,7 +127,7 @@ impl TempHome {
 /// namespaces are not ours to judge (their pids mean nothing here), nor names of another
 /// shape. A dead command may have shaped its home, so nothing beneath one is unmounted: a home
 /// with a mount beneath it stays.
-pub(crate) fn remove_stale(dir: &std::path::Path) {
+pub fn remove_stale(dir: &std::path::Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -157,7 +157,7 @@ fn home_run(name: &str, ns: &str) -> Option<u32> {
 impl TempHome {
     /// The home as one of the run's leftovers, for its fork server (or the run) to remove once
     /// the run is over.
-    pub(crate) fn leftover(&self) -> Leftover {
+    pub fn leftover(&self) -> Leftover {
         Leftover::Home {
             dir: self.dir.clone(),
             unmount: !self.handed,
@@ -165,7 +165,7 @@ impl TempHome {
     }
 
     /// No longer removed when dropped: it is among the run's leftovers ([`Self::leftover`]).
-    pub(crate) fn leave(mut self) {
+    pub fn leave(mut self) {
         self.dir = std::path::PathBuf::new();
     }
 }
@@ -173,12 +173,12 @@ impl TempHome {
 /// Remove a run's home, `unmount`ing what is mounted beneath it only where no other uid had
 /// it: a home handed to another uid is removed as a killed run's is, unmounting nothing. Its
 /// command cannot mount, but a process of that uid outside the sandbox might (FUSE), and turn
-/// a path into a symlink before the unmount (`workspaces`).
-pub(crate) fn remove(dir: &std::path::Path, unmount: bool) -> Result<(), RemoveError> {
+/// a path into a symlink before the unmount (`removal`).
+pub fn remove(dir: &std::path::Path, unmount: bool) -> Result<(), RemoveError> {
     if unmount {
-        workspaces::remove(dir)
+        removal::remove(dir)
     } else {
-        workspaces::remove_unmounting_nothing(dir)
+        removal::remove_unmounting_nothing(dir)
     }
 }
 
@@ -195,18 +195,18 @@ impl Drop for TempHome {
 }
 
 /// Who a home is made for: a uid and gid to hand it to, or ourselves.
-pub(crate) type Owner = Option<(u32, u32)>;
+pub type Owner = Option<(u32, u32)>;
 
 /// The home being made on a thread of its own while the run sets up, for the identity
 /// `owner`. Dropped untaken (the run failed first), it waits for the thread, so that the
 /// home is removed, not left half made by a process that exits meanwhile.
-pub(crate) struct HomeAhead {
+pub struct HomeAhead {
     owner: Owner,
     thread: Option<std::thread::JoinHandle<anyhow::Result<TempHome>>>,
 }
 
 impl HomeAhead {
-    pub(crate) fn start(owner: Owner) -> Self {
+    pub fn start(owner: Owner) -> Self {
         let thread = std::thread::Builder::new()
             .name("home".into())
             .spawn(move || TempHome::create(owner))
@@ -215,7 +215,7 @@ impl HomeAhead {
     }
 
     /// For whom it was made, and what came of it (`None`: the thread did not start or panicked).
-    pub(crate) fn take(mut self) -> Option<(Owner, Option<anyhow::Result<TempHome>>)> {
+    pub fn take(mut self) -> Option<(Owner, Option<anyhow::Result<TempHome>>)> {
         let made = self.thread.take()?.join().ok();
         Some((self.owner, made))
     }
@@ -232,7 +232,7 @@ impl Drop for HomeAhead {
 /// Whose `{home}` a command of `profile` gets: `Some` where the profile gives its commands a
 /// home (strict's HOME is its private /tmp), with the owner it needs (the profile's user,
 /// when we are root and can hand it over).
-pub(crate) fn owner(profile: &crate::profile::Profile) -> Option<Owner> {
+pub fn owner(profile: &crate::profile::Profile) -> Option<Owner> {
     profile.uses_home().then(|| {
         profile
             .user

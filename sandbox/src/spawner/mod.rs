@@ -26,7 +26,7 @@
 //! (sent when the clients file is reloaded) ends every idle worker. When the daemon goes away
 //! the socket reads end-of-file and the server exits; PR_SET_PDEATHSIG covers a daemon killed
 //! outright (its main thread, which started us, lives as long as it does), and every worker
-//! dies with us. A one-shot run's server alone also takes [`REMOVE_AFTER`], unanswered: what
+//! dies with us. A one-shot run's server alone also takes `wire::REMOVE_AFTER`, unanswered: what
 //! the run will leave behind (its cgroup directories, its home), which the server removes
 //! after the run has exited (`one_shot`); it does not die with the run.
 
@@ -44,28 +44,25 @@ use nix::unistd::Pid;
 
 mod cgroup_pool;
 mod inits;
-mod lease;
 mod net_pool;
 mod one_shot;
 mod root_pool;
-mod wire;
+mod started;
 
-pub use cgroup_pool::MAX_CHARGED;
-use lease::CgroupName;
-pub use lease::Lease;
-pub use one_shot::{fork_here, remove_leftovers, Ahead, Leftover};
+pub use one_shot::{fork_here, remove_leftovers, Ahead};
+pub use started::Started;
+
+pub use crate::wire::{receive_fds, Leftover};
 
 use crate::helper::{InitLoans, Place};
 use crate::plan::{SandboxPlan, Template};
 use crate::sys::{self, Forked};
 
-pub use net_pool::settles_empty;
-pub use wire::{peek_stdio, receive_fds, receive_now, receive_stdio, send_stdio, send_verdict};
-
-use inits::{reap, Leader, Removals};
-use wire::{
-    receive, seqpacket_pair, Message, Request, DISMISS_IDLE, REMOVE_AFTER, RUN, RUN_AND_WARM,
+use crate::wire::lease::{self, CgroupName, Lease};
+use crate::wire::{
+    receive, send_stdio, seqpacket_pair, Message, Request, DISMISS_IDLE, RUN, RUN_AND_WARM,
 };
+use inits::{reap, Leader, Removals};
 
 /// How long an idle worker waits for a command before it is dismissed.
 const IDLE_FOR: Duration = Duration::from_secs(60);
@@ -736,7 +733,7 @@ fn remove_dirs(dirs: &[std::path::PathBuf]) {
 /// A template whose commands run unprivileged (uid 65534, no capability, no_new_privs) in
 /// `namespaces`, for the pools' tests to change one thing of.
 #[cfg(test)]
-pub(crate) fn unprivileged_template(
+pub fn unprivileged_template(
     namespaces: Vec<crate::profile::Namespace>,
     f: impl FnOnce(&mut SandboxPlan),
 ) -> Template {

@@ -8,13 +8,13 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use super::wire::receive_verdict;
 use super::{cgroup_pool, Pools};
 use crate::plan::Template;
+use crate::wire::{receive_verdict, verdict};
 
 /// A worker whose init leads (a template with a pid namespace, `helper::leads`), from its fork
 /// until its init is reaped: what it was lent, and where its init says, as its last act, what
-/// of it may be lent again (`helper::verdict`).
+/// of it may be lent again (`wire::verdict`).
 pub(super) struct Leader {
     pub(super) template: Vec<u8>,
     /// Our copy of its control socket.
@@ -83,14 +83,13 @@ fn release(
         removals.push(dirs);
         return;
     };
-    let cgroups =
-        flags & crate::helper::verdict::CGROUPS != 0 && pooled && cgroup_pool::clean(&dirs);
+    let cgroups = flags & verdict::CGROUPS != 0 && pooled && cgroup_pool::clean(&dirs);
     if cgroups {
         pools.cgroups.take_back(&template, &name, dirs);
     } else {
         removals.push(dirs);
     }
-    if flags & crate::helper::verdict::NET != 0 && net_pooled {
+    if flags & verdict::NET != 0 && net_pooled {
         if let Some(ns) = ns.or(made) {
             pools.nets.receive(&template, ns);
         }

@@ -26,7 +26,7 @@
 //!   fresh namespace (the pool was empty) gives that one back the same way.
 //!
 //! The pool lives in the fork server; helpers return namespaces with their lease
-//! (`spawner::lease`). A daemon's fork server pools; a one-shot `executor run`'s does not
+//! (`wire::lease`). A daemon's fork server pools; a one-shot `executor run`'s does not
 //! (there is no next command), but makes that command's namespace while the run sets up
 //! ([`made_ahead`]).
 
@@ -125,85 +125,9 @@ pub(super) fn made_ahead() -> io::Result<OwnedFd> {
     made
 }
 
-/// Whether our current network namespace is empty ([`empty_here`]) or becomes so within a few
-/// milliseconds: the kernel frees some closed sockets only after an RCU grace period (a
-/// netlink socket, which `ip` and glibc's `getaddrinfo` open, always), so a namespace checked
-/// right after its command would often be closed for a socket already on its way out. We
-/// have reported; this delays only our own exit.
-pub fn settles_empty() -> bool {
-    for _ in 0..SETTLE_CHECKS {
-        if empty_here() {
-            return true;
-        }
-        std::thread::sleep(SETTLE_STEP);
-    }
-    empty_here()
-}
-
-/// How often, and how far apart, [`settles_empty`] checks again.
-const SETTLE_CHECKS: u32 = 5;
-const SETTLE_STEP: Duration = Duration::from_millis(2);
-
-/// Whether our current network namespace holds no socket, no TIME_WAIT entry and no IPv6
-/// flow label. Anything unreadable counts as not empty.
-fn empty_here() -> bool {
-    let Ok(sockstat) = std::fs::read_to_string("/proc/thread-self/net/sockstat") else {
-        return false;
-    };
-    let labels = match std::fs::read_to_string("/proc/thread-self/net/ip6_flowlabel") {
-        Ok(text) => text.lines().nth(1).is_none(),
-        // No IPv6 in this kernel: no flow labels.
-        Err(err) => err.kind() == io::ErrorKind::NotFound,
-    };
-    labels && sockstat_empty(&sockstat)
-}
-
-/// `/proc/net/sockstat` says no socket is in use and no TCP socket waits in TIME_WAIT (`used`
-/// counts the namespace's own; `tw` too on the kernels we run on, and where a kernel counts
-/// the host's instead, a namespace is reused only while the host has none: closed, not open).
-fn sockstat_empty(text: &str) -> bool {
-    let field = |line: &str, name: &str| -> Option<u64> {
-        let mut words = line.split_whitespace();
-        words.find(|w| *w == name)?;
-        words.next()?.parse().ok()
-    };
-    let used = text
-        .lines()
-        .find(|l| l.starts_with("sockets:"))
-        .and_then(|l| field(l, "used"));
-    let time_wait = text
-        .lines()
-        .find(|l| l.starts_with("TCP:"))
-        .and_then(|l| field(l, "tw"));
-    used == Some(0) && time_wait == Some(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const FRESH: &str = "sockets: used 0\nTCP: inuse 0 orphan 0 tw 0 alloc 1 mem 114\n\
-                         UDP: inuse 0 mem 0\nUDPLITE: inuse 0\nRAW: inuse 0\nFRAG: inuse 0 memory 0\n";
-
-    #[test]
-    fn a_fresh_namespaces_sockstat_is_empty() {
-        assert!(sockstat_empty(FRESH));
-    }
-
-    #[test]
-    fn a_socket_or_a_time_wait_entry_is_not_empty() {
-        assert!(!sockstat_empty(&FRESH.replace("used 0", "used 1")));
-        assert!(!sockstat_empty(&FRESH.replace("tw 0", "tw 3")));
-    }
-
-    #[test]
-    fn a_sockstat_it_cannot_read_is_not_empty() {
-        assert!(!sockstat_empty(""));
-        assert!(!sockstat_empty("sockets: used 0\n"));
-        assert!(!sockstat_empty(
-            "sockets: used x\nTCP: inuse 0 orphan 0 tw 0\n"
-        ));
-    }
 
     fn template(f: impl FnOnce(&mut crate::plan::SandboxPlan)) -> Template {
         super::super::unprivileged_template(

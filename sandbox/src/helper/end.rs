@@ -198,7 +198,7 @@ pub fn cgroups_clean(template: &Template, name: &str, counters: &Counters) -> bo
             let dir = cg.dir(name);
             dir.is_dir()
                 && cgroup::procs(&dir).is_empty()
-                && charged(&dir).is_some_and(|c| c <= crate::spawner::MAX_CHARGED)
+                && charged(&dir).is_some_and(|c| c <= crate::wire::lease::MAX_CHARGED)
         })
 }
 
