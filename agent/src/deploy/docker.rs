@@ -153,9 +153,7 @@ impl Deployment for Docker {
                 .with_context(|| format!("cannot run {}", self.config.executable))?;
             let lifeline = child.stdin.take().context("docker stdin missing")?;
             let log = Arc::new(Mutex::new(String::new()));
-            if let Some(stderr) = child.stderr.take() {
-                drain(stderr, log.clone());
-            }
+            let stderr = child.stderr.take().map(|e| drain(e, log.clone()));
             let stdout = child.stdout.take().context("docker stdout missing")?;
             let mut lines = BufReader::new(stdout).lines();
             let ready = loop {
@@ -168,6 +166,12 @@ impl Deployment for Docker {
                     }
                     Ok(None) | Err(_) => {
                         let status = child.wait().await.ok();
+                        // Its error is on stderr, read by another task: wait for that to
+                        // end (the exit closed it), or the message may miss it (seen
+                        // empty on a busy machine).
+                        if let Some(stderr) = stderr {
+                            let _ = tokio::time::timeout(Duration::from_secs(10), stderr).await;
+                        }
                         bail!(
                             "the container did not start ({} {}): {}",
                             self.config.executable,
@@ -234,13 +238,16 @@ fn parse_ready_line(line: &str) -> Option<(String, Option<String>)> {
     Some((scheme, fingerprint))
 }
 
-fn drain(stream: impl AsyncRead + Unpin + Send + 'static, log: Arc<Mutex<String>>) {
+fn drain(
+    stream: impl AsyncRead + Unpin + Send + 'static,
+    log: Arc<Mutex<String>>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut lines = BufReader::new(stream).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             append(&log, &format!("{line}\n"));
         }
-    });
+    })
 }
 
 fn append(log: &Mutex<String>, text: &str) {

@@ -146,7 +146,7 @@ impl Deployment for Ssh {
             let mut child = master.spawn().context("cannot run ssh")?;
             let lifeline = child.stdin.take().context("ssh stdin missing")?;
             let log = Arc::new(Mutex::new(String::new()));
-            if let Some(stderr) = child.stderr.take() {
+            let stderr = child.stderr.take().map(|stderr| {
                 let log = log.clone();
                 tokio::spawn(async move {
                     let mut lines = BufReader::new(stderr).lines();
@@ -155,8 +155,8 @@ impl Deployment for Ssh {
                             super::keep_tail(&mut log, &format!("{line}\n"), LOG_TAIL);
                         }
                     }
-                });
-            }
+                })
+            });
             let stdout = child.stdout.take().context("ssh stdout missing")?;
             let mut lines = BufReader::new(stdout).lines();
             let remote_port = loop {
@@ -168,6 +168,12 @@ impl Deployment for Ssh {
                     }
                     _ => {
                         let _ = child.wait().await;
+                        // Its error is on stderr, read by the task above: wait for it to end.
+                        if let Some(stderr) = stderr {
+                            let _ =
+                                tokio::time::timeout(std::time::Duration::from_secs(10), stderr)
+                                    .await;
+                        }
                         bail!(
                             "the executor did not start on {}: {}",
                             self.host,
