@@ -78,9 +78,9 @@ struct ReadBuffer {
 }
 
 impl ReadBuffer {
+    /// Made when the buffer first grows: only grown buffers are among the budget's candidates.
     /// Sheddable only when a dropped connection keeps its session for a resume (a grace
     /// period): else the growth is counted and kept.
-    /// Made when the buffer first grows: only grown buffers are among the budget's candidates.
     fn new(owner: &crate::budget::Owner, sheddable: bool, shed: CancellationToken) -> Arc<Self> {
         Arc::new_cyclic(|me: &std::sync::Weak<Self>| {
             let held = if sheddable {
@@ -128,7 +128,6 @@ pub async fn run(
     cost: crate::budget::Held,
 ) {
     tracing::info!(%peer, connection, client = %client.name, "client connected");
-
     let _open = daemon.metrics.connection_opened(&client.name);
     let (mut sink, mut stream) = ws.split();
     let (tx, mut rx) = mpsc::channel::<ServerMessage>(OUTBOUND_QUEUE);
@@ -290,7 +289,8 @@ pub async fn run(
                             shed.cancel();
                         }
                     }
-                }                Some(Ok(Message::Binary(_))) => {
+                }
+                Some(Ok(Message::Binary(_))) => {
                     conn.error(None, ErrorCode::BadRequest, "binary frames are not part of the protocol; send JSON text").await;
                 }
                 Some(Ok(Message::Close(_))) => break Ending::Closed,
