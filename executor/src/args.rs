@@ -43,6 +43,8 @@ pub(crate) struct CommonArgs {
     pub(crate) max_output_bytes: Option<usize>,
 }
 
+// clap prints these doc comments as --help, where <placeholders> are meant literally.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Args)]
 pub(crate) struct ServeArgs {
     /// Address to listen on. Non-loopback addresses need an existing --token-file, and --tls

@@ -105,7 +105,7 @@ impl CgroupRoot {
 
     /// Whether a command's move into its cgroups may wait for a normal RCU grace period: v1
     /// hierarchies need the move, the kernel (`release`) is older than the one whose
-    /// self-moves skip the lock ([`join`]) and grace periods are not `expedited`
+    /// self-moves skip the lock ([`join_process`]) and grace periods are not `expedited`
     /// ([`grace_periods_expedited`], [`warm_attach`]). (cgroup2's `favordynmods`, which also
     /// removes the wait, came later, in 6.0.)
     pub fn attach_may_wait(&self, release: &str, expedited: bool) -> bool {
@@ -668,7 +668,7 @@ pub fn kernel_release() -> String {
 }
 
 /// On a kernel before 5.5, start, on a thread of its own, the wait that the first cgroup v1
-/// move of this process's commands would otherwise make on their critical path ([`join`]):
+/// move of this process's commands would otherwise make on their critical path ([`join_process`]):
 /// a move into the cgroup this thread is already in, which changes nothing, so that the
 /// grace period passes while the rest of the set-up runs (the kernel's rwsem then stays ready
 /// for writers for about one more grace period after the last). Errors are of no

@@ -10,12 +10,12 @@ use crate::removal::{self, RemoveError};
 use crate::wire::Leftover;
 
 /// The home directory of one `executor run`: private to the command's identity, removed once
-/// the run is over (by its fork server, as one of its leftovers). Made in [`homes_dir`], named
+/// the run is over (by its fork server, as one of its leftovers). Made in `homes_dir`, named
 /// `executor-home-<pid>-ns<pid namespace>-<random>`, so that a later run can tell when its run
 /// died with its fork server without removing it ([`remove_stale`]).
 pub struct TempHome {
     pub dir: std::path::PathBuf,
-    /// The [`homes_dir`] it is in; `None` where that could not be trusted.
+    /// The `homes_dir` it is in; `None` where that could not be trusted.
     pub homes: Option<std::path::PathBuf>,
     /// Handed to another uid (the profile's user): processes of that uid outside the sandbox
     /// may have shaped it too.
@@ -122,7 +122,7 @@ impl TempHome {
     }
 }
 
-/// Remove the homes in `dir` (our [`homes_dir`]) of runs of our pid namespace that are gone
+/// Remove the homes in `dir` (our `homes_dir`) of runs of our pid namespace that are gone
 /// (a run killed by SIGKILL with its fork server cannot remove its own). Those of other pid
 /// namespaces are not ours to judge (their pids mean nothing here), nor names of another
 /// shape. A dead command may have shaped its home, so nothing beneath one is unmounted: a home

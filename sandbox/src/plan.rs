@@ -90,7 +90,7 @@ pub struct CgroupDir {
     /// Whether this is the cgroup2 directory whose `cgroup.kill` ends the command.
     pub kill: bool,
     /// The command's directory is `parent` itself, made before the helper starts and removed
-    /// by its caller after the helper is gone (`executor run`: [`cgroup::Placement::one_command`]).
+    /// by its caller after the helper is gone (`executor run`: [`crate::cgroup::Placement::one_command`]).
     #[serde(default)]
     pub is_parent: bool,
 }

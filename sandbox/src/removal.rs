@@ -6,7 +6,7 @@
 //!   unlinked, never opened; mounts beneath are detached first, so the removal cannot descend
 //!   into a bind mount and delete what it shows.
 //! - Bounded, whatever the depth: the walk is a loop over an explicit stack of at most
-//!   [`MAX_OPEN_DIRS`] open directories (two descriptors each), not recursion. A directory
+//!   `MAX_OPEN_DIRS` open directories (two descriptors each), not recursion. A directory
 //!   deeper than that is moved up to the top of the tree and removed from there on a later
 //!   pass, so neither the stack, nor memory, nor descriptors grow with depth. (std's
 //!   `remove_dir_all` recurses and holds a descriptor per level: a 25,000-deep tree overflowed

@@ -28,6 +28,8 @@ use instances::Instance;
 use output::Outputs;
 use progress::Progress;
 
+// clap prints these doc comments as --help, where <placeholders> are meant literally.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Args)]
 pub struct BatchArgs {
     /// Instances: a JSON or JSONL file, or a datasets-style directory with `<split>.jsonl`.

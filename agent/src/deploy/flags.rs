@@ -7,6 +7,8 @@ use clap::Args;
 
 use crate::config::EnvironmentConfig;
 
+// clap prints these doc comments as --help, where <placeholders> are meant literally.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Args, Clone, Default)]
 pub struct ExecutorArgs {
     /// Executor URL (ws:// or wss://): use that running executor (`--deploy remote`).

@@ -72,7 +72,7 @@ use crate::sys;
 use crate::wire::lease::Lease;
 use crate::wire::{self, Stdio};
 
-/// argv[1] that selects helper mode. Checked in `main` before anything else runs.
+/// `argv[1]` that selects helper mode. Checked in `main` before anything else runs.
 pub const HELPER_ARG: &str = "__sandbox-helper";
 
 /// Longest plan or command line the helper accepts; the daemon's request limits keep them far

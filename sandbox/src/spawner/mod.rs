@@ -12,8 +12,8 @@
 //! client identity, workspace, home), which builds the sandbox at once and waits, confined,
 //! for its command. The next command with that template is handed to it and only has to
 //! enter its working directory and exec. Each worker serves one command and is gone with it:
-//! nothing is shared between commands. Idle workers are dismissed after [`IDLE_FOR`], and at
-//! most [`MAX_IDLE`] wait at once, [`MAX_IDLE_PER_TEMPLATE`] of one template (the least
+//! nothing is shared between commands. Idle workers are dismissed after `IDLE_FOR`, and at
+//! most `MAX_IDLE` wait at once, `MAX_IDLE_PER_TEMPLATE` of one template (the least
 //! recently made go first).
 //!
 //! It is exec'd once, at the daemon's start (so it holds none of the daemon's memory, and its
@@ -22,7 +22,7 @@
 //! stdin: the daemon sends one message (a byte saying whether to keep a worker warm for this
 //! template, then the template as JSON) with the command's three descriptors (lifeline,
 //! output, status); the server hands them to a waiting worker or a new one and answers with
-//! that helper's pid (4 bytes, little endian). A message of the one byte [`DISMISS_IDLE`]
+//! that helper's pid (4 bytes, little endian). A message of the one byte `DISMISS_IDLE`
 //! (sent when the clients file is reloaded) ends every idle worker. When the daemon goes away
 //! the socket reads end-of-file and the server exits; PR_SET_PDEATHSIG covers a daemon killed
 //! outright (its main thread, which started us, lives as long as it does), and every worker
@@ -95,7 +95,7 @@ impl std::fmt::Debug for Spawner {
     }
 }
 
-/// argv[1] that selects fork-server mode.
+/// `argv[1]` that selects fork-server mode.
 pub const FORK_SERVER_ARG: &str = "__fork-server";
 
 /// Drop the entries of a pool unused for `idle_for` (`since` says when each was last used;
