@@ -240,20 +240,10 @@ class AsyncClient(FileTransfers):
     async def _process_read(
         self, rid: str, offset: int, wait: float, max_bytes: int | None
     ) -> ProcessOutput:
-        wait = min(max(wait, 0.0), MAX_WAIT)
         message: JsonDict = {"type": "read", "id": rid, "offset": offset}
         if max_bytes is not None:
             message["max_bytes"] = max_bytes
-        if wait > 0:
-            message["wait"] = wait
-        reply = await self._call(
-            message,
-            ("process_output",),
-            patience=wait + REPLY_PATIENCE,
-            long_poll=wait > 0,
-            again=True,
-            process=True,
-        )
+        reply = await self._waiting_call(message, "process_output", "wait", wait)
         return ProcessOutput.from_json(reply)
 
     async def _process_signal(self, rid: str, name: str, foreground: bool) -> None:
@@ -267,16 +257,24 @@ class AsyncClient(FileTransfers):
         await self._call(message, ("done",), again=True, process=True)
 
     async def _process_wait(self, rid: str, timeout: float) -> ProcessExit:
-        timeout = min(max(timeout, 0.0), MAX_WAIT)
         message: JsonDict = {"type": "wait", "id": rid}
-        if timeout > 0:
-            message["timeout"] = timeout
-        reply = await self._call(
+        return ProcessExit.from_json(
+            await self._waiting_call(message, "exited", "timeout", timeout)
+        )
+
+    async def _waiting_call(
+        self, message: JsonDict, reply: str, wait_field: str, wait: float
+    ) -> JsonDict:
+        """A process request the executor may hold up to `wait` seconds (at most `MAX_WAIT`,
+        sent as `wait_field`) before it answers: a `read` for output, a `wait` for the end."""
+        wait = min(max(wait, 0.0), MAX_WAIT)
+        if wait > 0:
+            message[wait_field] = wait
+        return await self._call(
             message,
-            ("exited",),
-            patience=timeout + REPLY_PATIENCE,
-            long_poll=timeout > 0,
+            (reply,),
+            patience=wait + REPLY_PATIENCE,
+            long_poll=wait > 0,
             again=True,
             process=True,
         )
-        return ProcessExit.from_json(reply)
