@@ -37,7 +37,7 @@ from .session import (
     RESULT_SLACK,
     TAKE_BACK_PATIENCE,
     OutputCallback,
-    _Pending,
+    PendingExec,
     log,
 )
 
@@ -57,7 +57,7 @@ __all__ = [
     "read_token",
 ]
 
-#: Writes to a process whose fate is not known yet, remembered per process (see `_Call`).
+#: Writes to a process whose fate is not known yet, remembered per process (see `PendingCall`).
 MAX_UNSETTLED_WRITES = 1024
 
 
@@ -136,7 +136,7 @@ class AsyncClient(FileTransfers):
         own = timeout if timeout is not None else self.hello.limits.default_timeout
         wait = own + self._result_slack
         loop = asyncio.get_running_loop()
-        pending = _Pending(
+        pending = PendingExec(
             id=rid,
             message=exec_request(
                 rid,

@@ -71,7 +71,7 @@ OutputCallback = Callable[[str], object]
 
 
 @dataclass
-class _Pending:
+class PendingExec:
     """A command sent (or about to be) whose result has not arrived."""
 
     id: str
@@ -87,7 +87,7 @@ class _Pending:
 
 
 @dataclass
-class _Call:
+class PendingCall:
     """A protocol 1.1 request waiting for its answer.
 
     The answer carries the request's id (for process requests, the process's), so it is
@@ -142,7 +142,7 @@ class ResumableConnection:
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[ClientConnection] | None = None
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, PendingExec] = {}
         self._ids = itertools.count(1)
         self._id_prefix = f"py{os.getpid()}-{id(self) & 0xFFFF:x}-"
         self._closed = False
@@ -151,7 +151,7 @@ class ResumableConnection:
         #: After a resume: the id of a sync message and the requests whose fate it tells.
         self._sync: tuple[str, list[str]] | None = None
         #: Protocol 1.1 requests waiting for answers, by id, in order of sending.
-        self._calls: dict[str, list[_Call]] = {}
+        self._calls: dict[str, list[PendingCall]] = {}
         #: Per process: the send order of writes whose error (if any) has not come yet.
         self._writes: dict[str, list[int]] = {}
         #: Per process: the error of a write, raised by its next write.
@@ -221,7 +221,7 @@ class ResumableConnection:
         """Send a request and wait for its answer; an `error` raises its `ServerError`.
         `again`: it only asks, so it is sent again after a dropped connection; `process`: it
         names a process of the session, so it fails if the session is not taken back;
-        `resumable`: its answer is awaited in a resume (see `_Call.resumable`)."""
+        `resumable`: its answer is awaited in a resume (see `PendingCall.resumable`)."""
         ws = await self._connection()
         call = self._open_call(ws, str(message["id"]), replies, long_poll=long_poll)
         call.again = message if again else None
@@ -248,8 +248,8 @@ class ResumableConnection:
         *,
         long_poll: bool = False,
         on_data: Callable[[bytes], Awaitable[None]] | None = None,
-    ) -> _Call:
-        call = _Call(
+    ) -> PendingCall:
+        call = PendingCall(
             id=rid,
             seq=next(self._seq),
             replies=frozenset(replies),
@@ -261,7 +261,7 @@ class ResumableConnection:
         self._calls.setdefault(rid, []).append(call)
         return call
 
-    def _forget(self, call: _Call) -> None:
+    def _forget(self, call: PendingCall) -> None:
         calls = self._calls.get(call.id)
         if calls is not None and call in calls:
             calls.remove(call)
@@ -277,7 +277,7 @@ class ResumableConnection:
                 f"{message.get('type')} {message.get('id')!r}: {e!r}"
             ) from e
 
-    async def _answer(self, call: _Call, patience: float) -> JsonDict:
+    async def _answer(self, call: PendingCall, patience: float) -> JsonDict:
         """The call's answer; a download that goes on delivering pieces may take longer."""
         progress = -1
         while True:
@@ -320,7 +320,7 @@ class ResumableConnection:
             call.future.set_result(message)
         return True, None
 
-    def _route_error(self, rid: str, calls: list[_Call], error: ServerError) -> bool:
+    def _route_error(self, rid: str, calls: list[PendingCall], error: ServerError) -> bool:
         prompt = next((c for c in calls if not c.long_poll), None)
         writes = self._writes.get(rid)
         if writes and (prompt is None or writes[0] < prompt.seq):
@@ -337,7 +337,7 @@ class ResumableConnection:
             call.future.set_exception(error)
         return True
 
-    def _piece(self, call: _Call, message: JsonDict) -> Awaitable[None] | None:
+    def _piece(self, call: PendingCall, message: JsonDict) -> Awaitable[None] | None:
         if call.future.done() or call.on_data is None:
             return None
         seq = message.get("seq")
@@ -369,7 +369,7 @@ class ResumableConnection:
         # Errors of writes sent on a dead connection will never come.
         self._writes.clear()
 
-    def _send_again(self, call: _Call, ws: ClientConnection) -> None:
+    def _send_again(self, call: PendingCall, ws: ClientConnection) -> None:
         """Send a request that only asks again on a new connection, unless it names a process
         of a session that is gone."""
         if call.future.done() or call.ws is ws:
@@ -398,7 +398,7 @@ class ResumableConnection:
 
     # --- waiting --------------------------------------------------------------------------
 
-    async def _send_request(self, pending: _Pending) -> None:
+    async def _send_request(self, pending: PendingExec) -> None:
         ws = await self._connection()
         pending.sent = True
         try:
@@ -408,7 +408,7 @@ class ResumableConnection:
             # recovery finds out (see `_after_resume`).
             log.debug("sending %s failed; the recovery decides whether to resend", pending.id)
 
-    async def _wait(self, pending: _Pending) -> ExecResult:
+    async def _wait(self, pending: PendingExec) -> ExecResult:
         asked_again = False
         while True:
             remaining = pending.deadline - time.monotonic()
@@ -441,7 +441,7 @@ class ResumableConnection:
                     await asyncio.wait_for(ws.close(), 2.0)
             raise ConnectionLostError(f"the executor at {self.url} sent no result in time")
 
-    async def _finish(self, pending: _Pending) -> ExecResult:
+    async def _finish(self, pending: PendingExec) -> ExecResult:
         result = pending.future.result()
         if pending.callback_errors:
             raise pending.callback_errors[0]
@@ -714,7 +714,9 @@ class ResumableConnection:
             task.add_done_callback(_consume)
 
 
-async def _deliver(call: _Call, on_data: Callable[[bytes], Awaitable[None]], data: bytes) -> None:
+async def _deliver(
+    call: PendingCall, on_data: Callable[[bytes], Awaitable[None]], data: bytes
+) -> None:
     try:
         await on_data(data)
     except Exception as e:  # noqa: BLE001 - handed to the caller of the download
