@@ -13,6 +13,7 @@ CI can never pass by skipping.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import shutil
@@ -22,11 +23,14 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import pytest
+
+from executor_client import AsyncClient, Client
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 
@@ -114,6 +118,14 @@ class Daemon:
     @property
     def port(self) -> int:
         return int(self.url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+    def connect(self, **options: Any) -> Client:
+        """A client of this daemon, with its token."""
+        return Client.connect(self.url, token_file=self.token_file, **options)
+
+    async def connect_async(self, **options: Any) -> AsyncClient:
+        """An asyncio client of this daemon, with its token."""
+        return await AsyncClient.connect(self.url, token_file=self.token_file, **options)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -266,6 +278,16 @@ class Proxy:
             except OSError:
                 return
 
+    @contextlib.contextmanager
+    def cut_after(self, delay: float) -> Iterator[None]:
+        """Cut every link `delay` seconds into the block (while a call in it waits)."""
+        timer = threading.Timer(delay, self.cut)
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.join()
+
     def cut(self) -> int:
         """Reset every current link; how many there were."""
         with self._lock:
@@ -312,6 +334,79 @@ def proxy_factory() -> Iterator[object]:
     yield start
     for proxy in proxies:
         proxy.close()
+
+
+@dataclass
+class Cuttable:
+    """A daemon reached only through a `Proxy` the test cuts, stalls or makes refuse."""
+
+    daemon: Daemon
+    proxy: Proxy
+
+    def connect(self, **options: Any) -> Client:
+        """A client of the daemon through the proxy."""
+        return Client.connect(self.proxy.url(), token_file=self.daemon.token_file, **options)
+
+    async def connect_async(self, **options: Any) -> AsyncClient:
+        return await AsyncClient.connect(
+            self.proxy.url(), token_file=self.daemon.token_file, **options
+        )
+
+
+@pytest.fixture
+def cuttable_daemon(daemon_factory: Any, proxy_factory: Any) -> Callable[..., Cuttable]:
+    """Starts a daemon (with the given `resume_grace`) behind a proxy of its own."""
+
+    def start(*, resume_grace: float) -> Cuttable:
+        daemon = daemon_factory(resume_grace=resume_grace)
+        return Cuttable(daemon, proxy_factory(daemon.port))
+
+    return start
+
+
+@pytest.fixture
+def client_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """The client's log (logger `executor_client`) from INFO up, as `caplog.text`."""
+    caplog.set_level(logging.INFO, logger="executor_client")
+    return caplog
+
+
+T = TypeVar("T")
+
+
+class Background(Generic[T]):
+    """A blocking call running in a thread of its own, while the test acts on the link."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(call,))
+        self._thread.start()
+
+    def _run(self, call: Callable[[], T]) -> None:
+        try:
+            self._value = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the test by `result`/`error`
+            self._error = e
+
+    def _join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"the call in the background did not return in {timeout} s")
+
+    def result(self, timeout: float) -> T:
+        """Its return value; the call's own exception if it raised one."""
+        self._join(timeout)
+        if self._error is not None:
+            raise AssertionError(f"the call in the background raised {self._error!r}") from (
+                self._error
+            )
+        return self._value  # type: ignore[return-value]
+
+    def error(self, timeout: float) -> BaseException | None:
+        """What it raised (None: it returned)."""
+        self._join(timeout)
+        return self._error
 
 
 def processes_with(marker: str) -> list[int]:

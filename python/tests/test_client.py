@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import processes_with, wait_until
+from conftest import Daemon, processes_with, wait_until
 
 from executor_client import (
-    AsyncClient,
     BadRequestError,
     BusyError,
     Client,
@@ -31,12 +30,8 @@ from executor_client import (
 from executor_client.errors import ERRORS, NotFoundError, server_error
 
 
-def connect(daemon, **kwargs) -> Client:
-    return Client.connect(daemon.url, token_file=daemon.token_file, **kwargs)
-
-
 def test_hello_reports_the_executor_hosts_facts(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         hello = client.hello
         uname = os.uname()
         assert hello.protocol == 1
@@ -66,7 +61,7 @@ def test_hello_reports_the_executor_hosts_facts(daemon):
 
 def test_a_profile_not_offered_is_listed_with_its_reason_and_refused(daemon_factory):
     filtered = daemon_factory(profiles=())
-    with connect(filtered) as client:
+    with filtered.connect() as client:
         assert "trusted" not in {p.name for p in client.hello.profiles}
         assert "trusted" in {n["name"] for n in client.hello.not_offered}
         with pytest.raises(ProfileDeniedError) as refused:
@@ -77,7 +72,7 @@ def test_a_profile_not_offered_is_listed_with_its_reason_and_refused(daemon_fact
 
 
 def test_exec_returns_mini_swe_agents_result_shape(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         result = client.exec("echo out; echo err >&2; exit 3", timeout=10)
         assert result.output == "out\nerr\n"
         assert result.returncode == 3
@@ -89,7 +84,7 @@ def test_exec_returns_mini_swe_agents_result_shape(daemon):
 
 def test_output_streams_while_the_command_runs(daemon):
     chunks: list[tuple[float, str]] = []
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         started = time.monotonic()
         result = client.exec(
             "echo one; sleep 1; echo two",
@@ -103,7 +98,7 @@ def test_output_streams_while_the_command_runs(daemon):
 
 
 def test_a_timeout_is_a_result_with_the_output_so_far(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         result = client.exec("echo before; sleep 30", timeout=0.5)
     assert result.output == "before\n"
     assert result.returncode == -1
@@ -112,7 +107,7 @@ def test_a_timeout_is_a_result_with_the_output_so_far(daemon):
 
 
 def test_cancel_from_another_thread_kills_the_running_command(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         rid = client.new_id()
         streamed = threading.Event()
 
@@ -136,7 +131,7 @@ def test_cancel_from_another_thread_kills_the_running_command(daemon):
 
 
 def test_cancel_of_a_finished_command_is_harmless(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         result = client.exec("true", request_id="done")
         client.cancel("done")  # the executor answers not_found, which is ignored
         assert result.returncode == 0
@@ -144,7 +139,7 @@ def test_cancel_of_a_finished_command_is_harmless(daemon):
 
 
 def test_each_error_code_raises_its_own_exception(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         with pytest.raises(BadRequestError) as bad:
             client.exec("true", timeout=0)
         assert bad.value.code == "bad_request"
@@ -184,7 +179,7 @@ def test_busy_and_duplicate_ids_are_refused_and_the_client_goes_on(daemon_factor
     small = daemon_factory("--max-commands-per-connection", "1")
 
     async def scenario() -> None:
-        async with await AsyncClient.connect(small.url, token_file=small.token_file) as client:
+        async with await small.connect_async() as client:
             first = asyncio.ensure_future(client.exec("sleep 1; echo first", request_id="a"))
             await asyncio.sleep(0.3)
             with pytest.raises(BusyError):
@@ -198,7 +193,7 @@ def test_busy_and_duplicate_ids_are_refused_and_the_client_goes_on(daemon_factor
     roomy = daemon_factory()
 
     async def duplicate() -> None:
-        async with await AsyncClient.connect(roomy.url, token_file=roomy.token_file) as client:
+        async with await roomy.connect_async() as client:
             first = asyncio.ensure_future(client.exec("sleep 1", request_id="same"))
             await asyncio.sleep(0.3)
             # Our own check refuses an id we are still waiting for...
@@ -215,7 +210,7 @@ def test_the_executor_refuses_an_id_still_running_in_the_session(daemon):
     # Two clients cannot share a session, so this needs the raw protocol: our client never
     # sends a duplicate itself. A second exec with a running id comes back `duplicate_id`.
     async def scenario() -> None:
-        async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
+        async with await daemon.connect_async() as client:
             first = asyncio.ensure_future(client.exec("sleep 1", request_id="dup"))
             await asyncio.sleep(0.3)
             client._pending.pop("dup")  # forget it, as a buggy client would
@@ -250,7 +245,7 @@ def test_a_wrong_token_is_refused_and_not_retried(daemon, tmp_path):
 
 def test_asyncio_runs_commands_concurrently_on_one_connection(daemon):
     async def scenario() -> list[str]:
-        async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
+        async with await daemon.connect_async() as client:
             started = time.monotonic()
             results = await asyncio.gather(*(client.exec(f"sleep 1; echo {i}") for i in range(4)))
             assert time.monotonic() - started < 3.5  # together, not one after another
@@ -259,11 +254,11 @@ def test_asyncio_runs_commands_concurrently_on_one_connection(daemon):
     assert asyncio.run(scenario()) == ["0\n", "1\n", "2\n", "3\n"]
 
 
-def test_asyncio_streams_output(daemon):
+def test_asyncio_streams_output(daemon: Daemon):
     chunks: list[str] = []
 
     async def scenario() -> str:
-        async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
+        async with await daemon.connect_async() as client:
             result = await client.exec(
                 "for i in 1 2 3; do echo $i; sleep 0.1; done", on_output=chunks.append
             )
@@ -279,7 +274,7 @@ def test_one_client_per_thread(daemon):
 
     def worker(n: int) -> None:
         try:
-            with connect(daemon) as client:
+            with daemon.connect() as client:
                 outputs[n] = [client.exec(f"echo {n}-{i}").output for i in range(5)]
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
@@ -300,7 +295,7 @@ def test_closing_ends_the_session_and_kills_what_runs(daemon_factory):
     marker = "31.4159"
 
     async def scenario() -> None:
-        client = await AsyncClient.connect(graceful.url, token_file=graceful.token_file)
+        client = await graceful.connect_async()
         task = asyncio.ensure_future(client.exec(f"sleep {marker}"))
         await asyncio.to_thread(wait_until, lambda: processes_with(marker), what="the command")
         await client.close()
@@ -318,7 +313,7 @@ def test_giving_up_on_a_command_cancels_it_on_the_executor(daemon):
     marker = "29.7182"
 
     async def scenario() -> None:
-        async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
+        async with await daemon.connect_async() as client:
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(client.exec(f"sleep {marker}"), 1)
             # Killed now, not at its own timeout; and the connection serves on.
@@ -335,7 +330,7 @@ def test_ctrl_c_in_the_sync_client_cancels_the_command(daemon):
     marker = "28.1828"
     previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
     try:
-        with connect(daemon) as client:
+        with daemon.connect() as client:
             signal.setitimer(signal.ITIMER_REAL, 1.0)
             with pytest.raises(KeyboardInterrupt):
                 client.exec(f"sleep {marker}")

@@ -17,17 +17,11 @@ from pathlib import Path
 import pytest
 
 from executor_client import (
-    AsyncClient,
-    Client,
     DeniedError,
     NotFoundError,
     ServerError,
     UnsupportedError,
 )
-
-
-def connect(daemon) -> Client:
-    return Client.connect(daemon.url, token_file=daemon.token_file)
 
 
 def sha256_of(path: Path) -> str:
@@ -47,14 +41,14 @@ def random_file(path: Path, size: int) -> Path:
 
 
 def test_the_executor_offers_files_and_tar(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         assert {"files", "tar"} <= set(client.hello.capabilities)
         assert client.hello.limits.max_upload_bytes >= 5 * 1024 * 1024
 
 
 def test_every_byte_value_round_trips(daemon):
     every_byte = bytes(range(256))
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         sent = client.upload(every_byte, "every-byte.bin")
         host = Path(daemon.workspace) / "every-byte.bin"
         assert (sent.path, sent.bytes) == (str(host), 256)
@@ -77,7 +71,7 @@ def test_every_byte_value_round_trips(daemon):
 def test_five_megabytes_round_trip_with_equal_sha256(daemon, tmp_path):
     size = 5 * 1024 * 1024 + 7  # not a whole number of pieces
     local = random_file(tmp_path / "five.bin", size)
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         assert client.upload(local, "five.bin").bytes == size
         host = Path(daemon.workspace) / "five.bin"
         assert sha256_of(host) == sha256_of(local)
@@ -97,7 +91,7 @@ def test_five_megabytes_round_trip_with_equal_sha256(daemon, tmp_path):
 
 
 def test_large_transfers_are_streamed_not_held_in_memory(daemon, tmp_path):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         size = min(40 * 1024 * 1024, client.hello.limits.max_upload_bytes or 1 << 40)
         local = random_file(tmp_path / "large.bin", size)
         tracemalloc.start()
@@ -115,7 +109,7 @@ def test_large_transfers_are_streamed_not_held_in_memory(daemon, tmp_path):
 
 
 def test_an_upload_where_commands_cannot_write_is_denied(daemon, tmp_path):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         # The sandbox sees the host's /usr read-only, as a command would.
         with pytest.raises(DeniedError) as denied:
             client.upload(b"nope", "/usr/bin/executor-denied-upload")
@@ -154,7 +148,7 @@ class FailingSource(io.RawIOBase):
 
 
 def test_a_source_that_fails_midway_leaves_no_file(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         with pytest.raises(OSError, match="the source broke"):
             client.upload(io.BufferedReader(FailingSource(3 * 1024 * 1024)), "half.bin")
         host = Path(daemon.workspace) / "half.bin"
@@ -165,7 +159,7 @@ def test_a_source_that_fails_midway_leaves_no_file(daemon):
 
 
 def test_parents_are_made_only_when_asked(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         with pytest.raises(ServerError):
             client.upload(b"deep", "no/such/dirs/file.txt")
         assert not (Path(daemon.workspace) / "no").exists()
@@ -174,7 +168,7 @@ def test_parents_are_made_only_when_asked(daemon):
 
 
 def test_a_failed_download_leaves_no_local_file(daemon, tmp_path):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         target = tmp_path / "missing.bin"
         with pytest.raises(NotFoundError):
             client.download("does-not-exist.bin", target)
@@ -186,7 +180,7 @@ def test_a_failed_download_leaves_no_local_file(daemon, tmp_path):
 
 
 def test_stat_and_list_dir_describe_files_directories_and_links(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         made = client.exec(
             "mkdir -p described/sub && printf abc > described/file && "
             "chmod 640 described/file && ln -s file described/link"
@@ -245,7 +239,7 @@ def describe(root: Path) -> dict[str, tuple[str, int, bytes | str]]:
 
 def test_a_directory_round_trips_through_tar(daemon, tmp_path):
     tree = describe(make_tree(tmp_path / "tree"))
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         sent = client.upload_dir(tmp_path / "tree", "tree", parents=True)
         host = Path(daemon.workspace) / "tree"
         assert sent.path == str(host)
@@ -262,7 +256,7 @@ def test_transfers_run_concurrently_on_one_connection(daemon, tmp_path):
     payloads = {f"concurrent-{n}.bin": os.urandom(300_000 + n) for n in range(4)}
 
     async def scenario() -> None:
-        async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
+        async with await daemon.connect_async() as client:
             await asyncio.gather(*(client.upload(data, name) for name, data in payloads.items()))
             sinks = {name: io.BytesIO() for name in payloads}
             await asyncio.gather(*(client.download(name, sinks[name]) for name in payloads))
@@ -272,7 +266,7 @@ def test_transfers_run_concurrently_on_one_connection(daemon, tmp_path):
 
 
 def test_files_need_an_executor_that_offers_them(daemon, tmp_path):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         client._inner.hello = replace(client.hello, capabilities=["processes"])
         with pytest.raises(UnsupportedError, match="'files'"):
             client.upload(b"x", "never-sent")

@@ -13,18 +13,12 @@ import pytest
 from conftest import PATIENCE, processes_with, wait_until
 
 from executor_client import (
-    AsyncClient,
     AsyncProcess,
     BadRequestError,
-    Client,
     NotFoundError,
     Process,
     UnsupportedError,
 )
-
-
-def connect(daemon) -> Client:
-    return Client.connect(daemon.url, token_file=daemon.token_file)
 
 
 def read_until(process: Process, marker: bytes, timeout: float = PATIENCE) -> bytes:
@@ -44,13 +38,13 @@ def read_until(process: Process, marker: bytes, timeout: float = PATIENCE) -> by
 
 
 def test_the_executor_offers_processes_and_terminals(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         assert {"processes", "pty"} <= set(client.hello.capabilities)
         assert client.hello.limits.max_process_buffer_bytes > 0
 
 
 def test_a_python_repl_is_driven_over_several_turns(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         repl = client.spawn("python3 -u -i -q")
         assert not repl.pty
         read_until(repl, b">>> ")
@@ -77,7 +71,7 @@ def test_a_python_repl_is_driven_over_several_turns(daemon):
 
 
 def test_stdin_reaches_cat_byte_for_byte_and_its_end_ends_cat(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         cat = client.spawn("cat")
         cat.write(b"hello\n")
         assert read_until(cat, b"hello\n") == b"hello\n"
@@ -105,7 +99,7 @@ def test_stdin_reaches_cat_byte_for_byte_and_its_end_ends_cat(daemon):
 
 
 def test_a_terminal_reports_its_size_and_a_resize(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         shell = client.spawn(
             "test -t 0 && test -t 1 && echo on-a-terminal; stty size; read line; stty size",
             pty=(24, 80),
@@ -124,7 +118,7 @@ def test_a_terminal_reports_its_size_and_a_resize(daemon):
 
 def test_ctrl_c_stops_the_foreground_job_and_the_prompt_returns(daemon):
     marker = "99.125"
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         # Set by `env`: the `bash -c` the command runs in drops PS1 from the environment.
         shell = client.spawn("exec env PS1='PROMPT$ ' bash --norc --noprofile -i", pty=(24, 80))
         read_until(shell, b"PROMPT$ ")
@@ -146,7 +140,7 @@ def test_ctrl_c_stops_the_foreground_job_and_the_prompt_returns(daemon):
 
 def test_a_signal_reaches_the_whole_tree(daemon):
     markers = ("98.375", "97.625")
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         tree = client.spawn(f"sleep {markers[0]} & sleep {markers[1]}; wait")
         wait_until(lambda: all(processes_with(f"sleep {m}") for m in markers), what="both sleeps")
         # Control: a wait that times out leaves it running.
@@ -161,7 +155,7 @@ def test_a_signal_reaches_the_whole_tree(daemon):
 
 
 def test_wait_and_list_processes_report_how_processes_ended(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         done = client.spawn("echo out; exit 3")
         ended = done.wait(PATIENCE)
         assert (ended.running, ended.returncode, ended.exception_info) == (False, 3, "")
@@ -182,7 +176,7 @@ def test_wait_and_list_processes_report_how_processes_ended(daemon):
 
 
 def test_a_failed_write_raises_at_the_next_write_not_at_other_requests(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         cat = client.spawn("cat")
         cat.close_stdin()
         assert cat.wait(PATIENCE).returncode == 0
@@ -203,7 +197,7 @@ def test_a_failed_write_raises_at_the_next_write_not_at_other_requests(daemon):
 
 def test_errors_name_the_request_that_caused_them(daemon):
     async def scenario() -> None:
-        async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
+        async with await daemon.connect_async() as client:
             cat = await client.spawn("cat")
             # A read waiting for output is not the request a bad signal's error belongs to.
             waiting = asyncio.ensure_future(cat.read(wait=10))
@@ -237,7 +231,7 @@ async def collect(process: AsyncProcess) -> list[bytes]:
 
 
 def test_processes_need_an_executor_that_offers_them(daemon):
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         client._inner.hello = replace(client.hello, capabilities=["files"])
         with pytest.raises(UnsupportedError, match="'processes'") as refused:
             client.spawn("true")

@@ -4,43 +4,21 @@ cuts, stalls or makes refuse, in front of a real daemon with a grace period."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import processes_with, wait_until
+from conftest import Background, processes_with, wait_until
 
-from executor_client import AsyncClient, Client, ConnectionLostError
+from executor_client import ConnectionLostError
 from executor_client.mini import ExecutorEnvironment
 
 
-def through(proxy, daemon, **kwargs) -> Client:
-    return Client.connect(proxy.url(), token_file=daemon.token_file, **kwargs)
-
-
-def run_in_thread(fn):
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised by the caller
-            box["error"] = e
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, box
-
-
-def test_a_running_command_survives_a_cut_and_its_output_arrives_once(
-    daemon_factory, proxy_factory
-):
-    daemon = daemon_factory(resume_grace=10)
-    proxy = proxy_factory(daemon.port)
+def test_a_running_command_survives_a_cut_and_its_output_arrives_once(cuttable_daemon):
+    link = cuttable_daemon(resume_grace=10)
     chunks: list[str] = []
-    with through(proxy, daemon) as client:
+    with link.connect() as client:
         session = client.session
         first = threading.Event()
 
@@ -48,101 +26,81 @@ def test_a_running_command_survives_a_cut_and_its_output_arrives_once(
             chunks.append(data)
             first.set()
 
-        thread, box = run_in_thread(
+        running = Background(
             lambda: client.exec(
                 "for i in 1 2 3 4 5 6; do echo $i; sleep 0.3; done", on_output=on_output
             )
         )
         assert first.wait(10)
-        assert proxy.cut() == 1
-        thread.join(20)
-        assert "error" not in box, box.get("error")
-        result = box["value"]
+        assert link.proxy.cut() == 1
+        result = running.result(20)
         assert result.returncode == 0
         assert result.output == "1\n2\n3\n4\n5\n6\n"
         # Every chunk exactly once: what was missed came in the replay, nothing twice.
         assert "".join(chunks) == result.output
-        assert proxy.accepted == 2
+        assert link.proxy.accepted == 2
         # The session went on: same id, and later commands run in it.
         assert client.session == session
         assert client.exec("echo after").output == "after\n"
 
 
-def test_a_result_written_while_disconnected_is_replayed(daemon_factory, proxy_factory):
-    daemon = daemon_factory(resume_grace=20)
-    proxy = proxy_factory(daemon.port)
+def test_a_result_written_while_disconnected_is_replayed(cuttable_daemon):
+    link = cuttable_daemon(resume_grace=20)
     marker = "7.0123"
-    with through(proxy, daemon) as client:
-        thread, box = run_in_thread(lambda: client.exec(f"sleep {marker}; echo finished"))
+    with link.connect() as client:
+        running = Background(lambda: client.exec(f"sleep {marker}; echo finished"))
         wait_until(lambda: processes_with(marker), what="the command to start")
-        proxy.refusing = True
-        proxy.cut()
+        link.proxy.refusing = True
+        link.proxy.cut()
         # The command finishes on the executor while nobody can reach it.
         wait_until(lambda: not processes_with(marker), timeout=15, what="the command to end")
         time.sleep(0.5)
-        proxy.refusing = False
-        thread.join(30)
-        assert "error" not in box, box.get("error")
-        assert box["value"].output == "finished\n"
-        assert box["value"].returncode == 0
-        assert proxy.accepted >= 3  # refused attempts, then the one that resumed
+        link.proxy.refusing = False
+        result = running.result(30)
+        assert result.output == "finished\n"
+        assert result.returncode == 0
+        assert link.proxy.accepted >= 3  # refused attempts, then the one that resumed
 
 
-def test_a_request_lost_in_the_break_is_sent_again_and_runs_once(
-    daemon_factory, proxy_factory, caplog
-):
-    caplog.set_level(logging.INFO, logger="executor_client")
-    daemon = daemon_factory(resume_grace=10)
-    proxy = proxy_factory(daemon.port)
-    ran = Path(daemon.workspace) / "ran.txt"
-    with through(proxy, daemon) as client:
-        proxy.drop_requests = True  # the exec is swallowed on its way
-        thread, box = run_in_thread(lambda: client.exec("echo x >> ran.txt; cat ran.txt"))
+def test_a_request_lost_in_the_break_is_sent_again_and_runs_once(cuttable_daemon, client_log):
+    link = cuttable_daemon(resume_grace=10)
+    ran = Path(link.daemon.workspace) / "ran.txt"
+    with link.connect() as client:
+        link.proxy.drop_requests = True  # the exec is swallowed on its way
+        running = Background(lambda: client.exec("echo x >> ran.txt; cat ran.txt"))
         time.sleep(0.5)
         assert not ran.exists()
-        proxy.drop_requests = False
-        proxy.cut()
-        thread.join(20)
-        assert "error" not in box, box.get("error")
-        assert box["value"].output == "x\n"
+        link.proxy.drop_requests = False
+        link.proxy.cut()
+        assert running.result(20).output == "x\n"
     # It ran exactly once, though the client could not know it had not arrived.
     assert ran.read_text() == "x\n"
-    assert "never reached the executor; sending it again" in caplog.text
+    assert "never reached the executor; sending it again" in client_log.text
 
 
-def test_a_command_that_arrived_before_the_break_is_not_sent_again(
-    daemon_factory, proxy_factory, caplog
-):
-    caplog.set_level(logging.INFO, logger="executor_client")
-    daemon = daemon_factory(resume_grace=10)
-    proxy = proxy_factory(daemon.port)
-    ran = Path(daemon.workspace) / "ran.txt"
-    with through(proxy, daemon) as client:
-        thread, box = run_in_thread(lambda: client.exec("echo x >> ran.txt; sleep 1"))
+def test_a_command_that_arrived_before_the_break_is_not_sent_again(cuttable_daemon, client_log):
+    link = cuttable_daemon(resume_grace=10)
+    ran = Path(link.daemon.workspace) / "ran.txt"
+    with link.connect() as client:
+        running = Background(lambda: client.exec("echo x >> ran.txt; sleep 1"))
         wait_until(ran.exists, what="the command to start")
-        proxy.cut()
-        thread.join(20)
-        assert "error" not in box, box.get("error")
-        assert box["value"].returncode == 0
+        link.proxy.cut()
+        assert running.result(20).returncode == 0
     # Control for the test above: resumed, found running, not sent again.
     assert ran.read_text() == "x\n"
-    assert "resumed session" in caplog.text
-    assert "sending it again" not in caplog.text
+    assert "resumed session" in client_log.text
+    assert "sending it again" not in client_log.text
 
 
-def test_without_a_grace_period_the_command_is_lost_and_the_client_goes_on(
-    daemon_factory, proxy_factory
-):
-    daemon = daemon_factory(resume_grace=0)
-    proxy = proxy_factory(daemon.port)
+def test_without_a_grace_period_the_command_is_lost_and_the_client_goes_on(cuttable_daemon):
+    link = cuttable_daemon(resume_grace=0)
     marker = "8.0123"
-    with through(proxy, daemon) as client:
+    with link.connect() as client:
         session = client.session
-        thread, box = run_in_thread(lambda: client.exec(f"sleep {marker}"))
+        running = Background(lambda: client.exec(f"sleep {marker}"))
         wait_until(lambda: processes_with(marker), what="the command to start")
-        proxy.cut()
-        thread.join(20)
-        error = box.get("error")
+        link.proxy.cut()
+        error = running.error(20)
         assert isinstance(error, ConnectionLostError)
         assert error.reconnected
         # The executor killed it with its session; a new session serves what follows.
@@ -152,44 +110,37 @@ def test_without_a_grace_period_the_command_is_lost_and_the_client_goes_on(
 
 
 def test_a_silent_outage_is_noticed_at_the_deadline_and_the_result_fetched_again(
-    daemon_factory, proxy_factory
+    cuttable_daemon,
 ):
-    daemon = daemon_factory(resume_grace=20)
-    proxy = proxy_factory(daemon.port)
-    with through(proxy, daemon, result_slack=1) as client:
-        thread, box = run_in_thread(lambda: client.exec("sleep 0.5; echo done", timeout=2))
+    link = cuttable_daemon(resume_grace=20)
+    with link.connect(result_slack=1) as client:
+        running = Background(lambda: client.exec("sleep 0.5; echo done", timeout=2))
         time.sleep(0.2)
-        assert proxy.stall() == 1  # nothing flows, nothing closes
-        thread.join(30)
-        assert "error" not in box, box.get("error")
-        assert box["value"].output == "done\n"
-        assert proxy.accepted == 2
+        assert link.proxy.stall() == 1  # nothing flows, nothing closes
+        assert running.result(30).output == "done\n"
+        assert link.proxy.accepted == 2
 
 
-def test_concurrent_asyncio_commands_all_resume(daemon_factory, proxy_factory):
-    daemon = daemon_factory(resume_grace=10)
-    proxy = proxy_factory(daemon.port)
+def test_concurrent_asyncio_commands_all_resume(cuttable_daemon):
+    link = cuttable_daemon(resume_grace=10)
 
     async def scenario() -> list[str]:
-        async with await AsyncClient.connect(proxy.url(), token_file=daemon.token_file) as c:
+        async with await link.connect_async() as c:
             tasks = [asyncio.ensure_future(c.exec(f"sleep 1; echo {i}")) for i in range(3)]
             await asyncio.sleep(0.4)
-            await asyncio.to_thread(proxy.cut)
+            await asyncio.to_thread(link.proxy.cut)
             return [r.output for r in await asyncio.gather(*tasks)]
 
     assert asyncio.run(scenario()) == ["0\n", "1\n", "2\n"]
 
 
 @pytest.mark.parametrize("grace", [10, 0])
-def test_the_mini_environment_across_a_dropped_connection(daemon_factory, proxy_factory, grace):
-    daemon = daemon_factory(resume_grace=grace)
-    proxy = proxy_factory(daemon.port)
-    env = ExecutorEnvironment(url=proxy.url(), token_file=daemon.token_file)
+def test_the_mini_environment_across_a_dropped_connection(cuttable_daemon, grace):
+    link = cuttable_daemon(resume_grace=grace)
+    env = ExecutorEnvironment(url=link.proxy.url(), token_file=link.daemon.token_file)
     try:
-        cut = threading.Timer(0.5, proxy.cut)
-        cut.start()
-        output = env.execute({"command": "sleep 1.5; echo survived"})
-        cut.join()
+        with link.proxy.cut_after(0.5):
+            output = env.execute({"command": "sleep 1.5; echo survived"})
         if grace:
             # The model sees nothing unusual.
             assert output["output"] == "survived\n"
@@ -205,94 +156,74 @@ def test_the_mini_environment_across_a_dropped_connection(daemon_factory, proxy_
         env.close()
 
 
-def test_a_process_and_the_read_waiting_on_it_survive_a_cut(daemon_factory, proxy_factory):
+def test_a_process_and_the_read_waiting_on_it_survive_a_cut(cuttable_daemon):
     # Protocol 1.1: a `read` answered while no connection is attached is dropped by the
     # executor; the client asks again once the session is back, from the same offset.
-    daemon = daemon_factory(resume_grace=10)
-    proxy = proxy_factory(daemon.port)
-    with through(proxy, daemon) as client:
+    link = cuttable_daemon(resume_grace=10)
+    with link.connect() as client:
         session = client.session
         process = client.spawn("echo before; sleep 1.5; echo after")
         assert process.read(wait=5).data == b"before\n"
-        cut = threading.Timer(0.5, proxy.cut)
-        cut.start()
-        chunk = process.read(wait=10)
-        cut.join()
+        with link.proxy.cut_after(0.5):
+            chunk = process.read(wait=10)
         assert chunk.data == b"after\n"
-        assert proxy.accepted == 2
+        assert link.proxy.accepted == 2
         assert client.session == session
         # A wait cut off is asked again too; and the process is still the session's.
-        cut = threading.Timer(0.3, proxy.cut)
-        cut.start()
-        assert process.wait(10).returncode == 0
-        cut.join()
+        with link.proxy.cut_after(0.3):
+            assert process.wait(10).returncode == 0
         assert process.read(0).data == b"before\nafter\n"
         assert process.id in {p.id for p in client.list_processes()}
 
 
-def test_without_a_grace_period_a_process_read_fails_and_the_client_goes_on(
-    daemon_factory, proxy_factory
-):
-    daemon = daemon_factory(resume_grace=0)
-    proxy = proxy_factory(daemon.port)
-    with through(proxy, daemon) as client:
+def test_without_a_grace_period_a_process_read_fails_and_the_client_goes_on(cuttable_daemon):
+    link = cuttable_daemon(resume_grace=0)
+    with link.connect() as client:
         process = client.spawn("sleep 30")
-        cut = threading.Timer(0.5, proxy.cut)
-        cut.start()
-        with pytest.raises(ConnectionLostError, match="processes were killed") as lost:
+        with (
+            link.proxy.cut_after(0.5),
+            pytest.raises(ConnectionLostError, match="processes were killed") as lost,
+        ):
             process.read(wait=10)
-        cut.join()
         assert lost.value.reconnected
         # A new session serves on; file requests that only ask are sent again.
         assert client.stat(".").kind == "dir"
         assert client.list_processes() == []
 
 
-def test_a_spawn_lost_in_the_break_is_sent_again_and_starts_once(
-    daemon_factory, proxy_factory, caplog
-):
-    caplog.set_level(logging.INFO, logger="executor_client")
-    daemon = daemon_factory(resume_grace=10)
-    proxy = proxy_factory(daemon.port)
-    ran = Path(daemon.workspace) / "spawned.txt"
-    with through(proxy, daemon) as client:
-        proxy.drop_requests = True  # the spawn is swallowed on its way
-        thread, box = run_in_thread(lambda: client.spawn("echo x >> spawned.txt; cat spawned.txt"))
+def test_a_spawn_lost_in_the_break_is_sent_again_and_starts_once(cuttable_daemon, client_log):
+    link = cuttable_daemon(resume_grace=10)
+    ran = Path(link.daemon.workspace) / "spawned.txt"
+    with link.connect() as client:
+        link.proxy.drop_requests = True  # the spawn is swallowed on its way
+        spawning = Background(lambda: client.spawn("echo x >> spawned.txt; cat spawned.txt"))
         time.sleep(0.5)
         assert not ran.exists()
-        proxy.drop_requests = False
-        proxy.cut()
-        thread.join(20)
-        assert "error" not in box, box.get("error")
-        process = box["value"]
+        link.proxy.drop_requests = False
+        link.proxy.cut()
+        process = spawning.result(20)
         assert b"".join(process) == b"x\n"
         assert process.wait(10).returncode == 0
     # It started exactly once, though the client could not know it had not arrived.
     assert ran.read_text() == "x\n"
-    assert "never reached the executor; sending it again" in caplog.text
+    assert "never reached the executor; sending it again" in client_log.text
 
 
-def test_a_spawn_whose_answer_was_lost_is_replayed_not_started_again(
-    daemon_factory, proxy_factory, caplog
-):
-    caplog.set_level(logging.INFO, logger="executor_client")
-    daemon = daemon_factory(resume_grace=10)
-    proxy = proxy_factory(daemon.port)
-    ran = Path(daemon.workspace) / "spawned-once.txt"
-    with through(proxy, daemon) as client:
-        proxy.drop_replies = True  # the spawn arrives; its `spawned` is lost on the way back
-        thread, box = run_in_thread(
+def test_a_spawn_whose_answer_was_lost_is_replayed_not_started_again(cuttable_daemon, client_log):
+    link = cuttable_daemon(resume_grace=10)
+    ran = Path(link.daemon.workspace) / "spawned-once.txt"
+    with link.connect() as client:
+        link.proxy.drop_replies = True  # the spawn arrives; its `spawned` is lost on the way back
+        spawning = Background(
             lambda: client.spawn("echo x >> spawned-once.txt; sleep 2", pty=(10, 20))
         )
         wait_until(ran.exists, what="the process to start")
-        proxy.drop_replies = False
-        proxy.cut()
-        thread.join(20)
-        assert "error" not in box, box.get("error")
-        process = box["value"]
+        link.proxy.drop_replies = False
+        link.proxy.cut()
+        process = spawning.result(20)
         assert process.pty
         assert process.wait(10).returncode == 0
     # Control for the test above: resumed, its answer replayed, not sent again.
     assert ran.read_text() == "x\n"
-    assert "resumed session" in caplog.text
-    assert "sending it again" not in caplog.text
+    assert "resumed session" in client_log.text
+    assert "sending it again" not in client_log.text

@@ -36,17 +36,13 @@ def test_the_pinned_certificate_is_accepted(tls_daemons):
     assert daemon.url.startswith("wss://127.0.0.1:")
     # The fingerprint serve prints is the SHA-256 of its certificate's DER.
     assert daemon.fingerprint == fingerprint_of(cert_der(daemon))
-    with Client.connect(
-        daemon.url, token_file=daemon.token_file, tls_fingerprint=daemon.fingerprint
-    ) as client:
+    with daemon.connect(tls_fingerprint=daemon.fingerprint) as client:
         assert client.exec("echo over tls").output == "over tls\n"
     # As operators paste it: openssl's form, upper case with colons.
     hexdigits = daemon.fingerprint.split(":", 1)[1].upper()
     openssl_form = "sha256 Fingerprint=" + ":".join(hexdigits[i : i + 2] for i in range(0, 64, 2))
     assert parse_fingerprint(openssl_form) == daemon.fingerprint
-    with Client.connect(
-        daemon.url, token_file=daemon.token_file, tls_fingerprint=openssl_form
-    ) as client:
+    with daemon.connect(tls_fingerprint=openssl_form) as client:
         assert client.exec("true").returncode == 0
 
 
@@ -54,31 +50,27 @@ def test_another_certificate_is_refused_with_both_fingerprints(tls_daemons):
     daemon, other = tls_daemons
     assert daemon.fingerprint != other.fingerprint
     with pytest.raises(PinMismatchError) as refused:
-        Client.connect(other.url, token_file=other.token_file, tls_fingerprint=daemon.fingerprint)
+        other.connect(tls_fingerprint=daemon.fingerprint)
     assert refused.value.retry is False
     assert refused.value.pinned == daemon.fingerprint
     assert refused.value.presented == other.fingerprint
     assert daemon.fingerprint in str(refused.value)
     assert other.fingerprint in str(refused.value)
     # Control: the same executor with its own pin.
-    Client.connect(
-        other.url, token_file=other.token_file, tls_fingerprint=other.fingerprint
-    ).close()
+    other.connect(tls_fingerprint=other.fingerprint).close()
 
 
 def test_without_a_pin_a_self_signed_certificate_does_not_verify(tls_daemons):
     daemon, _ = tls_daemons
     with pytest.raises(ConnectError) as refused:
-        Client.connect(daemon.url, token_file=daemon.token_file)
+        daemon.connect()
     assert refused.value.retry is False
     assert "does not verify" in str(refused.value)
 
 
 def test_a_pin_with_plain_ws_is_an_error(daemon):
     with pytest.raises(ValueError, match="wss://"):
-        Client.connect(
-            daemon.url, token_file=daemon.token_file, tls_fingerprint="sha256:" + "0" * 64
-        )
+        daemon.connect(tls_fingerprint="sha256:" + "0" * 64)
     with pytest.raises(ValueError, match="invalid TLS fingerprint"):
         parse_fingerprint("sha256:1234")
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import ProtocolError
@@ -45,6 +46,30 @@ def _dict(value: object) -> JsonDict:
     return value if isinstance(value, dict) else {}
 
 
+#: How a reply's field is read, by the type the dataclass declares for it: a value of another
+#: type (or none) reads as that type's empty value, as readers of protocol 1 must allow.
+_READERS: dict[str, Callable[[object], object]] = {
+    "str": _str,
+    "int": _int,
+    "float": _float,
+    "bool": bool,
+    "list[str]": _strs,
+    "JsonDict": _dict,
+    "str | None": lambda value: value if isinstance(value, str) else None,
+    "int | None": lambda value: value if isinstance(value, int) else None,
+}
+
+
+def _read(cls: type, reply: JsonDict, /, **given: object) -> dict[str, Any]:
+    """The arguments of dataclass `cls` from `reply`, each field read by its declared type;
+    `given` holds those that need more (a nested type, a default other than empty)."""
+    read = dict(given)
+    for f in fields(cls):
+        if f.name not in read:
+            read[f.name] = _READERS[str(f.type)](reply.get(f.name))
+    return read
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """The executor's host: `uname` facts and what it can enforce."""
@@ -74,15 +99,7 @@ class HostFacts:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> HostFacts:
-        return cls(
-            hostname=_str(data.get("hostname")),
-            kernel=_str(data.get("kernel")),
-            version=_str(data.get("version")),
-            arch=_str(data.get("arch")),
-            cores=_int(data.get("cores")),
-            cgroups=_dict(data.get("cgroups")),
-            landlock_abi=_int(data.get("landlock_abi")),
-        )
+        return cls(**_read(cls, data))
 
 
 @dataclass(frozen=True)
@@ -100,15 +117,7 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> Profile:
-        reason = data.get("unavailable_reason")
-        return cls(
-            name=_str(data.get("name")),
-            description=_str(data.get("description")),
-            available=bool(data.get("available")),
-            layers=_strs(data.get("layers")),
-            missing=_strs(data.get("missing")),
-            unavailable_reason=reason if isinstance(reason, str) else None,
-        )
+        return cls(**_read(cls, data))
 
 
 @dataclass(frozen=True)
@@ -131,18 +140,12 @@ class Limits:
     @classmethod
     def from_json(cls, data: JsonDict) -> Limits:
         return cls(
-            max_message_bytes=_int(data.get("max_message_bytes")),
-            max_command_bytes=_int(data.get("max_command_bytes")),
-            max_env_entries=_int(data.get("max_env_entries")),
-            max_env_bytes=_int(data.get("max_env_bytes")),
-            max_id_bytes=_int(data.get("max_id_bytes")),
-            default_timeout=_float(data.get("default_timeout"), 30.0),
-            max_timeout=_float(data.get("max_timeout"), 86400.0),
-            max_output_bytes=_int(data.get("max_output_bytes")),
-            max_commands_per_connection=_int(data.get("max_commands_per_connection")),
-            max_commands_total=_int(data.get("max_commands_total")),
-            max_process_buffer_bytes=_int(data.get("max_process_buffer_bytes")),
-            max_upload_bytes=_int(data.get("max_upload_bytes")),
+            **_read(
+                cls,
+                data,
+                default_timeout=_float(data.get("default_timeout"), 30.0),
+                max_timeout=_float(data.get("max_timeout"), 86400.0),
+            )
         )
 
 
@@ -161,13 +164,7 @@ class DiskQuota:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> DiskQuota:
-        return cls(
-            mechanism=_str(data.get("mechanism")) or "none",
-            bytes=_int(data.get("bytes")),
-            files=_int(data.get("files")),
-            covers=_strs(data.get("covers")),
-            reason=_str(data.get("reason")),
-        )
+        return cls(**_read(cls, data, mechanism=_str(data.get("mechanism")) or "none"))
 
 
 @dataclass(frozen=True)
@@ -205,21 +202,16 @@ class Hello:
         if data.get("type") != "hello":
             raise ProtocolError(f"expected a hello, got {data.get('type')!r}")
         return cls(
-            protocol=_int(data.get("protocol")),
-            server=_str(data.get("server")),
-            host=HostFacts.from_json(_dict(data.get("host"))),
-            profiles=[Profile.from_json(_dict(p)) for p in data.get("profiles") or []],
-            default_profile=_str(data.get("default_profile")),
-            limits=Limits.from_json(_dict(data.get("limits"))),
-            interpreter=_strs(data.get("interpreter")),
-            workspace=_str(data.get("workspace")),
-            client=_str(data.get("client")),
-            session=_str(data.get("session")),
-            resume_grace=_float(data.get("resume_grace")),
-            not_offered=[_dict(n) for n in data.get("not_offered") or []],
-            raw=data,
-            capabilities=_strs(data.get("capabilities")),
-            disk_quota=DiskQuota.from_json(_dict(data.get("disk_quota"))),
+            **_read(
+                cls,
+                data,
+                host=HostFacts.from_json(_dict(data.get("host"))),
+                profiles=[Profile.from_json(_dict(p)) for p in data.get("profiles") or []],
+                limits=Limits.from_json(_dict(data.get("limits"))),
+                not_offered=[_dict(n) for n in data.get("not_offered") or []],
+                raw=data,
+                disk_quota=DiskQuota.from_json(_dict(data.get("disk_quota"))),
+            )
         )
 
 
@@ -263,13 +255,7 @@ class ExecResult:
         returncode = data.get("returncode")
         if not isinstance(returncode, int):
             raise ProtocolError(f"a result without a return code: {data!r:.200}")
-        return cls(
-            id=_str(data.get("id")),
-            output=_str(data.get("output")),
-            returncode=returncode,
-            exception_info=_str(data.get("exception_info")),
-            extra=_dict(data.get("extra")),
-        )
+        return cls(**_read(cls, data, returncode=returncode))
 
 
 def exec_request(
@@ -330,13 +316,7 @@ class ProcessOutput:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> ProcessOutput:
-        return cls(
-            offset=_int(data.get("offset")),
-            data=decode_bytes(data.get("data", "")),
-            next_offset=_int(data.get("next_offset")),
-            dropped=_int(data.get("dropped")),
-            eof=bool(data.get("eof")),
-        )
+        return cls(**_read(cls, data, data=decode_bytes(data.get("data", ""))))
 
 
 @dataclass(frozen=True)
@@ -353,13 +333,7 @@ class ProcessExit:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> ProcessExit:
-        return cls(
-            id=_str(data.get("id")),
-            running=bool(data.get("running")),
-            returncode=_int(data.get("returncode"), -1),
-            exception_info=_str(data.get("exception_info")),
-            extra=_dict(data.get("extra")),
-        )
+        return cls(**_read(cls, data, returncode=_int(data.get("returncode"), -1)))
 
 
 @dataclass(frozen=True)
@@ -375,15 +349,7 @@ class ProcessInfo:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> ProcessInfo:
-        returncode = data.get("returncode")
-        return cls(
-            id=_str(data.get("id")),
-            command=_str(data.get("command")),
-            pty=bool(data.get("pty")),
-            running=bool(data.get("running")),
-            returncode=returncode if isinstance(returncode, int) else None,
-            output_bytes=_int(data.get("output_bytes")),
-        )
+        return cls(**_read(cls, data))
 
 
 @dataclass(frozen=True)
@@ -406,17 +372,7 @@ class FileStat:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> FileStat:
-        target = data.get("target")
-        return cls(
-            name=_str(data.get("name")),
-            kind=_str(data.get("kind")),
-            size=_int(data.get("size")),
-            mode=_int(data.get("mode")),
-            uid=_int(data.get("uid")),
-            gid=_int(data.get("gid")),
-            mtime=_int(data.get("mtime")),
-            target=target if isinstance(target, str) else None,
-        )
+        return cls(**_read(cls, data))
 
 
 @dataclass(frozen=True)
@@ -429,11 +385,8 @@ class DirListing:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> DirListing:
-        return cls(
-            path=_str(data.get("path")),
-            entries=[FileStat.from_json(_dict(e)) for e in data.get("entries") or []],
-            truncated=bool(data.get("truncated")),
-        )
+        entries = [FileStat.from_json(_dict(e)) for e in data.get("entries") or []]
+        return cls(**_read(cls, data, entries=entries))
 
 
 @dataclass(frozen=True)
@@ -446,4 +399,4 @@ class Transferred:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> Transferred:
-        return cls(path=_str(data.get("path")), bytes=_int(data.get("bytes")))
+        return cls(**_read(cls, data))
