@@ -9,6 +9,9 @@ use executor_tests::{
 };
 use protocol::{ClientMessage, ExecRequest, ExecResult};
 
+pub use crate::host_side::*;
+pub use crate::table::*;
+
 pub const STRICT: &str = "strict";
 pub const LANDLOCK: &str = "landlock";
 pub const TASK: &str = "task-container";
