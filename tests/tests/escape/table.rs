@@ -44,6 +44,11 @@ pub const ONLY_HOST_NETWORK: [(&str, Expect); 4] = [
     (TRUSTED, Allowed),
 ];
 
+/// [`ONLY_TRUSTED`] without task-container, where its profile grants what the case attacks
+/// (the host's root: sysfs, /dev/kmsg, the host's files), so that a write there is no escape.
+pub const ONLY_TRUSTED_TASK_LEFT_OUT: [(&str, Expect); 3] =
+    [(STRICT, Denied), (LANDLOCK, Denied), (TRUSTED, Allowed)];
+
 /// Every profile of the suite.
 pub const ALL_PROFILES: [&str; 4] = [STRICT, LANDLOCK, TASK, TRUSTED];
 
