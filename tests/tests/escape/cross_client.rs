@@ -187,7 +187,6 @@ async fn host_sysv_shared_memory_is_out_of_reach() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let key: i64 = 0x5e_0000 + m[m.len() - 5..].parse::<i64>().unwrap();
     let content = format!("hostshm-{m}");
@@ -216,22 +215,11 @@ else:
 "#,
         len = content.len()
     ));
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "shm", &probe).await.output;
-        match expect {
-            Denied => assert!(
-                !out.contains(&content),
-                "{l} read the host's shared memory: {out}"
-            ),
-            Allowed => assert!(out.contains(&content), "{l} control: {out}"),
-        }
-    }
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row.output(client, "shm", &probe).await;
+        row.check_contains(&out, &content, "read the host's shared memory");
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -242,42 +230,19 @@ async fn host_posix_shared_memory_is_out_of_reach() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let path = format!("/dev/shm/escape-{m}");
     let content = format!("posixshm-{m}");
     std::fs::write(&path, &content).unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    struct Rm(String);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _rm = Rm(path.clone());
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(
-            &mut client,
-            profile,
-            "posixshm",
-            &format!("cat {path}; echo rc=$?"),
-        )
-        .await
-        .output;
-        match expect {
-            Denied => assert!(
-                !out.contains(&content),
-                "{l} read the host's /dev/shm: {out}"
-            ),
-            Allowed => assert!(out.contains(&content), "{l} control: {out}"),
-        }
-    }
+    let _rm = RemoveOnDrop(path.clone().into());
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row
+            .output(client, "posixshm", &format!("cat {path}; echo rc=$?"))
+            .await;
+        row.check_contains(&out, &content, "read the host's /dev/shm");
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -745,7 +710,6 @@ async fn posix_message_queues_of_the_host_are_out_of_reach_without_an_ipc_namesp
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let name = format!("escape-mq-{m}");
     let probe = python(&format!(
@@ -764,28 +728,32 @@ print(f"mq={{r}} mq_errno={{e}}")
         .success();
     assert!(mounted);
     let on_host = || mnt.path().join(&name).exists();
-    for (profile, expect) in [(LANDLOCK, Denied), (STRICT, Allowed), (TRUSTED, Allowed)] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "mq", &probe).await.output;
-        match (profile, expect) {
-            (_, Denied) => {
-                assert_eq!(field(&out, "mq_errno"), Some("1"), "{l} {out}");
-                assert!(!on_host(), "{l} created a host queue");
+    each_row(
+        &daemon,
+        &[(LANDLOCK, Denied), (STRICT, Allowed), (TRUSTED, Allowed)],
+        async |client, row| {
+            let out = row.output(client, "mq", &probe).await;
+            match (row.profile, row.expect) {
+                (_, Denied) => {
+                    assert_eq!(field(&out, "mq_errno"), Some("1"), "{row} {out}");
+                    assert!(!on_host(), "{row} created a host queue");
+                }
+                // Its own namespace (where landlock refuses the queue file anyway): whatever the
+                // call returns, the host never sees a queue.
+                (STRICT, _) => {
+                    assert!(field(&out, "mq_errno").is_some(), "{row} {out}");
+                    assert!(!on_host(), "{row} the queue reached the host");
+                }
+                // Control: with no policy the same call makes a host queue, which the test sees.
+                _ => {
+                    assert_eq!(field(&out, "mq_errno"), Some("0"), "{row} {out}");
+                    assert!(on_host(), "{row} control: the host queue is visible");
+                    let _ = std::fs::remove_file(mnt.path().join(&name));
+                }
             }
-            // Its own namespace (where landlock refuses the queue file anyway): whatever the
-            // call returns, the host never sees a queue.
-            (STRICT, _) => {
-                assert!(field(&out, "mq_errno").is_some(), "{l} {out}");
-                assert!(!on_host(), "{l} the queue reached the host");
-            }
-            // Control: with no policy the same call makes a host queue, which the test sees.
-            _ => {
-                assert_eq!(field(&out, "mq_errno"), Some("0"), "{l} {out}");
-                assert!(on_host(), "{l} control: the host queue is visible");
-                let _ = std::fs::remove_file(mnt.path().join(&name));
-            }
-        }
-    }
+        },
+    )
+    .await;
     let _ = std::process::Command::new("umount")
         .arg(mnt.path())
         .status();

@@ -121,26 +121,22 @@ async fn a_cwd_symlinked_to_the_state_dir_does_not_expose_the_token() {
     };
     let link: PathBuf = daemon.workspace.join(format!("statelink-{}", marker()));
     symlink(daemon.state.path(), &link).unwrap();
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let mut r = preq(profile, &format!("{profile}-cwd"), "cat token; pwd", 10.0);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let mut r = preq(
+            row.profile,
+            &format!("{}-cwd", row.profile),
+            "cat token; pwd",
+            10.0,
+        );
         r.cwd = Some(link.display().to_string());
         let got = client.exec(r).await.result;
         let out = match &got {
             Ok(result) => result.output.clone(),
             Err(e) => format!("refused: {} {}", e.code, e.message),
         };
-        match expect {
-            Denied => assert!(!out.contains(&daemon.token), "{l} read the token: {out}"),
-            Allowed => assert!(out.contains(&daemon.token), "{l} control: {out}"),
-        }
-    }
+        row.check_contains(&out, &daemon.token, "read the token");
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -153,40 +149,38 @@ async fn a_host_file_hardlinked_into_the_workspace_cannot_be_written_through() {
         return;
     };
     let victims = victim_dir();
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [(STRICT, Denied), (LANDLOCK, Denied), (TRUSTED, Allowed)] {
-        let l = label(profile, expect);
-        let victim = victims.path().join(format!("file-{profile}"));
+    each_row(&daemon, &ONLY_TRUSTED_TASK_LEFT_OUT, async |client, row| {
+        let victim = victims.path().join(format!("file-{}", row.profile));
         std::fs::write(&victim, "original\n").unwrap();
         let name = format!("hl-{}", marker());
-        let out = run_in(
-            &mut client,
-            profile,
-            "hardlink",
-            &format!(
-                "ln {v} {name}; echo ln_rc=$?; echo appended >> {name}; \
+        let out = row
+            .output(
+                client,
+                "hardlink",
+                &format!(
+                    "ln {v} {name}; echo ln_rc=$?; echo appended >> {name}; \
                  ln {s}/token tok-{name}; cat tok-{name}",
-                v = victim.display(),
-                s = daemon.state.path().display()
-            ),
-        )
-        .await
-        .output;
+                    v = victim.display(),
+                    s = daemon.state.path().display()
+                ),
+            )
+            .await;
         let now = std::fs::read_to_string(&victim).unwrap();
-        match expect {
+        match row.expect {
             Denied => {
                 assert_eq!(
                     now, "original\n",
-                    "{l} wrote a host file through a hardlink: {out}"
+                    "{row} wrote a host file through a hardlink: {out}"
                 );
                 assert!(
                     !out.contains(&daemon.token),
-                    "{l} hardlinked the token: {out}"
+                    "{row} hardlinked the token: {out}"
                 );
             }
-            Allowed => assert_eq!(now, "original\nappended\n", "{l} control: {out}"),
+            Allowed => assert_eq!(now, "original\nappended\n", "{row} control: {out}"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -201,13 +195,7 @@ async fn the_working_directory_is_entered_as_the_command_so_it_tells_nothing_mor
     let m = marker();
     let existing = PathBuf::from(format!("/root/escape-cwd-{m}"));
     std::fs::create_dir(&existing).unwrap();
-    struct Rm(PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir(&self.0);
-        }
-    }
-    let _rm = Rm(existing.clone());
+    let _rm = RemoveOnDrop(existing.clone());
     let missing = format!("/root/escape-missing-{m}");
     let mut client = daemon.connect().await;
     let answer = |cwd: String| {

@@ -120,11 +120,14 @@ pub async fn assert_none_left(m: &str, context: &str) {
     );
 }
 
-/// A file the case planted on the host, removed when dropped.
+/// A file or empty directory the case planted on the host, removed when dropped (so also when
+/// the case fails).
 pub struct RemoveOnDrop(pub std::path::PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if std::fs::remove_file(&self.0).is_err() {
+            let _ = std::fs::remove_dir(&self.0);
+        }
     }
 }
