@@ -15,20 +15,10 @@ async fn another_clients_tmp_and_processes_are_invisible_under_strict() {
     let mut alice = daemon.connect().await;
     let mut bob = daemon.connect().await;
     let m = marker();
-    let (alice_id, _) = start_until(
-        &mut alice,
-        STRICT,
-        "alice",
-        &format!(
-            "echo tmp-secret-{m} > /tmp/secret-{m}; echo ws-shared-{m} > shared-{m}; \
-             {} & echo ready; wait",
-            marked_sleep(&m)
-        ),
-        "ready",
-        60.0,
-    )
-    .await;
-    let alice_sleep = wait_sleepers(&m, 1).await;
+    let before =
+        format!("echo tmp-secret-{m} > /tmp/secret-{m}; echo ws-shared-{m} > shared-{m}; ");
+    let (alice_id, alice_sleep) =
+        start_sleeper(&mut alice, STRICT, "alice", &m, &before, 60.0).await;
     let out = run_in(
         &mut bob,
         STRICT,
@@ -53,7 +43,7 @@ async fn another_clients_tmp_and_processes_are_invisible_under_strict() {
         "[strict] bob sees alice's process: {out}"
     );
     assert!(
-        matches!(process_state(alice_sleep[0]), Some(s) if s != 'Z'),
+        alive(alice_sleep),
         "[strict] bob killed alice's process: {out}"
     );
     // Control: the workspace is shared between the two clients.
@@ -78,19 +68,9 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
     let mut alice = daemon.connect().await;
     let mut bob = daemon.connect().await;
     let m = marker();
-    let (alice_id, _) = start_until(
-        &mut alice,
-        LANDLOCK,
-        "alice",
-        &format!(
-            "echo tmp-note-{m} > /tmp/note-{m}; {} & echo ready; wait",
-            marked_sleep(&m)
-        ),
-        "ready",
-        60.0,
-    )
-    .await;
-    let alice_sleep = wait_sleepers(&m, 1).await;
+    let before = format!("echo tmp-note-{m} > /tmp/note-{m}; ");
+    let (alice_id, alice_sleep) =
+        start_sleeper(&mut alice, LANDLOCK, "alice", &m, &before, 60.0).await;
     let out = run_in(
         &mut bob,
         LANDLOCK,
@@ -98,7 +78,7 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
         &format!(
             "cat /tmp/note-{m}; kill -KILL {p}; echo kill_rc=$?; \
              sleep 30 & kill -KILL $!; echo own_rc=$?",
-            p = alice_sleep[0]
+            p = alice_sleep
         ),
     )
     .await
@@ -115,10 +95,7 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
         Some("0"),
         "[landlock] control: {out}"
     );
-    assert!(
-        matches!(process_state(alice_sleep[0]), Some(s) if s != 'Z'),
-        "[landlock] alice's process died"
-    );
+    assert!(alive(alice_sleep), "[landlock] alice's process died");
     cancel(&mut alice, &alice_id).await;
     let _ = std::fs::remove_file(format!("/tmp/note-{m}"));
     assert_daemon_intact(&daemon).await;

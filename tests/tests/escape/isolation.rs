@@ -62,16 +62,7 @@ async fn each_profile_applies_its_layers_as_seen_from_the_host() {
     let zero = "0000000000000000".to_string();
     for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
         let m = marker();
-        let (id, _) = start_until(
-            &mut client,
-            profile,
-            "view",
-            &format!("{} & echo ready; wait", marked_sleep(&m)),
-            "ready",
-            30.0,
-        )
-        .await;
-        let p = wait_sleepers(&m, 1).await[0];
+        let (id, p) = start_sleeper(&mut client, profile, "view", &m, "", 30.0).await;
         let status = |f: &str| proc_status(p, f).unwrap_or_default();
         let own_ns: Vec<&str> = NS
             .iter()

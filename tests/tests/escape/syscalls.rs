@@ -2,7 +2,7 @@
 //! tiny static ELF written by the test and a raw syscall number. `trusted` (root, no seccomp)
 //! is the control that shows each probe reaches the kernel.
 
-use executor_tests::{marked_sleep, marker, proc_status};
+use executor_tests::{marker, proc_status};
 
 use crate::common::*;
 
@@ -163,17 +163,8 @@ async fn seccomp_is_in_filter_mode_as_seen_from_the_host() {
     };
     each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let m = marker();
-        let (id, _) = start_until(
-            client,
-            row.profile,
-            "seccomp",
-            &format!("{} & echo ready; wait", marked_sleep(&m)),
-            "ready",
-            30.0,
-        )
-        .await;
-        let pids = wait_sleepers(&m, 1).await;
-        let mode = proc_status(pids[0], "Seccomp:");
+        let (id, pid) = start_sleeper(client, row.profile, "seccomp", &m, "", 30.0).await;
+        let mode = proc_status(pid, "Seccomp:");
         match row.expect {
             Denied => assert_eq!(mode.as_deref(), Some("2"), "{row} seccomp mode"),
             Allowed => assert_eq!(mode.as_deref(), Some("0"), "{row} control"),
