@@ -15,21 +15,26 @@ fn victim_dir() -> executor_tests::TempDir {
     executor_tests::TempDir::with_prefix_in("escape-victim-", "/var/tmp").unwrap()
 }
 
+/// Try to start a daemon (every profile offered) whose state directory already holds a symlink
+/// `name` -> `target`, planted before it starts.
+fn daemon_with_planted_symlink(name: &'static str, target: PathBuf) -> Result<Daemon, String> {
+    Daemon::try_start_opts(DaemonOptions {
+        extra: executor_tests::ALLOW_ALL_PROFILES
+            .map(String::from)
+            .to_vec(),
+        prepare: Some(Box::new(move |state| {
+            symlink(&target, state.join(name)).unwrap();
+        })),
+        ..Default::default()
+    })
+}
+
 #[tokio::test]
 async fn a_symlink_planted_at_the_audit_log_is_not_followed() {
     let victims = victim_dir();
     let victim = victims.path().join("victim");
     std::fs::write(&victim, "victim\n").unwrap();
-    let target = victim.clone();
-    let started = Daemon::try_start_opts(DaemonOptions {
-        extra: executor_tests::ALLOW_ALL_PROFILES
-            .map(String::from)
-            .to_vec(),
-        prepare: Some(Box::new(move |state| {
-            symlink(&target, state.join("audit.jsonl")).unwrap();
-        })),
-        ..Default::default()
-    });
+    let started = daemon_with_planted_symlink("audit.jsonl", victim.clone());
     if let Ok(daemon) = &started {
         // It started: run commands and check they are not appended through the link.
         let mut client = daemon.connect().await;
@@ -58,16 +63,7 @@ async fn a_symlink_planted_at_the_audit_log_is_not_followed() {
 async fn a_dangling_symlink_planted_at_the_token_does_not_receive_the_token() {
     let victims = victim_dir();
     let victim = victims.path().join("stolen-token");
-    let target = victim.clone();
-    let started = Daemon::try_start_opts(DaemonOptions {
-        extra: executor_tests::ALLOW_ALL_PROFILES
-            .map(String::from)
-            .to_vec(),
-        prepare: Some(Box::new(move |state| {
-            symlink(&target, state.join("token")).unwrap();
-        })),
-        ..Default::default()
-    });
+    let started = daemon_with_planted_symlink("token", victim.clone());
     assert!(
         !victim.exists(),
         "the daemon wrote its token through a planted symlink to {} (started: {})",
@@ -86,16 +82,7 @@ async fn a_symlink_planted_at_the_token_does_not_choose_the_token() {
     let victims = victim_dir();
     let planted = victims.path().join("chosen");
     std::fs::write(&planted, "attacker-chosen-token-0123456789abcdef\n").unwrap();
-    let target = planted.clone();
-    let started = Daemon::try_start_opts(DaemonOptions {
-        extra: executor_tests::ALLOW_ALL_PROFILES
-            .map(String::from)
-            .to_vec(),
-        prepare: Some(Box::new(move |state| {
-            symlink(&target, state.join("token")).unwrap();
-        })),
-        ..Default::default()
-    });
+    let started = daemon_with_planted_symlink("token", planted.clone());
     if let Ok(daemon) = &started {
         let got =
             Client::connect(&daemon.url, Some("attacker-chosen-token-0123456789abcdef")).await;
