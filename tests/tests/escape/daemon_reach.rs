@@ -158,27 +158,52 @@ async fn the_daemon_process_is_invisible_from_namespaced_profiles() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = "ps -eo pid=,args= ; echo; echo count=$(ls /proc | grep -c '^[0-9]*$')";
-    for (profile, expect) in [(STRICT, Denied), (TASK, Denied), (TRUSTED, Allowed)] {
-        let out = run_in(&mut client, profile, "ps", probe).await.output;
-        let l = label(profile, expect);
-        let count: usize = field(&out, "count").unwrap().parse().unwrap();
-        match expect {
-            Denied => {
-                assert!(
-                    !out.contains("executor serve"),
-                    "{l} sees the daemon: {out}"
-                );
-                assert!(count <= 8, "{l} sees {count} processes: {out}");
+    each_row(
+        &daemon,
+        &[(STRICT, Denied), (TASK, Denied), (TRUSTED, Allowed)],
+        async |client, row| {
+            let out = row.output(client, "ps", probe).await;
+            let count: usize = field(&out, "count").unwrap().parse().unwrap();
+            match row.expect {
+                Denied => {
+                    assert!(
+                        !out.contains("executor serve"),
+                        "{row} sees the daemon: {out}"
+                    );
+                    assert!(count <= 8, "{row} sees {count} processes: {out}");
+                }
+                Allowed => {
+                    assert!(out.contains("executor serve"), "{row} control: {out}");
+                    assert!(count > 8, "{row} control: {out}");
+                }
             }
-            Allowed => {
-                assert!(out.contains("executor serve"), "{l} control: {out}");
-                assert!(count > 8, "{l} control: {out}");
-            }
-        }
-    }
+        },
+    )
+    .await;
     assert_daemon_intact(&daemon).await;
+}
+
+/// The denied half of a signal attack on the daemon (pid `daemon_pid`) and a host canary:
+/// every call the probe reports under `calls` failed, and on the host the canary lives and the
+/// daemon is not stopped.
+pub(crate) async fn assert_signals_failed(
+    row: Row,
+    out: &str,
+    calls: &[&str],
+    canary: &Canary,
+    daemon_pid: u32,
+) {
+    for call in calls {
+        assert_ne!(field(out, call), Some("0"), "{row} {call}: {out}");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(canary.alive(), "{row} killed the host canary: {out}");
+    assert_ne!(
+        process_state(daemon_pid as i32),
+        Some('T'),
+        "{row} stopped the daemon"
+    );
 }
 
 #[tokio::test]
@@ -210,16 +235,7 @@ async fn commands_cannot_signal_the_daemon_or_a_host_process_but_can_signal_thei
         assert_eq!(field(&out, "own"), Some("0"), "{row} control: {out}");
         match row.expect {
             Denied => {
-                assert_ne!(field(&out, "daemon"), Some("0"), "{row} {out}");
-                assert_ne!(field(&out, "stop"), Some("0"), "{row} {out}");
-                assert_ne!(field(&out, "canary"), Some("0"), "{row} {out}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                assert!(alive(c), "{row} killed the host canary: {out}");
-                assert_ne!(
-                    process_state(d as i32),
-                    Some('T'),
-                    "{row} stopped the daemon"
-                );
+                assert_signals_failed(row, &out, &["daemon", "stop", "canary"], &canary, d).await;
             }
             Allowed => {
                 assert_eq!(field(&out, "canary"), Some("0"), "{row} control: {out}");

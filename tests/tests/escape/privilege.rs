@@ -328,6 +328,27 @@ async fn task_container_covers_cannot_be_read_removed_or_written_through() {
     assert_daemon_intact(&daemon).await;
 }
 
+/// What the dynamic loader reads when the daemon starts a helper: /etc/ld.so.preload, its
+/// cache, and the libraries of the executor binary (from ldd).
+fn loader_files() -> Vec<String> {
+    let exe = executor_tests::binary("executor");
+    let ldd = Command::new("ldd").arg(&exe).output().unwrap();
+    let mut files = vec![
+        "/etc/ld.so.preload".to_string(),
+        "/etc/ld.so.cache".to_string(),
+    ];
+    files.extend(
+        String::from_utf8_lossy(&ldd.stdout)
+            .lines()
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find(|w| w.starts_with('/'))
+                    .map(str::to_string)
+            }),
+    );
+    files
+}
+
 #[tokio::test]
 async fn task_container_cannot_plant_code_into_the_next_unsandboxed_helper() {
     // Every command starts by exec'ing the executor binary as a helper that runs as root with
@@ -340,21 +361,7 @@ async fn task_container_cannot_plant_code_into_the_next_unsandboxed_helper() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let exe = executor_tests::binary("executor");
-    let ldd = Command::new("ldd").arg(&exe).output().unwrap();
-    let libs: Vec<String> = String::from_utf8_lossy(&ldd.stdout)
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find(|w| w.starts_with('/'))
-                .map(str::to_string)
-        })
-        .collect();
-    let mut targets = vec![
-        "/etc/ld.so.preload".to_string(),
-        "/etc/ld.so.cache".to_string(),
-    ];
-    targets.extend(libs.iter().cloned());
+    let targets = loader_files();
     let probe = python(&format!(
         r#"
 targets = {targets:?}
@@ -464,20 +471,7 @@ async fn task_container_cannot_swap_the_directories_the_helper_loads_from() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let exe = executor_tests::binary("executor");
-    let ldd = Command::new("ldd").arg(&exe).output().unwrap();
-    let mut targets: Vec<String> = String::from_utf8_lossy(&ldd.stdout)
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find(|w| w.starts_with('/'))
-                .map(str::to_string)
-        })
-        .collect();
-    targets.extend([
-        "/etc/ld.so.preload".to_string(),
-        "/etc/ld.so.cache".to_string(),
-    ]);
+    let targets = loader_files();
     let probe = python(&format!(
         r#"
 # os.path.ismount misses bind mounts of directories on the same filesystem: read the
