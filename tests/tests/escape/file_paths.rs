@@ -56,6 +56,15 @@ fn victim_dir() -> executor_tests::TempDir {
     executor_tests::TempDir::with_prefix_in("escape-victim-", "/var/tmp").unwrap()
 }
 
+/// A path outside what the profile may touch, with the error codes a refusal may carry:
+/// landlock says Denied; strict, whose view may not hold the path at all, Denied or NotFound.
+/// `trusted` is the control.
+const OUTSIDE_THE_VIEW: [(&str, Expect, &[ErrorCode]); 3] = [
+    (LANDLOCK, Denied, &[ErrorCode::Denied]),
+    (STRICT, Denied, &[ErrorCode::Denied, ErrorCode::NotFound]),
+    (TRUSTED, Allowed, &[]),
+];
+
 #[tokio::test]
 async fn an_upload_climbing_out_of_the_workspace_with_dotdot_is_refused() {
     let Some(daemon) = daemon() else {
@@ -66,15 +75,7 @@ async fn an_upload_climbing_out_of_the_workspace_with_dotdot_is_refused() {
     // directory every uid may write on the host (1777), so only the sandbox stands in the way.
     assert!(daemon.workspace.starts_with("/var/tmp"));
     let m = marker();
-    for (profile, expect, codes) in [
-        (LANDLOCK, Denied, &[ErrorCode::Denied][..]),
-        (
-            STRICT,
-            Denied,
-            &[ErrorCode::Denied, ErrorCode::NotFound][..],
-        ),
-        (TRUSTED, Allowed, &[][..]),
-    ] {
+    for (profile, expect, codes) in OUTSIDE_THE_VIEW {
         let l = label(profile, expect);
         for (i, climb) in ["../..", "../../../../../../../../var/tmp"]
             .iter()
@@ -262,15 +263,7 @@ async fn a_download_of_a_file_the_profile_may_not_read_is_refused() {
     let _cleanup = Cleanup(secret.clone());
     std::fs::write(&secret, format!("secret {m}\n")).unwrap();
     std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    for (profile, expect, codes) in [
-        (LANDLOCK, Denied, &[ErrorCode::Denied][..]),
-        (
-            STRICT,
-            Denied,
-            &[ErrorCode::Denied, ErrorCode::NotFound][..],
-        ),
-        (TRUSTED, Allowed, &[][..]),
-    ] {
+    for (profile, expect, codes) in OUTSIDE_THE_VIEW {
         let l = label(profile, expect);
         let got = download_as(&mut client, profile, secret.to_str().unwrap()).await;
         match expect {
