@@ -86,10 +86,9 @@ fn assert_stopped_by_the_limit(profile: &str, n: usize, what: &str, limit: usize
 #[tokio::test]
 async fn fork_bomb_stops_at_the_process_limit() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for (profile, limit) in PROCESS_LIMITS {
         // Control: a modest fan-out works under the same profile.
         let m = marker();
@@ -145,10 +144,9 @@ async fn fork_bomb_stops_at_the_process_limit() {
 #[tokio::test]
 async fn thread_bomb_stops_at_the_process_limit() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for (profile, limit) in PROCESS_LIMITS {
         let m = marker();
         let (id, out) = start_until(
@@ -214,10 +212,9 @@ except MemoryError:
 #[tokio::test]
 async fn memory_bomb_stops_at_the_memory_limit() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let mut table = vec![(STRICT, 2048u64), (LANDLOCK, 2048)];
     // 9 GiB past task-container's 8 GiB limit only where a broken limit cannot hurt the host.
     if mem_available_mib() > 14 * 1024 {

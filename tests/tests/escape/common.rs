@@ -208,6 +208,13 @@ pub fn daemon() -> Option<TestDaemon> {
     daemon_with(DaemonOptions::default())
 }
 
+/// [`daemon`] and a connection to it: the set-up of a case that runs its commands in turn.
+pub async fn daemon_and_client() -> Option<(TestDaemon, Client)> {
+    let daemon = daemon()?;
+    let client = daemon.connect().await;
+    Some((daemon, client))
+}
+
 pub fn daemon_with(mut opts: DaemonOptions) -> Option<TestDaemon> {
     use std::os::unix::fs::PermissionsExt;
     if !executor_tests::require(

@@ -103,10 +103,9 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
 
 #[tokio::test]
 async fn strict_tmp_is_gone_with_its_command() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let first = run_in(
         &mut client,

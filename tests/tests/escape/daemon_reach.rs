@@ -483,10 +483,9 @@ async fn a_token_file_and_audit_log_outside_the_state_dir_are_out_of_reach_too()
 async fn signals_to_the_sandbox_init_end_only_that_command() {
     // Inside a pid namespace the command can signal its pid 1 (the helper's reaper). Whatever
     // it does to it, the result must come back promptly and nothing may be left behind.
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for profile in [STRICT, TASK] {
         let m = marker();
         let started = std::time::Instant::now();

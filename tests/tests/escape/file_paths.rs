@@ -67,10 +67,9 @@ const OUTSIDE_THE_VIEW: [(&str, Expect, &[ErrorCode]); 3] = [
 
 #[tokio::test]
 async fn an_upload_climbing_out_of_the_workspace_with_dotdot_is_refused() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     // The workspace is /var/tmp/escape-ws-*/workspace: `../../<name>` is /var/tmp/<name>, a
     // directory every uid may write on the host (1777), so only the sandbox stands in the way.
     assert!(daemon.workspace.starts_with("/var/tmp"));
@@ -111,10 +110,9 @@ async fn an_upload_climbing_out_of_the_workspace_with_dotdot_is_refused() {
 
 #[tokio::test]
 async fn an_upload_to_an_absolute_path_outside_the_workspace_is_refused() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     for dir in ["/etc", "/root"] {
         for (profile, codes) in [
@@ -146,10 +144,9 @@ async fn an_upload_to_an_absolute_path_outside_the_workspace_is_refused() {
 
 #[tokio::test]
 async fn a_symlink_in_the_workspace_to_a_host_directory_is_not_written_through() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     symlink("/etc", daemon.workspace.join("etc-link")).unwrap();
     let passwd = std::fs::read("/etc/passwd").unwrap();
@@ -208,10 +205,9 @@ async fn a_symlink_in_the_workspace_to_a_host_directory_is_not_written_through()
 
 #[tokio::test]
 async fn an_upload_to_a_hardlink_of_a_host_file_replaces_the_link_not_the_file() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let victims = victim_dir();
     // strict does not even see the victim's directory.
     for (profile, code) in [(LANDLOCK, ErrorCode::Denied), (STRICT, ErrorCode::NotFound)] {
@@ -254,10 +250,9 @@ async fn an_upload_to_a_hardlink_of_a_host_file_replaces_the_link_not_the_file()
 
 #[tokio::test]
 async fn a_download_of_a_file_the_profile_may_not_read_is_refused() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let secret = PathBuf::from(format!("/root/escape-secret-{m}"));
     let _cleanup = Cleanup(secret.clone());
@@ -334,10 +329,9 @@ fn raw_entry(
 
 #[tokio::test]
 async fn a_tar_upload_whose_entries_climb_out_is_refused() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let victims = victim_dir();
     std::fs::set_permissions(
         victims.path(),
@@ -407,10 +401,9 @@ async fn a_tar_upload_whose_entries_climb_out_is_refused() {
 
 #[tokio::test]
 async fn a_symlink_in_the_workspace_to_a_host_file_does_not_download_it() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     // World-readable on the host (0755 directory, 0644 file): only the sandbox's view of the
     // filesystem keeps it from the command.

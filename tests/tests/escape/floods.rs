@@ -22,10 +22,9 @@ fn fill(path: &str, mib: u64) -> String {
 #[tokio::test]
 async fn private_tmp_and_dev_shm_fill_up_at_their_size_without_touching_the_host() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for (dir, size_mib) in [("/tmp", 512u64), ("/dev/shm", 64)] {
         let m = marker();
         let path = format!("{dir}/fill-{m}");
@@ -75,10 +74,9 @@ async fn private_tmp_and_dev_shm_fill_up_at_their_size_without_touching_the_host
 #[tokio::test]
 async fn file_size_limit_stops_a_big_workspace_write() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for profile in [STRICT, LANDLOCK] {
         let name = format!("big-{}", marker());
         let host_path = daemon.workspace.join(&name);
@@ -123,10 +121,9 @@ async fn file_size_limit_stops_a_big_workspace_write() {
 
 #[tokio::test]
 async fn descriptor_exhaustion_stops_at_the_open_files_limit() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let daemon_fds = fd_count(daemon.pid() as i32);
     let probe = python(
         r#"

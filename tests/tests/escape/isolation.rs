@@ -132,10 +132,9 @@ async fn each_profile_applies_its_layers_as_seen_from_the_host() {
 
 #[tokio::test]
 async fn strict_sees_a_fresh_root_proc_dev_and_hostname() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = "echo host=$(hostname); echo procs=$(ls /proc | grep -c '^[0-9]*$'); \
                  echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline | cut -c1-40 | tr ' ' _); \
                  echo dev=$(ls /dev | tr '\\n' ,); \
@@ -223,10 +222,9 @@ async fn strict_sees_a_fresh_root_proc_dev_and_hostname() {
 async fn tools_exist_in_every_profile() {
     // The probes of this suite run bash, coreutils, python3 and perl inside the sandbox. If
     // these fail, the other cases' denials could be a missing tool, not a working sandbox.
-    let Some(daemon) = daemon() else {
+    let Some((_daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = format!(
         "for t in bash python3 perl cat dd stat od head setsid nohup unshare mount mknod mkfifo ps; do \
          command -v $t >/dev/null || echo missing=$t; done; {PY} -c 'import ctypes; print(\"py-ok\")'; \
@@ -244,10 +242,9 @@ async fn tools_exist_in_every_profile() {
 
 #[tokio::test]
 async fn writes_land_only_where_the_profile_allows() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     // Targets that do not exist yet, so nothing is overwritten; cleaned up after.
     let targets = ["/etc", "/usr", "/var/tmp", "/root", "/opt"];
     for (profile, allowed) in [
@@ -287,10 +284,9 @@ async fn writes_land_only_where_the_profile_allows() {
 
 #[tokio::test]
 async fn only_stdio_descriptors_reach_a_sandboxed_command() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
         let m = marker();
         let (id, out) = start_until(
@@ -336,10 +332,9 @@ async fn only_stdio_descriptors_reach_a_sandboxed_command() {
 
 #[tokio::test]
 async fn strict_is_the_default_and_trusted_is_only_used_when_named() {
-    let Some(daemon) = daemon() else {
+    let Some((_daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     assert_eq!(client.hello.default_profile, STRICT, "{:?}", client.hello);
     let names: Vec<&str> = client
         .hello
@@ -504,10 +499,9 @@ async fn task_container_runs_in_the_default_layout_without_exposing_the_token() 
 async fn landlock_can_write_the_workspace_a_strict_command_also_writes() {
     // The workspace is shared by every profile of a daemon: strict runs as 65534, landlock as
     // the daemon's uid without CAP_DAC_OVERRIDE. Both must be able to write it.
-    let Some(daemon) = daemon() else {
+    let Some((_daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
         let out = run_in(
             &mut client,
@@ -527,10 +521,9 @@ async fn strict_system_mounts_are_read_only_by_mount_flags_not_only_by_file_mode
     // uid 65534 cannot write /etc or /usr anyway, so the write attempts above do not prove the
     // binds are read-only. The mount table does: any world-writable file below a read-write
     // bind would otherwise be open.
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let out = run_in(
         &mut client,
         STRICT,

@@ -115,10 +115,9 @@ async fn disconnect_kills_the_whole_escaping_tree() {
 
 #[tokio::test]
 async fn shell_exit_kills_what_it_left_running() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for profile in ALL_PROFILES {
         let m = marker();
         let s = marked_sleep(&m);

@@ -212,10 +212,9 @@ async fn udp_reaches_the_host_only_from_profiles_with_the_host_network() {
 
 #[tokio::test]
 async fn strict_sees_only_its_own_loopback_interface() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ,";
     let host = run_in(&mut client, TRUSTED, "ifaces", probe).await.output;
     assert!(
@@ -274,10 +273,9 @@ async fn abstract_unix_sockets_of_the_host_are_unreachable() {
 async fn abstract_unix_sockets_work_within_one_command() {
     // Control for the case above: the scope confines abstract sockets to the command, it does
     // not remove them (programs use them internally).
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = python(
         r#"
 import socket

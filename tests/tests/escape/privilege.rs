@@ -263,10 +263,9 @@ async fn mounting_inside_the_sandbox_is_denied() {
 
 #[tokio::test]
 async fn task_container_covers_cannot_be_read_removed_or_written_through() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let s = daemon.state.path().display().to_string();
     let exe = executor_tests::binary("executor");
     let exe_meta = std::fs::metadata(&exe).unwrap();
