@@ -131,19 +131,3 @@ impl Drop for RemoveOnDrop {
         }
     }
 }
-
-/// Start `{before}<marked sleep of m> & echo ready; wait` under `profile` and wait until the
-/// host sees the sleep: returns the request id (for [`crate::common::cancel`]) and the
-/// sleep's host pid.
-pub async fn start_sleeper(
-    client: &mut executor_tests::Client,
-    profile: &str,
-    id: &str,
-    m: &str,
-    before: &str,
-    timeout: f64,
-) -> (String, i32) {
-    let command = format!("{before}{} & echo ready; wait", marked_sleep(m));
-    let (id, _) = crate::common::start_until(client, profile, id, &command, "ready", timeout).await;
-    (id, crate::common::wait_sleepers(m, 1).await[0])
-}

@@ -1,6 +1,7 @@
-//! Running one case over a (profile, expectation) table: the tables most cases share, the row a
-//! case sees (its profile, its expectation and the label its messages start with), and the
-//! checks that pair a denial with its control in one call.
+//! Running one case over a (profile, expectation) table: the suite's profiles, what a case
+//! expects of each, running a command under a named profile, the tables most cases share, the
+//! row a case sees (its profile, its expectation and the label its messages start with), and
+//! the checks that pair a denial with its control in one call. `common` re-exports all of it.
 //!
 //! A case stays a few lines of intent:
 //!
@@ -16,12 +17,59 @@
 
 use std::fmt;
 
-use executor_tests::{Client, Daemon};
+use executor_tests::{checks, Client, Daemon};
 use futures_util::future::join_all;
+use protocol::ExecResult;
 
-use crate::common::{
-    field, label, run_in, Allowed, Denied, Expect, LANDLOCK, STRICT, TASK, TRUSTED,
-};
+pub const STRICT: &str = "strict";
+pub const LANDLOCK: &str = "landlock";
+pub const TASK: &str = "task-container";
+pub const TRUSTED: &str = "trusted";
+
+/// What a case expects of a profile: the attack is stopped, or policy permits the same action
+/// (the control that proves the probe and the host-side check can see a success).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    Denied,
+    Allowed,
+}
+pub use Expect::{Allowed, Denied};
+
+/// Run `command` under `profile` and return its result. A refused command (error message)
+/// fails the case: every profile named in a table must run on the test host.
+pub async fn run_in(client: &mut Client, profile: &str, id: &str, command: &str) -> ExecResult {
+    run_with_timeout(client, profile, id, command, 20.0).await
+}
+
+pub async fn run_with_timeout(
+    client: &mut Client,
+    profile: &str,
+    id: &str,
+    command: &str,
+    timeout: f64,
+) -> ExecResult {
+    let id = format!("{profile}-{id}");
+    let result = checks::run_as(client, Some(profile), &id, command, timeout).await;
+    assert_eq!(
+        result.extra.isolation.profile, profile,
+        "[{profile}] {id}: ran under another profile: {:?}",
+        result.extra.isolation
+    );
+    result
+}
+
+/// Profiles of `table` with their expectations, for messages.
+pub fn label(profile: &str, expect: Expect) -> String {
+    format!("[{profile} expects {expect:?}]")
+}
+
+/// Parse `key=value` tokens printed by a probe (`key=value key2=value2`), last one wins.
+pub fn field<'a>(output: &'a str, key: &str) -> Option<&'a str> {
+    output
+        .split_whitespace()
+        .filter_map(|t| t.strip_prefix(key)?.strip_prefix('='))
+        .next_back()
+}
 
 /// A (profile, expectation) table.
 pub type Table = [(&'static str, Expect)];
