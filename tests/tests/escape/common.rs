@@ -222,7 +222,7 @@ pub fn unavailable_profiles(daemon: &Daemon) -> Vec<(String, String)> {
                 .hello
                 .profiles
                 .iter()
-                .filter(|p| [STRICT, LANDLOCK, TASK, TRUSTED].contains(&p.name.as_str()))
+                .filter(|p| ALL_PROFILES.contains(&p.name.as_str()))
                 .filter(|p| !p.available)
                 .map(|p| {
                     (

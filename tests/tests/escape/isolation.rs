@@ -60,7 +60,7 @@ async fn each_profile_applies_its_layers_as_seen_from_the_host() {
     let d = daemon.pid() as i32;
     let mut client = daemon.connect().await;
     let zero = "0000000000000000".to_string();
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let m = marker();
         let (id, p) = start_sleeper(&mut client, profile, "view", &m, "", 30.0).await;
         let status = |f: &str| proc_status(p, f).unwrap_or_default();
@@ -230,7 +230,7 @@ async fn tools_exist_in_every_profile() {
          command -v $t >/dev/null || echo missing=$t; done; {PY} -c 'import ctypes; print(\"py-ok\")'; \
          perl -e 'print \"perl-ok\\n\"'"
     );
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let out = run_in(&mut client, profile, "tools", &probe).await.output;
         assert!(!out.contains("missing="), "[{profile}] {out}");
         assert!(
@@ -287,7 +287,7 @@ async fn only_stdio_descriptors_reach_a_sandboxed_command() {
     let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let m = marker();
         let (id, out) = start_until(
             &mut client,
@@ -342,7 +342,7 @@ async fn strict_is_the_default_and_trusted_is_only_used_when_named() {
         .iter()
         .map(|p| p.name.as_str())
         .collect();
-    for p in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for p in ALL_PROFILES {
         assert!(names.contains(&p), "hello lists {p}: {names:?}");
     }
     let unnamed = client.run("unnamed", "id -u").await;
@@ -502,7 +502,7 @@ async fn landlock_can_write_the_workspace_a_strict_command_also_writes() {
     let Some((_daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let out = run_in(
             &mut client,
             profile,
