@@ -3,7 +3,7 @@
 //! limit fails the case instead of taking the shared test machine down. `trusted` has no
 //! limits by design and is not bombed.
 
-use executor_tests::{eventually, marker, processes_matching, sleepers, PATIENCE};
+use executor_tests::{eventually, marker, sleepers, PATIENCE};
 
 use crate::common::*;
 
@@ -66,15 +66,30 @@ time.sleep(3600)
     )
 }
 
+/// Each profile with a process limit, and the limit (landlock had none at all: one fork loop
+/// made 6,000 processes).
+const PROCESS_LIMITS: [(&str, usize); 3] = [(STRICT, 512), (LANDLOCK, 512), (TASK, 2048)];
+
+/// The bomb made `n` of `what` (children, threads): fewer than `limit`, and so many that it is
+/// the declared limit that stopped it, not something far smaller.
+fn assert_stopped_by_the_limit(profile: &str, n: usize, what: &str, limit: usize, out: &str) {
+    assert!(
+        n < limit,
+        "[{profile}] made {n} {what} with a limit of {limit}: {out}"
+    );
+    assert!(
+        n >= limit / 2,
+        "[{profile}] only {n} {what} under a limit of {limit}: {out}"
+    );
+}
+
 #[tokio::test]
 async fn fork_bomb_stops_at_the_process_limit() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
-    // landlock had no process limit at all: one fork loop made 6,000 processes.
-    for (profile, limit) in [(STRICT, 512usize), (LANDLOCK, 512), (TASK, 2048)] {
+    for (profile, limit) in PROCESS_LIMITS {
         // Control: a modest fan-out works under the same profile.
         let m = marker();
         let (id, out) = start_until(
@@ -105,15 +120,7 @@ async fn fork_bomb_stops_at_the_process_limit() {
         )
         .await;
         let spawned: usize = field(&out, "spawned").unwrap().parse().unwrap();
-        assert!(
-            spawned < limit,
-            "[{profile}] forked {spawned} children with a limit of {limit}: {out}"
-        );
-        // And it is the declared limit that stopped it, not something far smaller.
-        assert!(
-            spawned >= limit / 2,
-            "[{profile}] only {spawned} children under a limit of {limit}: {out}"
-        );
+        assert_stopped_by_the_limit(profile, spawned, "children", limit, &out);
         assert_eq!(
             field(&out, "errno"),
             Some("11"),
@@ -129,13 +136,7 @@ async fn fork_bomb_stops_at_the_process_limit() {
         // The daemon serves other clients while the bomb holds its processes.
         assert!(daemon.healthy().await, "[{profile}]");
         cancel(&mut client, &id).await;
-        assert!(
-            eventually(executor_tests::PATIENCE, || processes_matching(&m)
-                .is_empty())
-            .await,
-            "[{profile}] bomb survivors: {}",
-            processes_matching(&m).len()
-        );
+        assert_none_left(&m, &format!("[{profile}] after the bomb")).await;
     }
     assert_daemon_intact(&daemon).await;
 }
@@ -143,11 +144,10 @@ async fn fork_bomb_stops_at_the_process_limit() {
 #[tokio::test]
 async fn thread_bomb_stops_at_the_process_limit() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, limit) in [(STRICT, 512usize), (LANDLOCK, 512), (TASK, 2048)] {
+    for (profile, limit) in PROCESS_LIMITS {
         let m = marker();
         let (id, out) = start_until(
             &mut client,
@@ -176,14 +176,7 @@ async fn thread_bomb_stops_at_the_process_limit() {
         )
         .await;
         let threads: usize = field(&out, "threads").unwrap().parse().unwrap();
-        assert!(
-            threads < limit,
-            "[{profile}] started {threads} threads with a limit of {limit}: {out}"
-        );
-        assert!(
-            threads >= limit / 2,
-            "[{profile}] only {threads} threads under a limit of {limit}: {out}"
-        );
+        assert_stopped_by_the_limit(profile, threads, "threads", limit, &out);
         let pids = pids_with_prefix(&py_argv(&m));
         assert_eq!(pids.len(), 1, "[{profile}] the probe on the host: {pids:?}");
         let on_host: usize = executor_tests::proc_status(pids[0], "Threads:")
@@ -195,12 +188,7 @@ async fn thread_bomb_stops_at_the_process_limit() {
             "[{profile}] host sees {on_host} threads in the probe"
         );
         cancel(&mut client, &id).await;
-        assert!(
-            eventually(executor_tests::PATIENCE, || processes_matching(&m)
-                .is_empty())
-            .await,
-            "[{profile}]"
-        );
+        assert_none_left(&m, &format!("[{profile}] after the bomb")).await;
     }
     assert_daemon_intact(&daemon).await;
 }
@@ -224,10 +212,9 @@ except MemoryError:
 #[tokio::test]
 async fn memory_bomb_stops_at_the_memory_limit() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let mut table = vec![(STRICT, 2048u64), (LANDLOCK, 2048)];
     // 9 GiB past task-container's 8 GiB limit only where a broken limit cannot hurt the host.
     if mem_available_mib() > 14 * 1024 {

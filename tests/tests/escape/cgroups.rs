@@ -20,14 +20,7 @@ async fn writing_own_pid_into_another_cgroup_is_denied() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let m = marker();
         let probe = format!(
             "{s} & p=$!\n\
@@ -40,34 +33,35 @@ async fn writing_own_pid_into_another_cgroup_is_denied() {
              echo moved=$moved; echo ready; wait",
             s = marked_sleep(&m)
         );
-        let (id, out) = start_until(&mut client, profile, "cgroup", &probe, "ready", 30.0).await;
+        let (id, out) = start_until(client, row.profile, "cgroup", &probe, "ready", 30.0).await;
         let pids = wait_sleepers(&m, 1).await;
         let now = v2_path(pids[0]).unwrap();
-        match expect {
+        match row.expect {
             Denied => {
-                assert_eq!(field(&out, "moved"), Some("0"), "{l} {out}");
+                assert_eq!(field(&out, "moved"), Some("0"), "{row} {out}");
                 assert!(
                     now.contains(&format!("executor-{}-ns", daemon.pid())),
-                    "{l} the process left the daemon's command cgroup: {now} ({out})"
+                    "{row} the process left the daemon's command cgroup: {now} ({out})"
                 );
             }
             Allowed => {
-                assert_ne!(field(&out, "moved"), Some("0"), "{l} control: {out}");
+                assert_ne!(field(&out, "moved"), Some("0"), "{row} control: {out}");
                 assert!(
                     !now.contains("executor-"),
-                    "{l} control: the host sees the move ({now})"
+                    "{row} control: the host sees the move ({now})"
                 );
             }
         }
-        cancel(&mut client, &id).await;
+        cancel(client, &id).await;
         // Moved or not, the escapee dies with its command.
         assert!(
             eventually(executor_tests::PATIENCE, || processes_matching(&m)
                 .is_empty())
             .await,
-            "{l} survivor {:?}",
+            "{row} survivor {:?}",
             processes_matching(&m)
         );
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }

@@ -9,19 +9,8 @@ use executor_tests::{
 };
 use protocol::{ClientMessage, ExecRequest, ExecResult};
 
-pub const STRICT: &str = "strict";
-pub const LANDLOCK: &str = "landlock";
-pub const TASK: &str = "task-container";
-pub const TRUSTED: &str = "trusted";
-
-/// What a case expects of a profile: the attack is stopped, or policy permits the same action
-/// (the control that proves the probe and the host-side check can see a success).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expect {
-    Denied,
-    Allowed,
-}
-pub use Expect::{Allowed, Denied};
+pub use crate::host_side::*;
+pub use crate::table::*;
 
 /// Interpreter for probes. Every profile's root holds /usr/bin/python3 (checked by the
 /// `tools_exist_in_every_profile` case); the absolute path avoids pyenv shims on the host.
@@ -56,29 +45,6 @@ pub fn python(body: &str) -> String {
 /// An exec request for `profile` with a bounded timeout.
 pub fn preq(profile: &str, id: &str, command: &str, timeout: f64) -> ExecRequest {
     checks::preq(Some(profile), id, command, timeout)
-}
-
-/// Run `command` under `profile` and return its result. A refused command (error message)
-/// fails the case: every profile named in a table must run on the test host.
-pub async fn run_in(client: &mut Client, profile: &str, id: &str, command: &str) -> ExecResult {
-    run_with_timeout(client, profile, id, command, 20.0).await
-}
-
-pub async fn run_with_timeout(
-    client: &mut Client,
-    profile: &str,
-    id: &str,
-    command: &str,
-    timeout: f64,
-) -> ExecResult {
-    let id = format!("{profile}-{id}");
-    let result = checks::run_as(client, Some(profile), &id, command, timeout).await;
-    assert_eq!(
-        result.extra.isolation.profile, profile,
-        "[{profile}] {id}: ran under another profile: {:?}",
-        result.extra.isolation
-    );
-    result
 }
 
 /// Start `command` under `profile` with streaming on, and wait until its output contains
@@ -121,22 +87,9 @@ pub async fn assert_daemon_intact(daemon: &Daemon) {
     assert_eq!(result.output, "alive\n", "follow-up command: {result:?}");
 }
 
-/// Profiles of `table` with their expectations, for messages.
-pub fn label(profile: &str, expect: Expect) -> String {
-    format!("[{profile} expects {expect:?}]")
-}
-
 /// Grace period for host-side checks after a command's result (what must happen: waited for,
 /// returning as soon as it holds, so generous for a busy machine).
 pub const SETTLE: Duration = executor_tests::PATIENCE;
-
-/// Parse `key=value` tokens printed by a probe (`key=value key2=value2`), last one wins.
-pub fn field<'a>(output: &'a str, key: &str) -> Option<&'a str> {
-    output
-        .split_whitespace()
-        .filter_map(|t| t.strip_prefix(key)?.strip_prefix('='))
-        .next_back()
-}
 
 /// Serializes the cases that load the machine (bombs, floods, fills) so they neither starve
 /// each other on 2 cores nor share a per-uid process budget.
@@ -205,6 +158,13 @@ pub fn daemon() -> Option<TestDaemon> {
     daemon_with(DaemonOptions::default())
 }
 
+/// [`daemon`] and a connection to it: the set-up of a case that runs its commands in turn.
+pub async fn daemon_and_client() -> Option<(TestDaemon, Client)> {
+    let daemon = daemon()?;
+    let client = daemon.connect().await;
+    Some((daemon, client))
+}
+
 pub fn daemon_with(mut opts: DaemonOptions) -> Option<TestDaemon> {
     use std::os::unix::fs::PermissionsExt;
     if !executor_tests::require(
@@ -262,7 +222,7 @@ pub fn unavailable_profiles(daemon: &Daemon) -> Vec<(String, String)> {
                 .hello
                 .profiles
                 .iter()
-                .filter(|p| [STRICT, LANDLOCK, TASK, TRUSTED].contains(&p.name.as_str()))
+                .filter(|p| ALL_PROFILES.contains(&p.name.as_str()))
                 .filter(|p| !p.available)
                 .map(|p| {
                     (
@@ -358,4 +318,23 @@ pub fn profiles_daemon(dir: &std::path::Path, allow: &[&str]) -> Option<TestDaem
         extra,
         ..Default::default()
     })
+}
+
+/// Start `{before}<marked sleep of m> & echo ready; wait` under `profile` and wait until the
+/// host sees the sleep: returns the request id (for [`cancel`]) and the
+/// sleep's host pid.
+pub async fn start_sleeper(
+    client: &mut Client,
+    profile: &str,
+    id: &str,
+    m: &str,
+    before: &str,
+    timeout: f64,
+) -> (String, i32) {
+    let command = format!(
+        "{before}{} & echo ready; wait",
+        executor_tests::marked_sleep(m)
+    );
+    let (id, _) = start_until(client, profile, id, &command, "ready", timeout).await;
+    (id, wait_sleepers(m, 1).await[0])
 }

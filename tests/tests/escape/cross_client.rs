@@ -15,20 +15,10 @@ async fn another_clients_tmp_and_processes_are_invisible_under_strict() {
     let mut alice = daemon.connect().await;
     let mut bob = daemon.connect().await;
     let m = marker();
-    let (alice_id, _) = start_until(
-        &mut alice,
-        STRICT,
-        "alice",
-        &format!(
-            "echo tmp-secret-{m} > /tmp/secret-{m}; echo ws-shared-{m} > shared-{m}; \
-             {} & echo ready; wait",
-            marked_sleep(&m)
-        ),
-        "ready",
-        60.0,
-    )
-    .await;
-    let alice_sleep = wait_sleepers(&m, 1).await;
+    let before =
+        format!("echo tmp-secret-{m} > /tmp/secret-{m}; echo ws-shared-{m} > shared-{m}; ");
+    let (alice_id, alice_sleep) =
+        start_sleeper(&mut alice, STRICT, "alice", &m, &before, 60.0).await;
     let out = run_in(
         &mut bob,
         STRICT,
@@ -53,7 +43,7 @@ async fn another_clients_tmp_and_processes_are_invisible_under_strict() {
         "[strict] bob sees alice's process: {out}"
     );
     assert!(
-        matches!(process_state(alice_sleep[0]), Some(s) if s != 'Z'),
+        alive(alice_sleep),
         "[strict] bob killed alice's process: {out}"
     );
     // Control: the workspace is shared between the two clients.
@@ -78,19 +68,9 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
     let mut alice = daemon.connect().await;
     let mut bob = daemon.connect().await;
     let m = marker();
-    let (alice_id, _) = start_until(
-        &mut alice,
-        LANDLOCK,
-        "alice",
-        &format!(
-            "echo tmp-note-{m} > /tmp/note-{m}; {} & echo ready; wait",
-            marked_sleep(&m)
-        ),
-        "ready",
-        60.0,
-    )
-    .await;
-    let alice_sleep = wait_sleepers(&m, 1).await;
+    let before = format!("echo tmp-note-{m} > /tmp/note-{m}; ");
+    let (alice_id, alice_sleep) =
+        start_sleeper(&mut alice, LANDLOCK, "alice", &m, &before, 60.0).await;
     let out = run_in(
         &mut bob,
         LANDLOCK,
@@ -98,7 +78,7 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
         &format!(
             "cat /tmp/note-{m}; kill -KILL {p}; echo kill_rc=$?; \
              sleep 30 & kill -KILL $!; echo own_rc=$?",
-            p = alice_sleep[0]
+            p = alice_sleep
         ),
     )
     .await
@@ -115,10 +95,7 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
         Some("0"),
         "[landlock] control: {out}"
     );
-    assert!(
-        matches!(process_state(alice_sleep[0]), Some(s) if s != 'Z'),
-        "[landlock] alice's process died"
-    );
+    assert!(alive(alice_sleep), "[landlock] alice's process died");
     cancel(&mut alice, &alice_id).await;
     let _ = std::fs::remove_file(format!("/tmp/note-{m}"));
     assert_daemon_intact(&daemon).await;
@@ -126,10 +103,9 @@ async fn landlock_commands_share_tmp_but_cannot_signal_each_other() {
 
 #[tokio::test]
 async fn strict_tmp_is_gone_with_its_command() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let first = run_in(
         &mut client,
@@ -187,7 +163,6 @@ async fn host_sysv_shared_memory_is_out_of_reach() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let key: i64 = 0x5e_0000 + m[m.len() - 5..].parse::<i64>().unwrap();
     let content = format!("hostshm-{m}");
@@ -216,22 +191,11 @@ else:
 "#,
         len = content.len()
     ));
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "shm", &probe).await.output;
-        match expect {
-            Denied => assert!(
-                !out.contains(&content),
-                "{l} read the host's shared memory: {out}"
-            ),
-            Allowed => assert!(out.contains(&content), "{l} control: {out}"),
-        }
-    }
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row.output(client, "shm", &probe).await;
+        row.check_contains(&out, &content, "read the host's shared memory");
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -242,42 +206,19 @@ async fn host_posix_shared_memory_is_out_of_reach() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let path = format!("/dev/shm/escape-{m}");
     let content = format!("posixshm-{m}");
     std::fs::write(&path, &content).unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    struct Rm(String);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _rm = Rm(path.clone());
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(
-            &mut client,
-            profile,
-            "posixshm",
-            &format!("cat {path}; echo rc=$?"),
-        )
-        .await
-        .output;
-        match expect {
-            Denied => assert!(
-                !out.contains(&content),
-                "{l} read the host's /dev/shm: {out}"
-            ),
-            Allowed => assert!(out.contains(&content), "{l} control: {out}"),
-        }
-    }
+    let _rm = RemoveOnDrop(path.clone().into());
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row
+            .output(client, "posixshm", &format!("cat {path}; echo rc=$?"))
+            .await;
+        row.check_contains(&out, &content, "read the host's /dev/shm");
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -745,7 +686,6 @@ async fn posix_message_queues_of_the_host_are_out_of_reach_without_an_ipc_namesp
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let name = format!("escape-mq-{m}");
     let probe = python(&format!(
@@ -764,28 +704,32 @@ print(f"mq={{r}} mq_errno={{e}}")
         .success();
     assert!(mounted);
     let on_host = || mnt.path().join(&name).exists();
-    for (profile, expect) in [(LANDLOCK, Denied), (STRICT, Allowed), (TRUSTED, Allowed)] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "mq", &probe).await.output;
-        match (profile, expect) {
-            (_, Denied) => {
-                assert_eq!(field(&out, "mq_errno"), Some("1"), "{l} {out}");
-                assert!(!on_host(), "{l} created a host queue");
+    each_row(
+        &daemon,
+        &[(LANDLOCK, Denied), (STRICT, Allowed), (TRUSTED, Allowed)],
+        async |client, row| {
+            let out = row.output(client, "mq", &probe).await;
+            match (row.profile, row.expect) {
+                (_, Denied) => {
+                    assert_eq!(field(&out, "mq_errno"), Some("1"), "{row} {out}");
+                    assert!(!on_host(), "{row} created a host queue");
+                }
+                // Its own namespace (where landlock refuses the queue file anyway): whatever the
+                // call returns, the host never sees a queue.
+                (STRICT, _) => {
+                    assert!(field(&out, "mq_errno").is_some(), "{row} {out}");
+                    assert!(!on_host(), "{row} the queue reached the host");
+                }
+                // Control: with no policy the same call makes a host queue, which the test sees.
+                _ => {
+                    assert_eq!(field(&out, "mq_errno"), Some("0"), "{row} {out}");
+                    assert!(on_host(), "{row} control: the host queue is visible");
+                    let _ = std::fs::remove_file(mnt.path().join(&name));
+                }
             }
-            // Its own namespace (where landlock refuses the queue file anyway): whatever the
-            // call returns, the host never sees a queue.
-            (STRICT, _) => {
-                assert!(field(&out, "mq_errno").is_some(), "{l} {out}");
-                assert!(!on_host(), "{l} the queue reached the host");
-            }
-            // Control: with no policy the same call makes a host queue, which the test sees.
-            _ => {
-                assert_eq!(field(&out, "mq_errno"), Some("0"), "{l} {out}");
-                assert!(on_host(), "{l} control: the host queue is visible");
-                let _ = std::fs::remove_file(mnt.path().join(&name));
-            }
-        }
-    }
+        },
+    )
+    .await;
     let _ = std::process::Command::new("umount")
         .arg(mnt.path())
         .status();

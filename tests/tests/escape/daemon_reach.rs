@@ -2,7 +2,7 @@
 //! environment and memory, its process, signals and ptrace. Controls run the same probe under
 //! `trusted` (where the daemon's root can do all of it) and against the command's own children.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use executor_tests::{
@@ -68,41 +68,36 @@ async fn token_audit_log_environment_and_memory_of_the_daemon_are_out_of_reach()
     let mut client = daemon.connect().await;
     run_in(&mut client, TRUSTED, "seed", "true").await;
     let probe = secrets_probe(&daemon);
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let out = run_in(&mut client, profile, "secrets", &probe).await.output;
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row.output(client, "secrets", &probe).await;
         let memread: u64 = field(&out, "memread")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        match expect {
+        match row.expect {
             Denied => {
-                assert!(!out.contains(&daemon.token), "{l} read the token: {out}");
+                assert!(!out.contains(&daemon.token), "{row} read the token: {out}");
                 assert!(
                     !out.contains(&secret),
-                    "{l} read the daemon's environment: {out}"
+                    "{row} read the daemon's environment: {out}"
                 );
-                assert_ne!(field(&out, "tokenrc"), Some("0"), "{l} {out}");
-                assert_ne!(field(&out, "auditrc"), Some("0"), "{l} {out}");
+                assert_ne!(field(&out, "tokenrc"), Some("0"), "{row} {out}");
+                assert_ne!(field(&out, "auditrc"), Some("0"), "{row} {out}");
                 // A mount point's parents may exist as empty directories; nothing else may.
                 let listing = field(&out, "listing").unwrap_or("");
                 assert!(
                     listing.is_empty() || listing == "workspace,",
-                    "{l} sees the state directory's files: {out}"
+                    "{row} sees the state directory's files: {out}"
                 );
-                assert_eq!(memread, 0, "{l} read the daemon's memory: {out}");
+                assert_eq!(memread, 0, "{row} read the daemon's memory: {out}");
             }
             Allowed => {
-                assert!(out.contains(&daemon.token), "{l} control: {out}");
-                assert!(out.contains(&secret), "{l} control: {out}");
-                assert!(memread > 0, "{l} control: {out}");
+                assert!(out.contains(&daemon.token), "{row} control: {out}");
+                assert!(out.contains(&secret), "{row} control: {out}");
+                assert!(memread > 0, "{row} control: {out}");
             }
         }
-    }
+    })
+    .await;
     // The token file itself is untouched on the host.
     assert_eq!(
         std::fs::read_to_string(daemon.state.path().join("token"))
@@ -163,41 +158,52 @@ async fn the_daemon_process_is_invisible_from_namespaced_profiles() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = "ps -eo pid=,args= ; echo; echo count=$(ls /proc | grep -c '^[0-9]*$')";
-    for (profile, expect) in [(STRICT, Denied), (TASK, Denied), (TRUSTED, Allowed)] {
-        let out = run_in(&mut client, profile, "ps", probe).await.output;
-        let l = label(profile, expect);
-        let count: usize = field(&out, "count").unwrap().parse().unwrap();
-        match expect {
-            Denied => {
-                assert!(
-                    !out.contains("executor serve"),
-                    "{l} sees the daemon: {out}"
-                );
-                assert!(count <= 8, "{l} sees {count} processes: {out}");
+    each_row(
+        &daemon,
+        &[(STRICT, Denied), (TASK, Denied), (TRUSTED, Allowed)],
+        async |client, row| {
+            let out = row.output(client, "ps", probe).await;
+            let count: usize = field(&out, "count").unwrap().parse().unwrap();
+            match row.expect {
+                Denied => {
+                    assert!(
+                        !out.contains("executor serve"),
+                        "{row} sees the daemon: {out}"
+                    );
+                    assert!(count <= 8, "{row} sees {count} processes: {out}");
+                }
+                Allowed => {
+                    assert!(out.contains("executor serve"), "{row} control: {out}");
+                    assert!(count > 8, "{row} control: {out}");
+                }
             }
-            Allowed => {
-                assert!(out.contains("executor serve"), "{l} control: {out}");
-                assert!(count > 8, "{l} control: {out}");
-            }
-        }
-    }
+        },
+    )
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
-/// A process of the daemon's uid on the host that commands must not be able to touch.
-fn canary(m: &str) -> Child {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("exec {}", marked_sleep(m)))
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-fn alive(pid: i32) -> bool {
-    matches!(process_state(pid), Some(s) if s != 'Z')
+/// The denied half of a signal attack on the daemon (pid `daemon_pid`) and a host canary:
+/// every call the probe reports under `calls` failed, and on the host the canary lives and the
+/// daemon is not stopped.
+pub(crate) async fn assert_signals_failed(
+    row: Row,
+    out: &str,
+    calls: &[&str],
+    canary: &Canary,
+    daemon_pid: u32,
+) {
+    for call in calls {
+        assert_ne!(field(out, call), Some("0"), "{row} {call}: {out}");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(canary.alive(), "{row} killed the host canary: {out}");
+    assert_ne!(
+        process_state(daemon_pid as i32),
+        Some('T'),
+        "{row} stopped the daemon"
+    );
 }
 
 #[tokio::test]
@@ -205,59 +211,44 @@ async fn commands_cannot_signal_the_daemon_or_a_host_process_but_can_signal_thei
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let d = daemon.pid();
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let m = marker();
-        let mut canary = canary(&m);
-        let c = canary.id() as i32;
-        assert!(eventually(executor_tests::PATIENCE, || alive(c)).await);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let canary = Canary::sleep(&marker()).await;
+        let c = canary.pid;
         // Under trusted only the canary is attacked: killing the daemon there proves nothing.
-        let daemon_attack = if expect == Denied {
+        let daemon_attack = if row.denied() {
             format!("kill -KILL {d}; echo daemon=$?; kill -STOP {d}; echo stop=$?; ")
         } else {
             String::new()
         };
-        let out = run_in(
-            &mut client,
-            profile,
-            "kill",
-            &format!(
-                "{daemon_attack}kill -KILL {c}; echo canary=$?; \
+        let out = row
+            .output(
+                client,
+                "kill",
+                &format!(
+                    "{daemon_attack}kill -KILL {c}; echo canary=$?; \
                  sleep 30 & kill -KILL $!; echo own=$?; wait"
-            ),
-        )
-        .await
-        .output;
+                ),
+            )
+            .await;
         // Control in every profile: the command's own child can be killed.
-        assert_eq!(field(&out, "own"), Some("0"), "{l} control: {out}");
-        match expect {
+        assert_eq!(field(&out, "own"), Some("0"), "{row} control: {out}");
+        match row.expect {
             Denied => {
-                assert_ne!(field(&out, "daemon"), Some("0"), "{l} {out}");
-                assert_ne!(field(&out, "stop"), Some("0"), "{l} {out}");
-                assert_ne!(field(&out, "canary"), Some("0"), "{l} {out}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                assert!(alive(c), "{l} killed the host canary: {out}");
-                assert_ne!(process_state(d as i32), Some('T'), "{l} stopped the daemon");
+                assert_signals_failed(row, &out, &["daemon", "stop", "canary"], &canary, d).await;
             }
             Allowed => {
-                assert_eq!(field(&out, "canary"), Some("0"), "{l} control: {out}");
+                assert_eq!(field(&out, "canary"), Some("0"), "{row} control: {out}");
                 assert!(
                     eventually(executor_tests::PATIENCE, || !alive(c)).await,
-                    "{l} control: the canary died"
+                    "{row} control: the canary died"
                 );
             }
         }
-        let _ = canary.kill();
-        let _ = canary.wait();
-        assert!(daemon.healthy().await, "{l}");
-    }
+        drop(canary);
+        assert!(daemon.healthy().await, "{row}");
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -266,20 +257,11 @@ async fn commands_cannot_ptrace_or_read_the_memory_of_the_daemon_or_a_host_proce
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let d = daemon.pid();
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let m = marker();
-        let mut canary = canary(&m);
-        let c = canary.id() as i32;
-        assert!(eventually(executor_tests::PATIENCE, || alive(c)).await);
-        let targets = if expect == Denied {
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let canary = Canary::sleep(&marker()).await;
+        let c = canary.pid;
+        let targets = if row.denied() {
             vec![("daemon", d as i32), ("canary", c)]
         } else {
             vec![("canary", c)]
@@ -308,28 +290,26 @@ print(f"{name}_vmread_errno={{e}}")
 "#
             ));
         }
-        let out = run_in(&mut client, profile, "ptrace", &python(&body))
-            .await
-            .output;
+        let out = row.output(client, "ptrace", &python(&body)).await;
         for (name, pid) in &targets {
             let seize = field(&out, &format!("{name}_seize"));
             let vm = field(&out, &format!("{name}_vmread_errno"));
-            match expect {
+            match row.expect {
                 Denied => {
-                    assert_ne!(seize, Some("0"), "{l} seized the {name}: {out}");
+                    assert_ne!(seize, Some("0"), "{row} seized the {name}: {out}");
                     // EPERM, EACCES or ESRCH (not in view); EFAULT would mean permission was
                     // granted and only the address was bad.
                     assert!(
                         matches!(vm, Some("1" | "3" | "13")),
-                        "{l} process_vm_readv on the {name}: {out}"
+                        "{row} process_vm_readv on the {name}: {out}"
                     );
                 }
                 Allowed => {
-                    assert_eq!(seize, Some("0"), "{l} control: {out}");
+                    assert_eq!(seize, Some("0"), "{row} control: {out}");
                     assert_ne!(
                         field(&out, &format!("{name}_tracer")),
                         Some("0"),
-                        "{l} control: {out}"
+                        "{row} control: {out}"
                     );
                 }
             }
@@ -339,13 +319,13 @@ print(f"{name}_vmread_errno={{e}}")
                     .as_deref()
                     == Some("0"))
                 .await,
-                "{l} {name} still traced"
+                "{row} {name} still traced"
             );
         }
-        assert!(alive(c), "{l}");
-        let _ = canary.kill();
-        let _ = canary.wait();
-    }
+        assert!(alive(c), "{row}");
+        drop(canary);
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -357,18 +337,12 @@ async fn pidfd_and_sigio_cannot_signal_a_host_process() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let (m1, m2) = (marker(), marker());
-        let (mut c1, mut c2) = (canary(&m1), canary(&m2));
-        let (p1, p2) = (c1.id() as i32, c2.id() as i32);
-        assert!(eventually(executor_tests::PATIENCE, || alive(p1) && alive(p2)).await);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let (c1, c2) = (
+            Canary::sleep(&marker()).await,
+            Canary::sleep(&marker()).await,
+        );
+        let (p1, p2) = (c1.pid, c2.pid);
         let probe = python(&format!(
             r#"
 import fcntl
@@ -386,28 +360,26 @@ except OSError as e:
     print(f"sigio_errno={{e.errno}}")
 "#
         ));
-        let out = run_in(&mut client, profile, "pidfd", &probe).await.output;
+        let out = row.output(client, "pidfd", &probe).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        match expect {
+        match row.expect {
             Denied => {
                 assert!(
                     alive(p1),
-                    "{l} pidfd_send_signal killed a host process: {out}"
+                    "{row} pidfd_send_signal killed a host process: {out}"
                 );
-                assert!(alive(p2), "{l} SIGIO killed a host process: {out}");
+                assert!(alive(p2), "{row} SIGIO killed a host process: {out}");
             }
             Allowed => {
                 assert!(
                     eventually(executor_tests::PATIENCE, || !alive(p1) && !alive(p2)).await,
-                    "{l} control: both canaries die: {out}"
+                    "{row} control: both canaries die: {out}"
                 );
             }
         }
-        for c in [&mut c1, &mut c2] {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+        drop((c1, c2));
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -419,43 +391,29 @@ async fn a_host_process_environment_is_unreadable() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let m = marker();
         let secret = format!("hostsecret{m}");
-        let mut c = Command::new("sh")
+        let mut command = Command::new("sh");
+        command
             .arg("-c")
             .arg(format!("exec {}", marked_sleep(&m)))
-            .env("ESCAPE_HOST_SECRET", &secret)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        let p = c.id() as i32;
-        assert!(eventually(executor_tests::PATIENCE, || alive(p)).await);
-        let out = run_in(
-            &mut client,
-            profile,
-            "hostenv",
-            &format!("tr '\\0' '\\n' < /proc/{p}/environ | grep ESCAPE_HOST_SECRET; echo rc=$?"),
-        )
-        .await
-        .output;
-        match expect {
-            Denied => assert!(
-                !out.contains(&secret),
-                "{l} read a host process's environment: {out}"
-            ),
-            Allowed => assert!(out.contains(&secret), "{l} control: {out}"),
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+            .env("ESCAPE_HOST_SECRET", &secret);
+        let c = Canary::start(command).await;
+        let p = c.pid;
+        let out = row
+            .output(
+                client,
+                "hostenv",
+                &format!(
+                    "tr '\\0' '\\n' < /proc/{p}/environ | grep ESCAPE_HOST_SECRET; echo rc=$?"
+                ),
+            )
+            .await;
+        row.check_contains(&out, &secret, "read a host process's environment");
+        drop(c);
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -482,39 +440,30 @@ async fn a_token_file_and_audit_log_outside_the_state_dir_are_out_of_reach_too()
         .unwrap()
         .trim()
         .to_string();
-    let mut client = executor_tests::Client::connect(&daemon.url, Some(&token))
-        .await
-        .unwrap();
     let probe = format!(
         "cat {t}; echo token_rc=$?; echo '{{\"forged\":1}}' >> {a}; echo audit_rc=$?; \
          head -c 300 {a}; echo",
         t = token_file.display(),
         a = audit_log.display()
     );
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "files", &probe).await.output;
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row.output(client, "files", &probe).await;
         // A line of its own: the daemon's record of this command quotes the text too.
         let forged = std::fs::read_to_string(&audit_log)
             .unwrap_or_default()
             .lines()
             .any(|line| line.trim() == r#"{"forged":1}"#);
-        match expect {
+        match row.expect {
             Denied => {
-                assert!(!out.contains(&token), "{l} read the token file: {out}");
-                assert!(!forged, "{l} forged an audit record: {out}");
+                assert!(!out.contains(&token), "{row} read the token file: {out}");
+                assert!(!forged, "{row} forged an audit record: {out}");
                 assert!(
                     !out.contains("\"command\""),
-                    "{l} read the audit log: {out}"
+                    "{row} read the audit log: {out}"
                 );
             }
             Allowed => {
-                assert!(out.contains(&token) && forged, "{l} control: {out}");
+                assert!(out.contains(&token) && forged, "{row} control: {out}");
                 // Undo the forged line for the next profiles' check.
                 let text = std::fs::read_to_string(&audit_log).unwrap();
                 let kept: String = text
@@ -525,7 +474,8 @@ async fn a_token_file_and_audit_log_outside_the_state_dir_are_out_of_reach_too()
                 std::fs::write(&audit_log, kept).unwrap();
             }
         }
-    }
+    })
+    .await;
     assert!(daemon.healthy().await);
 }
 
@@ -533,10 +483,9 @@ async fn a_token_file_and_audit_log_outside_the_state_dir_are_out_of_reach_too()
 async fn signals_to_the_sandbox_init_end_only_that_command() {
     // Inside a pid namespace the command can signal its pid 1 (the helper's reaper). Whatever
     // it does to it, the result must come back promptly and nothing may be left behind.
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for profile in [STRICT, TASK] {
         let m = marker();
         let started = std::time::Instant::now();

@@ -56,25 +56,25 @@ fn victim_dir() -> executor_tests::TempDir {
     executor_tests::TempDir::with_prefix_in("escape-victim-", "/var/tmp").unwrap()
 }
 
+/// A path outside what the profile may touch, with the error codes a refusal may carry:
+/// landlock says Denied; strict, whose view may not hold the path at all, Denied or NotFound.
+/// `trusted` is the control.
+const OUTSIDE_THE_VIEW: [(&str, Expect, &[ErrorCode]); 3] = [
+    (LANDLOCK, Denied, &[ErrorCode::Denied]),
+    (STRICT, Denied, &[ErrorCode::Denied, ErrorCode::NotFound]),
+    (TRUSTED, Allowed, &[]),
+];
+
 #[tokio::test]
 async fn an_upload_climbing_out_of_the_workspace_with_dotdot_is_refused() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     // The workspace is /var/tmp/escape-ws-*/workspace: `../../<name>` is /var/tmp/<name>, a
     // directory every uid may write on the host (1777), so only the sandbox stands in the way.
     assert!(daemon.workspace.starts_with("/var/tmp"));
     let m = marker();
-    for (profile, expect, codes) in [
-        (LANDLOCK, Denied, &[ErrorCode::Denied][..]),
-        (
-            STRICT,
-            Denied,
-            &[ErrorCode::Denied, ErrorCode::NotFound][..],
-        ),
-        (TRUSTED, Allowed, &[][..]),
-    ] {
+    for (profile, expect, codes) in OUTSIDE_THE_VIEW {
         let l = label(profile, expect);
         for (i, climb) in ["../..", "../../../../../../../../var/tmp"]
             .iter()
@@ -110,10 +110,9 @@ async fn an_upload_climbing_out_of_the_workspace_with_dotdot_is_refused() {
 
 #[tokio::test]
 async fn an_upload_to_an_absolute_path_outside_the_workspace_is_refused() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     for dir in ["/etc", "/root"] {
         for (profile, codes) in [
@@ -145,10 +144,9 @@ async fn an_upload_to_an_absolute_path_outside_the_workspace_is_refused() {
 
 #[tokio::test]
 async fn a_symlink_in_the_workspace_to_a_host_directory_is_not_written_through() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     symlink("/etc", daemon.workspace.join("etc-link")).unwrap();
     let passwd = std::fs::read("/etc/passwd").unwrap();
@@ -207,10 +205,9 @@ async fn a_symlink_in_the_workspace_to_a_host_directory_is_not_written_through()
 
 #[tokio::test]
 async fn an_upload_to_a_hardlink_of_a_host_file_replaces_the_link_not_the_file() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let victims = victim_dir();
     // strict does not even see the victim's directory.
     for (profile, code) in [(LANDLOCK, ErrorCode::Denied), (STRICT, ErrorCode::NotFound)] {
@@ -253,24 +250,15 @@ async fn an_upload_to_a_hardlink_of_a_host_file_replaces_the_link_not_the_file()
 
 #[tokio::test]
 async fn a_download_of_a_file_the_profile_may_not_read_is_refused() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     let secret = PathBuf::from(format!("/root/escape-secret-{m}"));
     let _cleanup = Cleanup(secret.clone());
     std::fs::write(&secret, format!("secret {m}\n")).unwrap();
     std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    for (profile, expect, codes) in [
-        (LANDLOCK, Denied, &[ErrorCode::Denied][..]),
-        (
-            STRICT,
-            Denied,
-            &[ErrorCode::Denied, ErrorCode::NotFound][..],
-        ),
-        (TRUSTED, Allowed, &[][..]),
-    ] {
+    for (profile, expect, codes) in OUTSIDE_THE_VIEW {
         let l = label(profile, expect);
         let got = download_as(&mut client, profile, secret.to_str().unwrap()).await;
         match expect {
@@ -341,10 +329,9 @@ fn raw_entry(
 
 #[tokio::test]
 async fn a_tar_upload_whose_entries_climb_out_is_refused() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let victims = victim_dir();
     std::fs::set_permissions(
         victims.path(),
@@ -414,10 +401,9 @@ async fn a_tar_upload_whose_entries_climb_out_is_refused() {
 
 #[tokio::test]
 async fn a_symlink_in_the_workspace_to_a_host_file_does_not_download_it() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let m = marker();
     // World-readable on the host (0755 directory, 0644 file): only the sandbox's view of the
     // filesystem keeps it from the command.

@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use executor_tests::{fd_count, marker, peak_rss_kib, rss_kib};
-use futures_util::future::join_all;
 
 use crate::common::*;
 
@@ -22,10 +21,9 @@ fn fill(path: &str, mib: u64) -> String {
 #[tokio::test]
 async fn private_tmp_and_dev_shm_fill_up_at_their_size_without_touching_the_host() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for (dir, size_mib) in [("/tmp", 512u64), ("/dev/shm", 64)] {
         let m = marker();
         let path = format!("{dir}/fill-{m}");
@@ -75,10 +73,9 @@ async fn private_tmp_and_dev_shm_fill_up_at_their_size_without_touching_the_host
 #[tokio::test]
 async fn file_size_limit_stops_a_big_workspace_write() {
     let _heavy = HEAVY.lock().await;
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     for profile in [STRICT, LANDLOCK] {
         let name = format!("big-{}", marker());
         let host_path = daemon.workspace.join(&name);
@@ -123,10 +120,9 @@ async fn file_size_limit_stops_a_big_workspace_write() {
 
 #[tokio::test]
 async fn descriptor_exhaustion_stops_at_the_open_files_limit() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let daemon_fds = fd_count(daemon.pid() as i32);
     let probe = python(
         r#"
@@ -187,7 +183,7 @@ async fn endless_output_is_capped_at_the_deadline_and_other_clients_stay_respons
     let mut warm = daemon.connect().await;
     warm.run("warm", "head -c 4000000 /dev/zero").await;
     let before = rss_kib(pid);
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let mut flooder = daemon.connect().await;
         let mut bystander = daemon.connect().await;
         let started = Instant::now();
@@ -243,31 +239,26 @@ async fn commands_waiting_on_stdin_or_a_terminal_return_at_once() {
         "cat; read x; echo read=$?; {PY} -c 'import sys; print(\"py=%d\" % len(sys.stdin.read()))'; \
          cat /dev/tty 2>/dev/null; echo tty=$?; cat <<< control-line"
     );
-    join_all([STRICT, LANDLOCK, TASK, TRUSTED].map(|profile| {
-        let daemon = &daemon;
-        let probe = &probe;
-        async move {
-            let mut client = daemon.connect().await;
-            let started = Instant::now();
-            let r = run_with_timeout(&mut client, profile, "stdin", probe, 15.0).await;
-            assert!(
-                // Below the 15 s timeout: not held until it.
-                started.elapsed() < Duration::from_secs(14),
-                "[{profile}] stdin readers hung for {:?}",
-                started.elapsed()
-            );
-            assert!(!r.extra.timed_out, "[{profile}]");
-            assert!(r.output.contains("read=1"), "[{profile}] {}", r.output);
-            assert!(r.output.contains("py=0"), "[{profile}] {}", r.output);
-            assert!(!r.output.contains("tty=0"), "[{profile}] {}", r.output);
-            // Control: the same reader consumes input when there is some.
-            assert!(
-                r.output.contains("control-line"),
-                "[{profile}] {}",
-                r.output
-            );
-        }
-    }))
+    each_profile_at_once(&daemon, &ALL_PROFILES, async |client, profile| {
+        let started = Instant::now();
+        let r = run_with_timeout(client, profile, "stdin", &probe, 15.0).await;
+        assert!(
+            // Below the 15 s timeout: not held until it.
+            started.elapsed() < Duration::from_secs(14),
+            "[{profile}] stdin readers hung for {:?}",
+            started.elapsed()
+        );
+        assert!(!r.extra.timed_out, "[{profile}]");
+        assert!(r.output.contains("read=1"), "[{profile}] {}", r.output);
+        assert!(r.output.contains("py=0"), "[{profile}] {}", r.output);
+        assert!(!r.output.contains("tty=0"), "[{profile}] {}", r.output);
+        // Control: the same reader consumes input when there is some.
+        assert!(
+            r.output.contains("control-line"),
+            "[{profile}] {}",
+            r.output
+        );
+    })
     .await;
     assert_daemon_intact(&daemon).await;
 }

@@ -15,21 +15,26 @@ fn victim_dir() -> executor_tests::TempDir {
     executor_tests::TempDir::with_prefix_in("escape-victim-", "/var/tmp").unwrap()
 }
 
+/// Try to start a daemon (every profile offered) whose state directory already holds a symlink
+/// `name` -> `target`, planted before it starts.
+fn daemon_with_planted_symlink(name: &'static str, target: PathBuf) -> Result<Daemon, String> {
+    Daemon::try_start_opts(DaemonOptions {
+        extra: executor_tests::ALLOW_ALL_PROFILES
+            .map(String::from)
+            .to_vec(),
+        prepare: Some(Box::new(move |state| {
+            symlink(&target, state.join(name)).unwrap();
+        })),
+        ..Default::default()
+    })
+}
+
 #[tokio::test]
 async fn a_symlink_planted_at_the_audit_log_is_not_followed() {
     let victims = victim_dir();
     let victim = victims.path().join("victim");
     std::fs::write(&victim, "victim\n").unwrap();
-    let target = victim.clone();
-    let started = Daemon::try_start_opts(DaemonOptions {
-        extra: executor_tests::ALLOW_ALL_PROFILES
-            .map(String::from)
-            .to_vec(),
-        prepare: Some(Box::new(move |state| {
-            symlink(&target, state.join("audit.jsonl")).unwrap();
-        })),
-        ..Default::default()
-    });
+    let started = daemon_with_planted_symlink("audit.jsonl", victim.clone());
     if let Ok(daemon) = &started {
         // It started: run commands and check they are not appended through the link.
         let mut client = daemon.connect().await;
@@ -58,16 +63,7 @@ async fn a_symlink_planted_at_the_audit_log_is_not_followed() {
 async fn a_dangling_symlink_planted_at_the_token_does_not_receive_the_token() {
     let victims = victim_dir();
     let victim = victims.path().join("stolen-token");
-    let target = victim.clone();
-    let started = Daemon::try_start_opts(DaemonOptions {
-        extra: executor_tests::ALLOW_ALL_PROFILES
-            .map(String::from)
-            .to_vec(),
-        prepare: Some(Box::new(move |state| {
-            symlink(&target, state.join("token")).unwrap();
-        })),
-        ..Default::default()
-    });
+    let started = daemon_with_planted_symlink("token", victim.clone());
     assert!(
         !victim.exists(),
         "the daemon wrote its token through a planted symlink to {} (started: {})",
@@ -86,16 +82,7 @@ async fn a_symlink_planted_at_the_token_does_not_choose_the_token() {
     let victims = victim_dir();
     let planted = victims.path().join("chosen");
     std::fs::write(&planted, "attacker-chosen-token-0123456789abcdef\n").unwrap();
-    let target = planted.clone();
-    let started = Daemon::try_start_opts(DaemonOptions {
-        extra: executor_tests::ALLOW_ALL_PROFILES
-            .map(String::from)
-            .to_vec(),
-        prepare: Some(Box::new(move |state| {
-            symlink(&target, state.join("token")).unwrap();
-        })),
-        ..Default::default()
-    });
+    let started = daemon_with_planted_symlink("token", planted.clone());
     if let Ok(daemon) = &started {
         let got =
             Client::connect(&daemon.url, Some("attacker-chosen-token-0123456789abcdef")).await;
@@ -121,26 +108,22 @@ async fn a_cwd_symlinked_to_the_state_dir_does_not_expose_the_token() {
     };
     let link: PathBuf = daemon.workspace.join(format!("statelink-{}", marker()));
     symlink(daemon.state.path(), &link).unwrap();
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let mut r = preq(profile, &format!("{profile}-cwd"), "cat token; pwd", 10.0);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let mut r = preq(
+            row.profile,
+            &format!("{}-cwd", row.profile),
+            "cat token; pwd",
+            10.0,
+        );
         r.cwd = Some(link.display().to_string());
         let got = client.exec(r).await.result;
         let out = match &got {
             Ok(result) => result.output.clone(),
             Err(e) => format!("refused: {} {}", e.code, e.message),
         };
-        match expect {
-            Denied => assert!(!out.contains(&daemon.token), "{l} read the token: {out}"),
-            Allowed => assert!(out.contains(&daemon.token), "{l} control: {out}"),
-        }
-    }
+        row.check_contains(&out, &daemon.token, "read the token");
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -153,40 +136,38 @@ async fn a_host_file_hardlinked_into_the_workspace_cannot_be_written_through() {
         return;
     };
     let victims = victim_dir();
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [(STRICT, Denied), (LANDLOCK, Denied), (TRUSTED, Allowed)] {
-        let l = label(profile, expect);
-        let victim = victims.path().join(format!("file-{profile}"));
+    each_row(&daemon, &ONLY_TRUSTED_TASK_LEFT_OUT, async |client, row| {
+        let victim = victims.path().join(format!("file-{}", row.profile));
         std::fs::write(&victim, "original\n").unwrap();
         let name = format!("hl-{}", marker());
-        let out = run_in(
-            &mut client,
-            profile,
-            "hardlink",
-            &format!(
-                "ln {v} {name}; echo ln_rc=$?; echo appended >> {name}; \
+        let out = row
+            .output(
+                client,
+                "hardlink",
+                &format!(
+                    "ln {v} {name}; echo ln_rc=$?; echo appended >> {name}; \
                  ln {s}/token tok-{name}; cat tok-{name}",
-                v = victim.display(),
-                s = daemon.state.path().display()
-            ),
-        )
-        .await
-        .output;
+                    v = victim.display(),
+                    s = daemon.state.path().display()
+                ),
+            )
+            .await;
         let now = std::fs::read_to_string(&victim).unwrap();
-        match expect {
+        match row.expect {
             Denied => {
                 assert_eq!(
                     now, "original\n",
-                    "{l} wrote a host file through a hardlink: {out}"
+                    "{row} wrote a host file through a hardlink: {out}"
                 );
                 assert!(
                     !out.contains(&daemon.token),
-                    "{l} hardlinked the token: {out}"
+                    "{row} hardlinked the token: {out}"
                 );
             }
-            Allowed => assert_eq!(now, "original\nappended\n", "{l} control: {out}"),
+            Allowed => assert_eq!(now, "original\nappended\n", "{row} control: {out}"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -201,13 +182,7 @@ async fn the_working_directory_is_entered_as_the_command_so_it_tells_nothing_mor
     let m = marker();
     let existing = PathBuf::from(format!("/root/escape-cwd-{m}"));
     std::fs::create_dir(&existing).unwrap();
-    struct Rm(PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir(&self.0);
-        }
-    }
-    let _rm = Rm(existing.clone());
+    let _rm = RemoveOnDrop(existing.clone());
     let missing = format!("/root/escape-missing-{m}");
     let mut client = daemon.connect().await;
     let answer = |cwd: String| {

@@ -60,18 +60,9 @@ async fn each_profile_applies_its_layers_as_seen_from_the_host() {
     let d = daemon.pid() as i32;
     let mut client = daemon.connect().await;
     let zero = "0000000000000000".to_string();
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let m = marker();
-        let (id, _) = start_until(
-            &mut client,
-            profile,
-            "view",
-            &format!("{} & echo ready; wait", marked_sleep(&m)),
-            "ready",
-            30.0,
-        )
-        .await;
-        let p = wait_sleepers(&m, 1).await[0];
+        let (id, p) = start_sleeper(&mut client, profile, "view", &m, "", 30.0).await;
         let status = |f: &str| proc_status(p, f).unwrap_or_default();
         let own_ns: Vec<&str> = NS
             .iter()
@@ -141,10 +132,9 @@ async fn each_profile_applies_its_layers_as_seen_from_the_host() {
 
 #[tokio::test]
 async fn strict_sees_a_fresh_root_proc_dev_and_hostname() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = "echo host=$(hostname); echo procs=$(ls /proc | grep -c '^[0-9]*$'); \
                  echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline | cut -c1-40 | tr ' ' _); \
                  echo dev=$(ls /dev | tr '\\n' ,); \
@@ -232,16 +222,15 @@ async fn strict_sees_a_fresh_root_proc_dev_and_hostname() {
 async fn tools_exist_in_every_profile() {
     // The probes of this suite run bash, coreutils, python3 and perl inside the sandbox. If
     // these fail, the other cases' denials could be a missing tool, not a working sandbox.
-    let Some(daemon) = daemon() else {
+    let Some((_daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = format!(
         "for t in bash python3 perl cat dd stat od head setsid nohup unshare mount mknod mkfifo ps; do \
          command -v $t >/dev/null || echo missing=$t; done; {PY} -c 'import ctypes; print(\"py-ok\")'; \
          perl -e 'print \"perl-ok\\n\"'"
     );
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let out = run_in(&mut client, profile, "tools", &probe).await.output;
         assert!(!out.contains("missing="), "[{profile}] {out}");
         assert!(
@@ -253,10 +242,9 @@ async fn tools_exist_in_every_profile() {
 
 #[tokio::test]
 async fn writes_land_only_where_the_profile_allows() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     // Targets that do not exist yet, so nothing is overwritten; cleaned up after.
     let targets = ["/etc", "/usr", "/var/tmp", "/root", "/opt"];
     for (profile, allowed) in [
@@ -296,11 +284,10 @@ async fn writes_land_only_where_the_profile_allows() {
 
 #[tokio::test]
 async fn only_stdio_descriptors_reach_a_sandboxed_command() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let m = marker();
         let (id, out) = start_until(
             &mut client,
@@ -345,10 +332,9 @@ async fn only_stdio_descriptors_reach_a_sandboxed_command() {
 
 #[tokio::test]
 async fn strict_is_the_default_and_trusted_is_only_used_when_named() {
-    let Some(daemon) = daemon() else {
+    let Some((_daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     assert_eq!(client.hello.default_profile, STRICT, "{:?}", client.hello);
     let names: Vec<&str> = client
         .hello
@@ -356,7 +342,7 @@ async fn strict_is_the_default_and_trusted_is_only_used_when_named() {
         .iter()
         .map(|p| p.name.as_str())
         .collect();
-    for p in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for p in ALL_PROFILES {
         assert!(names.contains(&p), "hello lists {p}: {names:?}");
     }
     let unnamed = client.run("unnamed", "id -u").await;
@@ -513,11 +499,10 @@ async fn task_container_runs_in_the_default_layout_without_exposing_the_token() 
 async fn landlock_can_write_the_workspace_a_strict_command_also_writes() {
     // The workspace is shared by every profile of a daemon: strict runs as 65534, landlock as
     // the daemon's uid without CAP_DAC_OVERRIDE. Both must be able to write it.
-    let Some(daemon) = daemon() else {
+    let Some((_daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let out = run_in(
             &mut client,
             profile,
@@ -536,10 +521,9 @@ async fn strict_system_mounts_are_read_only_by_mount_flags_not_only_by_file_mode
     // uid 65534 cannot write /etc or /usr anyway, so the write attempts above do not prove the
     // binds are read-only. The mount table does: any world-writable file below a read-write
     // bind would otherwise be open.
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let out = run_in(
         &mut client,
         STRICT,

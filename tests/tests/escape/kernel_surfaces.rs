@@ -35,29 +35,23 @@ async fn sysrq_trigger_cannot_be_written() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     // 'h' only prints the help text into the kernel log: harmless, and visible from the host.
     let probe = "echo h > /proc/sysrq-trigger; echo sysrq_rc=$?; echo ok > ws-ok; echo ws_rc=$?";
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let before = count_in_dmesg("sysrq: HELP");
-        let out = run_in(&mut client, profile, "sysrq", probe).await.output;
+        let out = row.output(client, "sysrq", probe).await;
         let after = count_in_dmesg("sysrq: HELP");
         // Control in every profile: the workspace is writable.
-        assert_eq!(field(&out, "ws_rc"), Some("0"), "{l} control: {out}");
-        match expect {
+        assert_eq!(field(&out, "ws_rc"), Some("0"), "{row} control: {out}");
+        match row.expect {
             Denied => {
-                assert_ne!(field(&out, "sysrq_rc"), Some("0"), "{l} {out}");
-                assert_eq!(after, before, "{l} the kernel log shows a sysrq: {out}");
+                assert_ne!(field(&out, "sysrq_rc"), Some("0"), "{row} {out}");
+                assert_eq!(after, before, "{row} the kernel log shows a sysrq: {out}");
             }
-            Allowed => assert!(after > before, "{l} control: dmesg shows the sysrq"),
+            Allowed => assert!(after > before, "{row} control: dmesg shows the sysrq"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -71,33 +65,29 @@ async fn kernel_sysctls_cannot_be_written() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let value = format!("escape-{}", marker());
-        let out = run_in(
-            &mut client,
-            profile,
-            "sysctl",
-            &format!("echo {value} > {path}; echo rc=$?"),
-        )
-        .await
-        .output;
+        let out = row
+            .output(
+                client,
+                "sysctl",
+                &format!("echo {value} > {path}; echo rc=$?"),
+            )
+            .await;
         let now = std::fs::read_to_string(path).unwrap();
         std::fs::write(path, &original).unwrap();
-        match expect {
+        match row.expect {
             Denied => {
-                assert_eq!(now, original, "{l} changed the host's core_pattern: {out}");
-                assert_ne!(field(&out, "rc"), Some("0"), "{l} {out}");
+                assert_eq!(
+                    now, original,
+                    "{row} changed the host's core_pattern: {out}"
+                );
+                assert_ne!(field(&out, "rc"), Some("0"), "{row} {out}");
             }
-            Allowed => assert_eq!(now.trim(), value, "{l} control: {out}"),
+            Allowed => assert_eq!(now.trim(), value, "{row} control: {out}"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -127,27 +117,25 @@ async fn sysfs_cannot_be_written() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [(STRICT, Denied), (LANDLOCK, Denied), (TRUSTED, Allowed)] {
-        let l = label(profile, expect);
-        let out = run_in(
-            &mut client,
-            profile,
-            "sysfs",
-            &format!("echo {other} > {path}; echo rc=$?; ls /sys/class/net | wc -l"),
-        )
-        .await
-        .output;
+    each_row(&daemon, &ONLY_TRUSTED_TASK_LEFT_OUT, async |client, row| {
+        let out = row
+            .output(
+                client,
+                "sysfs",
+                &format!("echo {other} > {path}; echo rc=$?; ls /sys/class/net | wc -l"),
+            )
+            .await;
         let now = selected(&std::fs::read_to_string(path).unwrap());
         std::fs::write(path, &original).unwrap();
-        match expect {
+        match row.expect {
             Denied => {
-                assert_eq!(now, original, "{l} changed the host's THP setting: {out}");
-                assert_ne!(field(&out, "rc"), Some("0"), "{l} {out}");
+                assert_eq!(now, original, "{row} changed the host's THP setting: {out}");
+                assert_ne!(field(&out, "rc"), Some("0"), "{row} {out}");
             }
-            Allowed => assert_eq!(now, other, "{l} control: {out}"),
+            Allowed => assert_eq!(now, other, "{row} control: {out}"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -159,24 +147,18 @@ async fn the_kernel_log_cannot_be_written() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [(STRICT, Denied), (LANDLOCK, Denied), (TRUSTED, Allowed)] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED_TASK_LEFT_OUT, async |client, row| {
         let m = format!("escape-kmsg-{}", marker());
-        let out = run_in(
-            &mut client,
-            profile,
-            "kmsg",
-            &format!("echo {m} > /dev/kmsg; echo rc=$?"),
-        )
-        .await
-        .output;
+        let out = row
+            .output(client, "kmsg", &format!("echo {m} > /dev/kmsg; echo rc=$?"))
+            .await;
         let seen = count_in_dmesg(&m);
-        match expect {
-            Denied => assert_eq!(seen, 0, "{l} wrote the kernel log: {out}"),
-            Allowed => assert_eq!(seen, 1, "{l} control: {out}"),
+        match row.expect {
+            Denied => assert_eq!(seen, 0, "{row} wrote the kernel log: {out}"),
+            Allowed => assert_eq!(seen, 1, "{row} control: {out}"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -185,26 +167,18 @@ async fn device_nodes_cannot_be_created_but_fifos_can() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let m = marker();
-        let out = run_in(
-            &mut client,
-            profile,
-            "mknod",
-            &format!(
-                "mknod mem-{m} c 1 1; echo chr_rc=$?; mknod disk-{m} b 254 0; echo blk_rc=$?; \
+        let out = row
+            .output(
+                client,
+                "mknod",
+                &format!(
+                    "mknod mem-{m} c 1 1; echo chr_rc=$?; mknod disk-{m} b 254 0; echo blk_rc=$?; \
                  mkfifo fifo-{m}; echo fifo_rc=$?"
-            ),
-        )
-        .await
-        .output;
+                ),
+            )
+            .await;
         use std::os::unix::fs::FileTypeExt;
         let kind = |name: &str| {
             std::fs::symlink_metadata(daemon.workspace.join(name))
@@ -218,15 +192,16 @@ async fn device_nodes_cannot_be_created_but_fifos_can() {
         // Control in every profile: a fifo needs no privilege.
         assert!(
             kind(&format!("fifo-{m}")).is_some_and(|t| t.is_fifo()),
-            "{l} control: fifo on the host: {out}"
+            "{row} control: fifo on the host: {out}"
         );
-        match expect {
+        match row.expect {
             Denied => {
-                assert!(!chr && !blk, "{l} created a device node: {out}");
+                assert!(!chr && !blk, "{row} created a device node: {out}");
             }
-            Allowed => assert!(chr && blk, "{l} control: {out}"),
+            Allowed => assert!(chr && blk, "{row} control: {out}"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -259,30 +234,21 @@ async fn the_raw_disk_under_the_token_cannot_be_opened() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = format!(
         "head -c 512 {dev} | od -An -tx1 | head -1 | sed 's/^/bytes=/;s/ //g'; echo read_rc=${{PIPESTATUS[0]}}\n\
          {PY} -c 'open(\"{dev}\", \"r+b\").close()' 2>/dev/null; echo write_open_rc=$?"
     );
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "rawdisk", &probe).await.output;
-        match expect {
-            Denied => {
-                assert_ne!(field(&out, "read_rc"), Some("0"), "{l} read {dev}: {out}");
-                assert_ne!(
-                    field(&out, "write_open_rc"),
-                    Some("0"),
-                    "{l} opened {dev} rw: {out}"
-                );
-            }
-            Allowed => assert_eq!(field(&out, "read_rc"), Some("0"), "{l} control: {out}"),
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row.output(client, "rawdisk", &probe).await;
+        row.check_zero(&out, "read_rc", &format!("read {dev}"));
+        if row.denied() {
+            assert_ne!(
+                field(&out, "write_open_rc"),
+                Some("0"),
+                "{row} opened {dev} rw: {out}"
+            );
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }

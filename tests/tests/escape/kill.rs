@@ -4,16 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use executor_tests::{
-    eventually, marked_sleep, marker, process_state, processes_matching, sleepers, PATIENCE,
-};
-use futures_util::future::join_all;
+use executor_tests::{eventually, marked_sleep, marker, process_state, sleepers, Client, PATIENCE};
 use nix::sys::signal::Signal;
 use protocol::{ClientMessage, Ending, RETURNCODE_NOT_FINISHED};
 
 use crate::common::*;
-
-const ALL: [&str; 4] = [STRICT, LANDLOCK, TASK, TRUSTED];
 
 /// Seven ways out of a process-group kill; prints `started` once all are launched.
 fn escaping_tree(m: &str) -> String {
@@ -45,14 +40,20 @@ async fn tree_is_running(profile: &str, m: &str) {
     );
 }
 
-async fn none_left(profile: &str, m: &str, after: &str) {
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(m)
-            .is_empty())
-        .await,
-        "[{profile}] survivors after {after}: {:?}",
-        processes_matching(m)
-    );
+/// Start [`escaping_tree`] under `profile` and wait until the host sees it whole (the control);
+/// returns the request id.
+async fn start_escaping_tree(client: &mut Client, profile: &str, m: &str, timeout: f64) -> String {
+    let (id, _) = start_until(
+        client,
+        profile,
+        "tree",
+        &escaping_tree(m),
+        "started",
+        timeout,
+    )
+    .await;
+    tree_is_running(profile, m).await;
+    id
 }
 
 #[tokio::test]
@@ -60,33 +61,20 @@ async fn timeout_kills_setsid_double_forked_nohup_stopped_and_signal_ignoring_ta
     let Some(daemon) = daemon() else {
         return;
     };
-    join_all(ALL.map(|profile| {
-        let daemon = &daemon;
-        async move {
-            let mut client = daemon.connect().await;
-            let m = marker();
-            let started = Instant::now();
-            let (id, _) = start_until(
-                &mut client,
-                profile,
-                "tree",
-                &escaping_tree(&m),
-                "started",
-                4.0,
-            )
-            .await;
-            tree_is_running(profile, &m).await;
-            let result = client.collect(&id).await.result.unwrap();
-            assert_eq!(result.extra.ended, Ending::TimedOut, "[{profile}]");
-            assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED, "[{profile}]");
-            assert!(
-                started.elapsed() < Duration::from_secs(4) + executor_tests::PROMPTLY,
-                "[{profile}] result {:?} after start with a 4 s timeout",
-                started.elapsed()
-            );
-            none_left(profile, &m, "timeout").await;
-        }
-    }))
+    each_profile_at_once(&daemon, &ALL_PROFILES, async |client, profile| {
+        let m = marker();
+        let started = Instant::now();
+        let id = start_escaping_tree(client, profile, &m, 4.0).await;
+        let result = client.collect(&id).await.result.unwrap();
+        assert_eq!(result.extra.ended, Ending::TimedOut, "[{profile}]");
+        assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED, "[{profile}]");
+        assert!(
+            started.elapsed() < Duration::from_secs(4) + executor_tests::PROMPTLY,
+            "[{profile}] result {:?} after start with a 4 s timeout",
+            started.elapsed()
+        );
+        assert_none_left(&m, &format!("[{profile}] after timeout")).await;
+    })
     .await;
     assert_daemon_intact(&daemon).await;
 }
@@ -96,26 +84,13 @@ async fn cancel_kills_the_whole_escaping_tree() {
     let Some(daemon) = daemon() else {
         return;
     };
-    join_all(ALL.map(|profile| {
-        let daemon = &daemon;
-        async move {
-            let mut client = daemon.connect().await;
-            let m = marker();
-            let (id, _) = start_until(
-                &mut client,
-                profile,
-                "tree",
-                &escaping_tree(&m),
-                "started",
-                120.0,
-            )
-            .await;
-            tree_is_running(profile, &m).await;
-            let result = cancel(&mut client, &id).await;
-            assert_eq!(result.extra.ended, Ending::Cancelled, "[{profile}]");
-            none_left(profile, &m, "cancel").await;
-        }
-    }))
+    each_profile_at_once(&daemon, &ALL_PROFILES, async |client, profile| {
+        let m = marker();
+        let id = start_escaping_tree(client, profile, &m, 120.0).await;
+        let result = cancel(client, &id).await;
+        assert_eq!(result.extra.ended, Ending::Cancelled, "[{profile}]");
+        assert_none_left(&m, &format!("[{profile}] after cancel")).await;
+    })
     .await;
     assert_daemon_intact(&daemon).await;
 }
@@ -125,38 +100,25 @@ async fn disconnect_kills_the_whole_escaping_tree() {
     let Some(daemon) = daemon() else {
         return;
     };
-    join_all(ALL.map(|profile| {
-        let daemon = &daemon;
-        async move {
-            let m = marker();
-            {
-                let mut client = daemon.connect().await;
-                start_until(
-                    &mut client,
-                    profile,
-                    "tree",
-                    &escaping_tree(&m),
-                    "started",
-                    120.0,
-                )
-                .await;
-                tree_is_running(profile, &m).await;
-                // Dropped without a close frame.
-            }
-            none_left(profile, &m, "disconnect").await;
+    at_once(&ALL_PROFILES, async |profile| {
+        let m = marker();
+        {
+            let mut client = daemon.connect().await;
+            start_escaping_tree(&mut client, profile, &m, 120.0).await;
+            // Dropped without a close frame.
         }
-    }))
+        assert_none_left(&m, &format!("[{profile}] after disconnect")).await;
+    })
     .await;
     assert_daemon_intact(&daemon).await;
 }
 
 #[tokio::test]
 async fn shell_exit_kills_what_it_left_running() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for profile in ALL {
+    for profile in ALL_PROFILES {
         let m = marker();
         let s = marked_sleep(&m);
         let started = Instant::now();
@@ -179,7 +141,7 @@ async fn shell_exit_kills_what_it_left_running() {
             "[{profile}] {:?}",
             started.elapsed()
         );
-        none_left(profile, &m, "the shell exited").await;
+        assert_none_left(&m, &format!("[{profile}] after the shell exited")).await;
     }
     assert_daemon_intact(&daemon).await;
 }
@@ -216,7 +178,7 @@ async fn daemon_sigkill_takes_every_sandboxed_tree_with_it() {
         sleepers(&m).len()
     );
     daemon.signal_and_wait(Signal::SIGKILL);
-    none_left("all", &m, "daemon SIGKILL").await;
+    assert_none_left(&m, "[all] after daemon SIGKILL").await;
 }
 
 /// A shell that keeps forking new orphans (throttled, so an escape stays survivable) while the
@@ -229,37 +191,37 @@ pub(crate) fn racing_forker(m: &str) -> String {
     )
 }
 
+/// Start [`racing_forker`] under `profile`, see orphans keep appearing on the host (the
+/// control), cancel it, and give a surviving forker time to show itself.
+pub(crate) async fn start_and_cancel_a_racing_forker(client: &mut Client, profile: &str, m: &str) {
+    let (id, _) = start_until(
+        client,
+        profile,
+        "racer",
+        &racing_forker(m),
+        "started",
+        120.0,
+    )
+    .await;
+    assert!(
+        eventually(PATIENCE, || sleepers(m).len() > 20).await,
+        "[{profile}] control: the forker runs"
+    );
+    cancel(client, &id).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
 #[tokio::test]
 async fn cancel_kills_a_tree_that_keeps_forking_orphans() {
     let Some(daemon) = daemon() else {
         return;
     };
-    join_all(ALL.map(|profile| {
-        let daemon = &daemon;
-        async move {
-            let mut client = daemon.connect().await;
-            let m = marker();
-            let _reaper = Reaper(m.clone());
-            let (id, _) = start_until(
-                &mut client,
-                profile,
-                "racer",
-                &racing_forker(&m),
-                "started",
-                120.0,
-            )
-            .await;
-            // Control: orphans keep appearing while it runs.
-            assert!(
-                eventually(PATIENCE, || sleepers(&m).len() > 20).await,
-                "[{profile}] control: the forker runs"
-            );
-            cancel(&mut client, &id).await;
-            // Give a surviving forker time to show itself, then look.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            none_left(profile, &m, "cancelling a racing forker").await;
-        }
-    }))
+    each_profile_at_once(&daemon, &ALL_PROFILES, async |client, profile| {
+        let m = marker();
+        let _reaper = Reaper(m.clone());
+        start_and_cancel_a_racing_forker(client, profile, &m).await;
+        assert_none_left(&m, &format!("[{profile}] after cancelling a racing forker")).await;
+    })
     .await;
     assert_daemon_intact(&daemon).await;
 }
@@ -271,37 +233,37 @@ async fn a_shell_that_stops_itself_is_still_killed_at_its_timeout() {
     let Some(daemon) = daemon() else {
         return;
     };
-    join_all(ALL.map(|profile| {
-        let daemon = &daemon;
-        async move {
-            let mut client = daemon.connect().await;
-            let m = marker();
-            let started = Instant::now();
-            let result = run_with_timeout(
-                &mut client,
-                profile,
-                "stopped",
-                &format!(
-                    "{} & echo before; kill -STOP $$; echo after",
-                    marked_sleep(&m)
-                ),
-                2.0,
-            )
-            .await;
-            assert_eq!(
-                result.extra.ended,
-                Ending::TimedOut,
-                "[{profile}] {result:?}"
-            );
-            assert_eq!(result.output, "before\n", "[{profile}]");
-            assert!(
-                started.elapsed() < Duration::from_secs(2) + executor_tests::PROMPTLY,
-                "[{profile}] {:?}",
-                started.elapsed()
-            );
-            none_left(profile, &m, "a self-stopped shell's timeout").await;
-        }
-    }))
+    each_profile_at_once(&daemon, &ALL_PROFILES, async |client, profile| {
+        let m = marker();
+        let started = Instant::now();
+        let result = run_with_timeout(
+            client,
+            profile,
+            "stopped",
+            &format!(
+                "{} & echo before; kill -STOP $$; echo after",
+                marked_sleep(&m)
+            ),
+            2.0,
+        )
+        .await;
+        assert_eq!(
+            result.extra.ended,
+            Ending::TimedOut,
+            "[{profile}] {result:?}"
+        );
+        assert_eq!(result.output, "before\n", "[{profile}]");
+        assert!(
+            started.elapsed() < Duration::from_secs(2) + executor_tests::PROMPTLY,
+            "[{profile}] {:?}",
+            started.elapsed()
+        );
+        assert_none_left(
+            &m,
+            &format!("[{profile}] after a self-stopped shell's timeout"),
+        )
+        .await;
+    })
     .await;
     assert_daemon_intact(&daemon).await;
 }

@@ -8,6 +8,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod host_side;
+mod table;
 
 mod bombs;
 mod cgroup_reuse;

@@ -3,7 +3,6 @@
 //! Every case asks the host side whether it saw the connection; `trusted` (and
 //! `task-container`, which has the host's network by design) are the controls.
 
-use std::io::{ErrorKind, Read};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
@@ -48,62 +47,25 @@ except OSError as e:
     ))
 }
 
-/// Accept one connection within a short wait and return what it sent.
-fn accepted(listener: &TcpListener) -> Option<String> {
-    listener.set_nonblocking(true).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_millis(500);
-    loop {
-        match listener.accept() {
-            Ok((mut stream, _)) => {
-                stream.set_nonblocking(false).unwrap();
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(2)))
-                    .unwrap();
-                let mut buf = Vec::new();
-                let _ = stream.read_to_end(&mut buf);
-                return Some(String::from_utf8_lossy(&buf).into_owned());
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if std::time::Instant::now() > deadline {
-                    return None;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    }
-}
-
 #[tokio::test]
 async fn tcp_to_a_host_listener_on_loopback_is_denied_without_network() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut holes = Vec::new();
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Allowed),
-        (TRUSTED, Allowed),
-    ] {
+    each_row(&daemon, &ONLY_HOST_NETWORK, async |client, row| {
         for variant in ["tcp", "v6mapped", "mptcp", "fastopen"] {
-            let l = format!("{} {variant}", label(profile, expect));
+            let l = format!("{row} {variant}");
             let payload = format!("hello-{}", marker());
-            let out = run_in(
-                &mut client,
-                profile,
-                variant,
-                &tcp_probe(port, &payload, variant),
-            )
-            .await
-            .output;
+            let out = row
+                .output(client, variant, &tcp_probe(port, &payload, variant))
+                .await;
             let got = accepted(&listener);
             // Every route is tried under every profile before failing, so one run reports
             // all the holes.
-            match expect {
+            match row.expect {
                 Denied if got.is_some() || field(&out, "connect") == Some("0") => {
                     holes.push(format!("{l} the host listener got {got:?}: {out}"));
                 }
@@ -114,7 +76,8 @@ async fn tcp_to_a_host_listener_on_loopback_is_denied_without_network() {
                 _ => {}
             }
         }
-    }
+    })
+    .await;
     assert!(holes.is_empty(), "{}", holes.join("\n"));
     assert_daemon_intact(&daemon).await;
 }
@@ -124,7 +87,6 @@ async fn the_daemons_own_port_is_unreachable_without_network() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let port = daemon.addr.port();
     // Plain TCP, and the two routes landlock's TCP rule does not see (see `tcp_probe`).
     let probe = python(&format!(
@@ -148,27 +110,22 @@ for variant in ("tcp", "mptcp", "fastopen"):
 "#
     ));
     let mut holes = Vec::new();
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Allowed),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "port", &probe).await.output;
+    each_row(&daemon, &ONLY_HOST_NETWORK, async |client, row| {
+        let out = row.output(client, "port", &probe).await;
         for variant in ["tcp", "mptcp", "fastopen"] {
             let status = field(&out, &format!("{variant}_status"));
-            match expect {
+            match row.expect {
                 Denied if status.is_some() => {
-                    holes.push(format!("{l} {variant} reached the daemon: {out}"))
+                    holes.push(format!("{row} {variant} reached the daemon: {out}"))
                 }
                 Allowed if status != Some("HTTP/1.1_200_OK") => {
-                    holes.push(format!("{l} {variant} control: {out}"))
+                    holes.push(format!("{row} {variant} control: {out}"))
                 }
                 _ => {}
             }
         }
-    }
+    })
+    .await;
     assert!(holes.is_empty(), "{}", holes.join("\n"));
     assert_daemon_intact(&daemon).await;
 }
@@ -178,14 +135,7 @@ async fn binding_a_tcp_port_is_denied_without_network() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Allowed),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_HOST_NETWORK, async |client, row| {
         let probe = python(
             r#"
 import socket, time
@@ -200,28 +150,29 @@ print("ready", flush=True)
 time.sleep(60)
 "#,
         );
-        let (id, out) = start_until(&mut client, profile, "bind", &probe, "ready", 60.0).await;
+        let (id, out) = start_until(client, row.profile, "bind", &probe, "ready", 60.0).await;
         // From the host: can anything be reached on the port the command bound?
         let reached = field(&out, "port")
             .and_then(|p| p.parse::<u16>().ok())
             .is_some_and(|p| TcpStream::connect(("127.0.0.1", p)).is_ok());
-        match expect {
+        match row.expect {
             Denied => {
                 assert!(
                     !reached,
-                    "{l} the host reached the command's listener: {out}"
+                    "{row} the host reached the command's listener: {out}"
                 );
                 // Binding inside a private network namespace is harmless, but landlock's
                 // TCP rule denies it in both profiles.
                 assert!(
                     field(&out, "bind_errno").is_some(),
-                    "{l} bind succeeded: {out}"
+                    "{row} bind succeeded: {out}"
                 );
             }
-            Allowed => assert!(reached, "{l} control: {out}"),
+            Allowed => assert!(reached, "{row} control: {out}"),
         }
-        cancel(&mut client, &id).await;
-    }
+        cancel(client, &id).await;
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -232,49 +183,38 @@ async fn udp_reaches_the_host_only_from_profiles_with_the_host_network() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket
         .set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
     let port = socket.local_addr().unwrap().port();
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Allowed),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_HOST_NETWORK, async |client, row| {
         let payload = format!("udp-{}", marker());
-        let out = run_in(
-            &mut client,
-            profile,
-            "udp",
-            &python(&format!(
-                "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'{payload}', ('127.0.0.1', {port}))\n    print('sent=1')\nexcept OSError as e:\n    print(f'sent_errno={{e.errno}}')"
-            )),
-        )
-        .await
-        .output;
+        let out = row
+            .output(
+                client,
+                "udp",
+                &python(&format!(
+                    "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'{payload}', ('127.0.0.1', {port}))\n    print('sent=1')\nexcept OSError as e:\n    print(f'sent_errno={{e.errno}}')"
+                )),
+            )
+            .await;
         let mut buf = [0u8; 128];
         let got = socket
             .recv_from(&mut buf)
             .ok()
             .map(|(n, _)| String::from_utf8_lossy(&buf[..n]).into_owned());
-        match expect {
-            Denied => assert_eq!(got, None, "{l} the host got a datagram: {out}"),
-            Allowed => assert_eq!(got.as_deref(), Some(payload.as_str()), "{l} control: {out}"),
-        }
-    }
+        row.check_received(got.as_deref(), &payload, "the host got a datagram", &out);
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
 #[tokio::test]
 async fn strict_sees_only_its_own_loopback_interface() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ,";
     let host = run_in(&mut client, TRUSTED, "ifaces", probe).await.output;
     assert!(
@@ -284,32 +224,6 @@ async fn strict_sees_only_its_own_loopback_interface() {
     let out = run_in(&mut client, STRICT, "ifaces", probe).await.output;
     assert_eq!(out, "lo,", "[strict] interfaces: {out}");
     assert_daemon_intact(&daemon).await;
-}
-
-/// Accept on a nonblocking unix listener within a short wait.
-fn unix_accepted(listener: &UnixListener) -> Option<String> {
-    listener.set_nonblocking(true).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_millis(500);
-    loop {
-        match listener.accept() {
-            Ok((mut stream, _)) => {
-                stream.set_nonblocking(false).unwrap();
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(2)))
-                    .unwrap();
-                let mut buf = Vec::new();
-                let _ = stream.read_to_end(&mut buf);
-                return Some(String::from_utf8_lossy(&buf).into_owned());
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if std::time::Instant::now() > deadline {
-                    return None;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    }
 }
 
 fn unix_probe(address: &str, payload: &str) -> String {
@@ -333,35 +247,25 @@ async fn abstract_unix_sockets_of_the_host_are_unreachable() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let name = format!("executor-escape-{}", marker());
     let addr = UnixAddr::from_abstract_name(name.as_bytes()).unwrap();
     let listener = UnixListener::bind_addr(&addr).unwrap();
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Allowed),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_HOST_NETWORK, async |client, row| {
         let payload = format!("abstract-{}", marker());
-        let out = run_in(
-            &mut client,
-            profile,
-            "abstract",
-            &unix_probe(&format!("\"\\0{name}\""), &payload),
-        )
-        .await
-        .output;
-        let got = unix_accepted(&listener);
-        match expect {
-            Denied => {
-                assert_eq!(got, None, "{l} the host socket got a connection: {out}");
-                assert_ne!(field(&out, "connect"), Some("0"), "{l} {out}");
-            }
-            Allowed => assert_eq!(got.as_deref(), Some(payload.as_str()), "{l} control: {out}"),
+        let probe = unix_probe(&format!("\"\\0{name}\""), &payload);
+        let out = row.output(client, "abstract", &probe).await;
+        let got = accepted(&listener);
+        row.check_received(
+            got.as_deref(),
+            &payload,
+            "the host socket got a connection",
+            &out,
+        );
+        if row.denied() {
+            assert_ne!(field(&out, "connect"), Some("0"), "{row} {out}");
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -369,10 +273,9 @@ async fn abstract_unix_sockets_of_the_host_are_unreachable() {
 async fn abstract_unix_sockets_work_within_one_command() {
     // Control for the case above: the scope confines abstract sockets to the command, it does
     // not remove them (programs use them internally).
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = python(
         r#"
 import socket
@@ -384,7 +287,7 @@ conn, _ = srv.accept()
 print(conn.recv(100).decode())
 "#,
     );
-    for profile in [STRICT, LANDLOCK, TASK, TRUSTED] {
+    for profile in ALL_PROFILES {
         let out = run_in(&mut client, profile, "inner", &probe).await.output;
         assert!(out.contains("inner-ok"), "[{profile}] {out}");
     }
@@ -398,7 +301,6 @@ async fn host_unix_sockets_outside_the_sandbox_view_are_unreachable_under_strict
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let dir = executor_tests::TempDir::with_prefix_in("escape-sock-", "/var/tmp").unwrap();
     let path = dir.path().join("host.sock");
     let listener = UnixListener::bind(&path).unwrap();
@@ -407,28 +309,21 @@ async fn host_unix_sockets_outside_the_sandbox_view_are_unreachable_under_strict
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
-    for (profile, expect) in [
+    let table = [
         (STRICT, Denied),
         (LANDLOCK, Allowed),
         (TASK, Allowed),
         (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    ];
+    each_row(&daemon, &table, async |client, row| {
         let payload = format!("path-{}", marker());
-        let out = run_in(
-            &mut client,
-            profile,
-            "pathsock",
-            &unix_probe(&format!("\"{}\"", path.display()), &payload),
-        )
-        .await
-        .output;
-        let got = unix_accepted(&listener);
-        match expect {
-            Denied => assert_eq!(got, None, "{l} reached {}: {out}", path.display()),
-            Allowed => assert_eq!(got.as_deref(), Some(payload.as_str()), "{l} control: {out}"),
-        }
-    }
+        let probe = unix_probe(&format!("\"{}\"", path.display()), &payload);
+        let out = row.output(client, "pathsock", &probe).await;
+        let got = accepted(&listener);
+        let what = format!("reached {}", path.display());
+        row.check_received(got.as_deref(), &payload, &what, &out);
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -446,7 +341,6 @@ async fn vsock_sockets_are_refused_in_every_sandboxed_profile() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = python(
         r#"
 import socket
@@ -458,18 +352,10 @@ except OSError as e:
     print(f"vsock={e.errno}")
 "#,
     );
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "vsock", &probe).await.output;
-        match expect {
-            Denied => assert_ne!(field(&out, "vsock"), Some("0"), "{l} has vsock: {out}"),
-            Allowed => assert_eq!(field(&out, "vsock"), Some("0"), "{l} control: {out}"),
-        }
-    }
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row.output(client, "vsock", &probe).await;
+        row.check_zero(&out, "vsock", "has vsock");
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }

@@ -182,10 +182,9 @@ time.sleep(60)
 
 #[tokio::test]
 async fn a_command_in_a_reused_network_namespace_finds_nothing_of_the_one_before() {
-    let Some(daemon) = daemon() else {
+    let Some((_daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let tag = marker();
     let host = host_ino();
     let mut held = Vec::new();
@@ -348,10 +347,9 @@ fn sockets_used(pid: u32) -> u64 {
 
 #[tokio::test]
 async fn a_network_namespace_with_a_socket_left_in_it_is_never_lent_again() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let tag = marker();
     let host = host_ino();
     let (id, dirty) = start_holding(&mut client, "left-behind", &tag).await;

@@ -162,15 +162,8 @@ async fn nested_user_namespaces_are_denied() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let host_userns = namespace_of(std::process::id() as i32, "user").unwrap();
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let m = marker();
         let probe = format!(
             "unshare -U -r id -u; echo unshare_rc=$?\n\
@@ -180,37 +173,42 @@ async fn nested_user_namespaces_are_denied() {
             s = marked_sleep(&m),
             py = python(CLONE_PROBE)
         );
-        let (id, out) = start_until(&mut client, profile, "userns", &probe, "ready", 30.0).await;
+        let (id, out) = start_until(client, row.profile, "userns", &probe, "ready", 30.0).await;
         let nested: Vec<i32> = sleepers(&m)
             .into_iter()
             .filter(|p| namespace_of(*p, "user").as_deref() != Some(host_userns.as_str()))
             .collect();
-        match expect {
+        match row.expect {
             Denied => {
-                assert_ne!(field(&out, "unshare_rc"), Some("0"), "{l} {out}");
-                assert_ne!(field(&out, "sys_unshare"), Some("0"), "{l} {out}");
-                assert_eq!(field(&out, "sys_clone"), Some("-1"), "{l} {out}");
-                assert_eq!(field(&out, "sys_clone3"), Some("-1"), "{l} {out}");
+                assert_ne!(field(&out, "unshare_rc"), Some("0"), "{row} {out}");
+                assert_ne!(field(&out, "sys_unshare"), Some("0"), "{row} {out}");
+                assert_eq!(field(&out, "sys_clone"), Some("-1"), "{row} {out}");
+                assert_eq!(field(&out, "sys_clone3"), Some("-1"), "{row} {out}");
                 assert!(
                     nested.is_empty(),
-                    "{l} host sees processes in a nested user namespace: {nested:?}"
+                    "{row} host sees processes in a nested user namespace: {nested:?}"
                 );
             }
             Allowed => {
-                assert_eq!(field(&out, "unshare_rc"), Some("0"), "{l} control: {out}");
-                assert_eq!(field(&out, "sys_unshare"), Some("0"), "{l} control: {out}");
+                assert_eq!(field(&out, "unshare_rc"), Some("0"), "{row} control: {out}");
+                assert_eq!(
+                    field(&out, "sys_unshare"),
+                    Some("0"),
+                    "{row} control: {out}"
+                );
                 let clone: i64 = field(&out, "sys_clone").unwrap().parse().unwrap();
                 let clone3: i64 = field(&out, "sys_clone3").unwrap().parse().unwrap();
-                assert!(clone > 0 && clone3 > 0, "{l} control: {out}");
+                assert!(clone > 0 && clone3 > 0, "{row} control: {out}");
                 assert_eq!(
                     nested.len(),
                     1,
-                    "{l} control: the host sees the nested namespace"
+                    "{row} control: the host sees the nested namespace"
                 );
             }
         }
-        cancel(&mut client, &id).await;
-    }
+        cancel(client, &id).await;
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -226,20 +224,13 @@ async fn mounting_inside_the_sandbox_is_denied() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let m = marker();
         let src = format!("escape-{m}");
         let s = marked_sleep(&m);
         // Under trusted only the private-namespace variant runs: a plain mount would land on
         // the host's own /mnt.
-        let plain = if expect == Denied {
+        let plain = if row.denied() {
             format!("mount -t tmpfs {src} /mnt; echo mount_rc=$?; {s} &\n")
         } else {
             String::new()
@@ -248,33 +239,33 @@ async fn mounting_inside_the_sandbox_is_denied() {
             "{plain}unshare -m sh -c 'mount -t tmpfs {src} /mnt && echo nested_mounted; exec {s}' &\n\
              sleep 0.5; echo ready; wait"
         );
-        let (id, out) = start_until(&mut client, profile, "mount", &probe, "ready", 30.0).await;
+        let (id, out) = start_until(client, row.profile, "mount", &probe, "ready", 30.0).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let seen = mounted_in(&m, &src);
-        match expect {
+        match row.expect {
             Denied => {
-                assert!(!seen, "{l} a tmpfs was mounted: {out}");
-                assert_ne!(field(&out, "mount_rc"), Some("0"), "{l} {out}");
-                assert!(!out.contains("nested_mounted"), "{l} {out}");
+                assert!(!seen, "{row} a tmpfs was mounted: {out}");
+                assert_ne!(field(&out, "mount_rc"), Some("0"), "{row} {out}");
+                assert!(!out.contains("nested_mounted"), "{row} {out}");
             }
-            Allowed => assert!(seen, "{l} control: the host sees the tmpfs: {out}"),
+            Allowed => assert!(seen, "{row} control: the host sees the tmpfs: {out}"),
         }
-        cancel(&mut client, &id).await;
+        cancel(client, &id).await;
         // Never leave a stray mount on the host's /mnt.
         if std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|mi| mi.contains(&src)) {
             let _ = sh("umount /mnt");
-            panic!("{l} mounted {src} on the host's /mnt");
+            panic!("{row} mounted {src} on the host's /mnt");
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
 #[tokio::test]
 async fn task_container_covers_cannot_be_read_removed_or_written_through() {
-    let Some(daemon) = daemon() else {
+    let Some((daemon, mut client)) = daemon_and_client().await else {
         return;
     };
-    let mut client = daemon.connect().await;
     let s = daemon.state.path().display().to_string();
     let exe = executor_tests::binary("executor");
     let exe_meta = std::fs::metadata(&exe).unwrap();
@@ -336,6 +327,27 @@ async fn task_container_covers_cannot_be_read_removed_or_written_through() {
     assert_daemon_intact(&daemon).await;
 }
 
+/// What the dynamic loader reads when the daemon starts a helper: /etc/ld.so.preload, its
+/// cache, and the libraries of the executor binary (from ldd).
+fn loader_files() -> Vec<String> {
+    let exe = executor_tests::binary("executor");
+    let ldd = Command::new("ldd").arg(&exe).output().unwrap();
+    let mut files = vec![
+        "/etc/ld.so.preload".to_string(),
+        "/etc/ld.so.cache".to_string(),
+    ];
+    files.extend(
+        String::from_utf8_lossy(&ldd.stdout)
+            .lines()
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find(|w| w.starts_with('/'))
+                    .map(str::to_string)
+            }),
+    );
+    files
+}
+
 #[tokio::test]
 async fn task_container_cannot_plant_code_into_the_next_unsandboxed_helper() {
     // Every command starts by exec'ing the executor binary as a helper that runs as root with
@@ -348,21 +360,7 @@ async fn task_container_cannot_plant_code_into_the_next_unsandboxed_helper() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let exe = executor_tests::binary("executor");
-    let ldd = Command::new("ldd").arg(&exe).output().unwrap();
-    let libs: Vec<String> = String::from_utf8_lossy(&ldd.stdout)
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find(|w| w.starts_with('/'))
-                .map(str::to_string)
-        })
-        .collect();
-    let mut targets = vec![
-        "/etc/ld.so.preload".to_string(),
-        "/etc/ld.so.cache".to_string(),
-    ];
-    targets.extend(libs.iter().cloned());
+    let targets = loader_files();
     let probe = python(&format!(
         r#"
 targets = {targets:?}
@@ -472,20 +470,7 @@ async fn task_container_cannot_swap_the_directories_the_helper_loads_from() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let exe = executor_tests::binary("executor");
-    let ldd = Command::new("ldd").arg(&exe).output().unwrap();
-    let mut targets: Vec<String> = String::from_utf8_lossy(&ldd.stdout)
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find(|w| w.starts_with('/'))
-                .map(str::to_string)
-        })
-        .collect();
-    targets.extend([
-        "/etc/ld.so.preload".to_string(),
-        "/etc/ld.so.cache".to_string(),
-    ]);
+    let targets = loader_files();
     let probe = python(&format!(
         r#"
 # os.path.ismount misses bind mounts of directories on the same filesystem: read the

@@ -2,7 +2,7 @@
 //! tiny static ELF written by the test and a raw syscall number. `trusted` (root, no seccomp)
 //! is the control that shows each probe reaches the kernel.
 
-use executor_tests::{marked_sleep, marker, proc_status};
+use executor_tests::{marker, proc_status};
 
 use crate::common::*;
 
@@ -133,34 +133,26 @@ async fn dangerous_syscalls_are_denied_with_eperm() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let body: String = probes().iter().map(|(_, b)| *b).collect();
     let probe = python(&body);
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "syscalls", &probe)
-            .await
-            .output;
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row.output(client, "syscalls", &probe).await;
         for (name, _) in probes() {
             let ret: i64 = field(&out, name)
-                .unwrap_or_else(|| panic!("{l} {name} not reported: {out}"))
+                .unwrap_or_else(|| panic!("{row} {name} not reported: {out}"))
                 .parse()
                 .unwrap();
             let errno = field(&out, &format!("{name}_errno"));
-            match expect {
+            match row.expect {
                 Denied => assert!(
                     ret == -1 && errno == Some("1"),
-                    "{l} {name} returned {ret} errno {errno:?} (want EPERM): {out}"
+                    "{row} {name} returned {ret} errno {errno:?} (want EPERM): {out}"
                 ),
-                Allowed => assert!(ret >= 0, "{l} control: {name} failed: {out}"),
+                Allowed => assert!(ret >= 0, "{row} control: {name} failed: {out}"),
             }
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -169,32 +161,17 @@ async fn seccomp_is_in_filter_mode_as_seen_from_the_host() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let m = marker();
-        let (id, _) = start_until(
-            &mut client,
-            profile,
-            "seccomp",
-            &format!("{} & echo ready; wait", marked_sleep(&m)),
-            "ready",
-            30.0,
-        )
-        .await;
-        let pids = wait_sleepers(&m, 1).await;
-        let mode = proc_status(pids[0], "Seccomp:");
-        match expect {
-            Denied => assert_eq!(mode.as_deref(), Some("2"), "{l} seccomp mode"),
-            Allowed => assert_eq!(mode.as_deref(), Some("0"), "{l} control"),
+        let (id, pid) = start_sleeper(client, row.profile, "seccomp", &m, "", 30.0).await;
+        let mode = proc_status(pid, "Seccomp:");
+        match row.expect {
+            Denied => assert_eq!(mode.as_deref(), Some("2"), "{row} seccomp mode"),
+            Allowed => assert_eq!(mode.as_deref(), Some("0"), "{row} control"),
         }
-        cancel(&mut client, &id).await;
-    }
+        cancel(client, &id).await;
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -244,28 +221,17 @@ async fn the_32_bit_syscall_abi_kills_the_process() {
     let name = format!("int80-{}", marker());
     let path = daemon.workspace.join(&name);
     executor_tests::write_executable(&path, int80_elf(), 0o755);
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(
-            &mut client,
-            profile,
-            "int80",
-            &format!("./{name}; echo rc=$?"),
-        )
-        .await
-        .output;
-        match expect {
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row
+            .output(client, "int80", &format!("./{name}; echo rc=$?"))
+            .await;
+        match row.expect {
             // 128 + SIGSYS (31).
-            Denied => assert_eq!(field(&out, "rc"), Some("159"), "{l} {out}"),
-            Allowed => assert_eq!(field(&out, "rc"), Some("42"), "{l} control: {out}"),
+            Denied => assert_eq!(field(&out, "rc"), Some("159"), "{row} {out}"),
+            Allowed => assert_eq!(field(&out, "rc"), Some("42"), "{row} control: {out}"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -276,30 +242,24 @@ async fn the_x32_syscall_abi_kills_the_process() {
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = format!(
         "{}\necho rc=$?",
         python("r, e = sc(0x40000000 | 39)\nprint(f'x32={r} x32_errno={e}')")
     );
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "x32", &probe).await.output;
-        match expect {
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row.output(client, "x32", &probe).await;
+        match row.expect {
             Denied => {
-                assert_eq!(field(&out, "rc"), Some("159"), "{l} {out}");
-                assert!(field(&out, "x32").is_none(), "{l} {out}");
+                assert_eq!(field(&out, "rc"), Some("159"), "{row} {out}");
+                assert!(field(&out, "x32").is_none(), "{row} {out}");
             }
             Allowed => {
-                assert_eq!(field(&out, "rc"), Some("0"), "{l} control: {out}");
-                assert!(field(&out, "x32").is_some(), "{l} control: {out}");
+                assert_eq!(field(&out, "rc"), Some("0"), "{row} control: {out}");
+                assert!(field(&out, "x32").is_some(), "{row} control: {out}");
             }
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
@@ -310,22 +270,16 @@ async fn clone3_is_answered_enosys_so_that_libc_falls_back_to_the_inspected_clon
     let Some(daemon) = daemon() else {
         return;
     };
-    let mut client = daemon.connect().await;
     let probe = python("r, e = sc(435, 0, 0)\nprint(f'clone3={r} errno={e}')");
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "clone3", &probe).await.output;
-        assert_eq!(field(&out, "clone3"), Some("-1"), "{l} {out}");
-        match expect {
-            Denied => assert_eq!(field(&out, "errno"), Some("38"), "{l} {out}"),
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
+        let out = row.output(client, "clone3", &probe).await;
+        assert_eq!(field(&out, "clone3"), Some("-1"), "{row} {out}");
+        match row.expect {
+            Denied => assert_eq!(field(&out, "errno"), Some("38"), "{row} {out}"),
             // The kernel itself refuses a null, zero-sized argument (EINVAL), not ENOSYS.
-            Allowed => assert_eq!(field(&out, "errno"), Some("22"), "{l} control: {out}"),
+            Allowed => assert_eq!(field(&out, "errno"), Some("22"), "{row} control: {out}"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }

@@ -83,40 +83,29 @@ async fn tiocsti_cannot_inject_into_the_daemons_terminal() {
         }
         String::from_utf8_lossy(&all).into_owned()
     };
-    let mut client = daemon.connect().await;
-    for (profile, expect) in [
-        (STRICT, Denied),
-        (LANDLOCK, Denied),
-        (TASK, Denied),
-        (TRUSTED, Allowed),
-    ] {
-        let l = label(profile, expect);
+    each_row(&daemon, &ONLY_TRUSTED, async |client, row| {
         let m = marker();
-        let out = run_in(
-            &mut client,
-            profile,
-            "tiocsti",
-            &probe(&m, &pts, daemon.pid()),
-        )
-        .await
-        .output;
+        let out = row
+            .output(client, "tiocsti", &probe(&m, &pts, daemon.pid()))
+            .await;
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         let injected = drain();
-        match expect {
+        match row.expect {
             Denied => assert!(
                 !injected.contains(&format!("INJECTED-{m}")),
-                "{l} injected into the daemon's terminal: {out}"
+                "{row} injected into the daemon's terminal: {out}"
             ),
             Allowed => assert!(
                 injected.contains(&format!("INJECTED-{m}")),
-                "{l} control: {out} / queue {injected:?}"
+                "{row} control: {out} / queue {injected:?}"
             ),
         }
         // No command ever has a terminal of its own on stdio.
         for fd in ["fd0", "fd1", "fd2"] {
-            assert_ne!(field(&out, fd), Some("0"), "{l} {fd}: {out}");
+            assert_ne!(field(&out, fd), Some("0"), "{row} {fd}: {out}");
         }
-    }
+    })
+    .await;
     drop(pty.master);
     assert_daemon_intact(&daemon).await;
 }

@@ -4,12 +4,9 @@
 //! between the command and the daemon's token, memory and process. The control in each case
 //! is the same probe under `trusted` on the same daemon: same uid, no such layers.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use executor_tests::{
-    eventually, is_root, marked_sleep, marker, process_state, require, Daemon, DaemonOptions,
-};
+use executor_tests::{eventually, is_root, marked_sleep, marker, require, Daemon, DaemonOptions};
 
 use crate::common::*;
 
@@ -33,9 +30,20 @@ fn daemon_as(uid: u32) -> Result<Daemon, String> {
     })
 }
 
-fn unprivileged_daemon() -> Daemon {
-    daemon_as(UID).unwrap_or_else(|log| panic!("daemon as uid {UID} did not start:\n{log}"))
+/// The daemon of [`UID`], or `None` where the host cannot start one (see
+/// [`executor_tests::require`]).
+fn unprivileged_daemon() -> Option<Daemon> {
+    if !require("root (to start the daemon as another uid)", is_root()) {
+        return None;
+    }
+    let daemon =
+        daemon_as(UID).unwrap_or_else(|log| panic!("daemon as uid {UID} did not start:\n{log}"));
+    Some(daemon)
 }
+
+/// The unprivileged daemon's landlock commands are stopped; `trusted` on the same daemon (same
+/// uid, no such layers) is the control.
+const SAME_UID: [(&str, Expect); 2] = [(LANDLOCK, Denied), (TRUSTED, Allowed)];
 
 #[tokio::test]
 async fn an_ordinary_user_daemon_starts_and_runs_landlock() {
@@ -55,29 +63,22 @@ async fn an_ordinary_user_daemon_starts_and_runs_landlock() {
 }
 
 /// A process of the daemon's uid on the host.
-fn same_uid_canary(m: &str) -> Child {
-    Command::new("setpriv")
+async fn same_uid_canary(m: &str) -> Canary {
+    let mut command = Command::new("setpriv");
+    command
         .arg(format!("--reuid={UID}"))
         .arg(format!("--regid={UID}"))
         .arg("--clear-groups")
         .arg("sleep")
-        .arg(format!("3600.{m}"))
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-fn alive(pid: i32) -> bool {
-    matches!(process_state(pid), Some(s) if s != 'Z')
+        .arg(format!("3600.{m}"));
+    Canary::start(command).await
 }
 
 #[tokio::test]
 async fn same_uid_landlock_commands_cannot_read_the_token_or_the_daemons_memory() {
-    if !require("root (to start the daemon as another uid)", is_root()) {
+    let Some(daemon) = unprivileged_daemon() else {
         return;
-    }
-    let daemon = unprivileged_daemon();
-    let mut client = daemon.connect().await;
+    };
     let d = daemon.pid();
     let s = daemon.state.path().display().to_string();
     let probe = format!(
@@ -85,45 +86,37 @@ async fn same_uid_landlock_commands_cannot_read_the_token_or_the_daemons_memory(
          tr '\\0' '\\n' < /proc/{d}/environ | grep ESCAPE_DAEMON_SECRET; echo env_rc=$?\n\
          head -c 16 /proc/{d}/maps; echo maps_rc=$?"
     );
-    for (profile, expect) in [(LANDLOCK, Denied), (TRUSTED, Allowed)] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "secrets", &probe).await.output;
+    each_row(&daemon, &SAME_UID, async |client, row| {
+        let out = row.output(client, "secrets", &probe).await;
         assert!(
             out.starts_with(&format!("{UID}\n")),
-            "{l} runs as the daemon's uid: {out}"
+            "{row} runs as the daemon's uid: {out}"
         );
-        match expect {
-            Denied => {
-                assert!(!out.contains(&daemon.token), "{l} read the token: {out}");
-                assert!(
-                    !out.contains("dsecret"),
-                    "{l} read the daemon's environment: {out}"
-                );
-                assert_ne!(field(&out, "audit_rc"), Some("0"), "{l} {out}");
-                assert_ne!(field(&out, "maps_rc"), Some("0"), "{l} {out}");
-            }
-            Allowed => assert!(out.contains(&daemon.token), "{l} control: {out}"),
+        row.check_contains(&out, &daemon.token, "read the token");
+        if row.denied() {
+            assert!(
+                !out.contains("dsecret"),
+                "{row} read the daemon's environment: {out}"
+            );
+            assert_ne!(field(&out, "audit_rc"), Some("0"), "{row} {out}");
+            assert_ne!(field(&out, "maps_rc"), Some("0"), "{row} {out}");
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
 #[tokio::test]
 async fn same_uid_landlock_commands_cannot_signal_or_trace_the_daemon_or_a_host_process() {
-    if !require("root (to start the daemon as another uid)", is_root()) {
+    let Some(daemon) = unprivileged_daemon() else {
         return;
-    }
-    let daemon = unprivileged_daemon();
-    let mut client = daemon.connect().await;
+    };
     let d = daemon.pid();
-    for (profile, expect) in [(LANDLOCK, Denied), (TRUSTED, Allowed)] {
-        let l = label(profile, expect);
-        let m = marker();
-        let mut canary = same_uid_canary(&m);
-        let c = canary.id() as i32;
-        assert!(eventually(executor_tests::PATIENCE, || alive(c)).await);
+    each_row(&daemon, &SAME_UID, async |client, row| {
+        let canary = same_uid_canary(&marker()).await;
+        let c = canary.pid;
         // Under trusted the daemon is spared: the canary shows the paths work.
-        let daemon_attack = if expect == Denied {
+        let daemon_attack = if row.denied() {
             format!("kill -STOP {d}; echo stop=$?; kill -KILL {d}; echo daemon=$?\n")
         } else {
             String::new()
@@ -134,65 +127,57 @@ async fn same_uid_landlock_commands_cannot_signal_or_trace_the_daemon_or_a_host_
                 "r, e = sc(101, 0x4206, {c}, 0, 0)   # PTRACE_SEIZE\nprint(f'seize={{r}} seize_errno={{e}}')"
             ))
         );
-        let out = run_in(&mut client, profile, "signal", &probe).await.output;
-        assert_eq!(field(&out, "own"), Some("0"), "{l} control: {out}");
-        match expect {
+        let out = row.output(client, "signal", &probe).await;
+        assert_eq!(field(&out, "own"), Some("0"), "{row} control: {out}");
+        match row.expect {
             Denied => {
-                assert_ne!(field(&out, "stop"), Some("0"), "{l} {out}");
-                assert_ne!(field(&out, "daemon"), Some("0"), "{l} {out}");
-                assert_ne!(field(&out, "seize"), Some("0"), "{l} {out}");
-                assert_ne!(field(&out, "canary"), Some("0"), "{l} {out}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                assert!(alive(c), "{l} killed a same-uid host process: {out}");
-                assert_ne!(process_state(d as i32), Some('T'), "{l} stopped the daemon");
+                let calls = ["stop", "daemon", "seize", "canary"];
+                crate::daemon_reach::assert_signals_failed(row, &out, &calls, &canary, d).await;
             }
             Allowed => {
-                assert_eq!(field(&out, "seize"), Some("0"), "{l} control: {out}");
+                assert_eq!(field(&out, "seize"), Some("0"), "{row} control: {out}");
                 assert!(
-                    eventually(executor_tests::PATIENCE, || !alive(c)).await,
-                    "{l} control: the same-uid canary died: {out}"
+                    eventually(executor_tests::PATIENCE, || !canary.alive()).await,
+                    "{row} control: the same-uid canary died: {out}"
                 );
             }
         }
-        let _ = canary.kill();
-        let _ = canary.wait();
-        assert!(daemon.healthy().await, "{l}");
-    }
+        drop(canary);
+        assert!(daemon.healthy().await, "{row}");
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
 #[tokio::test]
 async fn same_uid_landlock_commands_cannot_reach_the_daemons_port() {
-    if !require("root (to start the daemon as another uid)", is_root()) {
+    let Some(daemon) = unprivileged_daemon() else {
         return;
-    }
-    let daemon = unprivileged_daemon();
-    let mut client = daemon.connect().await;
+    };
     let port = daemon.addr.port();
     let probe = format!(
         "exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET /healthz HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n' >&3 \
          && head -1 <&3 | tr ' ' _ | sed 's/^/status=/'; echo done"
     );
-    for (profile, expect) in [(LANDLOCK, Denied), (TRUSTED, Allowed)] {
-        let l = label(profile, expect);
-        let out = run_in(&mut client, profile, "port", &probe).await.output;
-        match expect {
+    each_row(&daemon, &SAME_UID, async |client, row| {
+        let out = row.output(client, "port", &probe).await;
+        match row.expect {
             Denied => assert!(
                 !out.contains("status=HTTP"),
-                "{l} reached the daemon: {out}"
+                "{row} reached the daemon: {out}"
             ),
-            Allowed => assert!(out.contains("status=HTTP/1.1_200"), "{l} control: {out}"),
+            Allowed => assert!(out.contains("status=HTTP/1.1_200"), "{row} control: {out}"),
         }
-    }
+    })
+    .await;
     assert_daemon_intact(&daemon).await;
 }
 
 #[tokio::test]
 async fn an_unprivileged_daemon_keeps_the_kill_guarantees() {
-    if !require("root (to start the daemon as another uid)", is_root()) {
+    let Some(daemon) = unprivileged_daemon() else {
         return;
-    }
-    let daemon = unprivileged_daemon();
+    };
     let mut client = daemon.connect().await;
     for profile in [LANDLOCK, TRUSTED] {
         let m = marker();
@@ -212,14 +197,7 @@ async fn an_unprivileged_daemon_keeps_the_kill_guarantees() {
         // Control: all five run.
         wait_sleepers(&m, 5).await;
         cancel(&mut client, &id).await;
-        assert!(
-            eventually(executor_tests::PATIENCE, || {
-                executor_tests::processes_matching(&m).is_empty()
-            })
-            .await,
-            "[{profile}] survivors: {:?}",
-            executor_tests::processes_matching(&m)
-        );
+        assert_none_left(&m, &format!("[{profile}]")).await;
     }
     assert_daemon_intact(&daemon).await;
 }
@@ -228,40 +206,15 @@ async fn an_unprivileged_daemon_keeps_the_kill_guarantees() {
 async fn without_cgroups_the_sweep_still_kills_a_tree_that_keeps_forking_orphans() {
     // An unprivileged daemon has no cgroup (see its log) and no pid namespace: the subreaper
     // sweep alone must win the race against a shell that keeps forking orphans.
-    if !require("root (to start the daemon as another uid)", is_root()) {
+    let Some(daemon) = unprivileged_daemon() else {
         return;
-    }
-    let daemon = unprivileged_daemon();
+    };
     let mut client = daemon.connect().await;
     for profile in [LANDLOCK, TRUSTED] {
         let m = marker();
         let _reaper = Reaper(m.clone());
-        let (id, _) = start_until(
-            &mut client,
-            profile,
-            "racer",
-            &crate::kill::racing_forker(&m),
-            "started",
-            120.0,
-        )
-        .await;
-        assert!(
-            eventually(executor_tests::PATIENCE, || executor_tests::sleepers(&m)
-                .len()
-                > 20)
-            .await,
-            "[{profile}] control: the forker runs"
-        );
-        cancel(&mut client, &id).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(
-            eventually(executor_tests::PATIENCE, || {
-                executor_tests::processes_matching(&m).is_empty()
-            })
-            .await,
-            "[{profile}] the racing forker survived: {} processes",
-            executor_tests::processes_matching(&m).len()
-        );
+        crate::kill::start_and_cancel_a_racing_forker(&mut client, profile, &m).await;
+        assert_none_left(&m, &format!("[{profile}] the racing forker survived")).await;
     }
     assert_daemon_intact(&daemon).await;
 }
@@ -271,10 +224,9 @@ async fn same_uid_landlock_commands_cannot_change_the_daemons_limits_or_priority
     // The daemon's uid is the command's here: the kernel's uid check lets `prlimit --pid` and
     // friends through. `prlimit --pid <daemon> --nofile=4:4` left it failing every accept
     // (`Too many open files`), locking every client out.
-    if !require("root (to start the daemon as another uid)", is_root()) {
+    let Some(daemon) = unprivileged_daemon() else {
         return;
-    }
-    let daemon = unprivileged_daemon();
+    };
     let mut client = daemon.connect().await;
     let d = daemon.pid();
     let limits = || std::fs::read_to_string(format!("/proc/{d}/limits")).unwrap();
