@@ -5,37 +5,14 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use executor_tests::{binary, is_root, require};
+use executor_tests::{is_root, require};
 
-use crate::{Finished, Scratch, RUN_PATIENCE};
+use crate::{finish_one_shot, one_shot, Finished, Scratch};
 
 /// `agent <args>` with no executor flags (a local executor) in `dir`, bounded.
 async fn agent_in(dir: &std::path::Path, args: &[&str]) -> Finished {
-    let out = tokio::time::timeout(
-        RUN_PATIENCE,
-        tokio::process::Command::new(binary("agent"))
-            .args(args)
-            .current_dir(dir)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the agent did not finish in time")
-    .unwrap();
-    let finished = Finished {
-        code: out.status.code().unwrap_or(-1),
-        stdout: out.stdout,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    eprintln!(
-        "--- agent {args:?} in {}: exit {} ---\nstdout:\n{}\nstderr:\n{}",
-        dir.display(),
-        finished.code,
-        String::from_utf8_lossy(&finished.stdout),
-        finished.stderr
-    );
-    finished
+    let child = one_shot().args(args).current_dir(dir).spawn().unwrap();
+    finish_one_shot(child, &format!("agent {args:?} in {}", dir.display())).await
 }
 
 /// A directory only root may write, as a repository checked out by root is.

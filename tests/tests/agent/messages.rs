@@ -3,35 +3,21 @@
 
 use executor_tests::{is_root, require, Daemon};
 
-use crate::{agent_against, Finished, Scratch};
+use crate::{agent_against, finish_one_shot, one_shot, Finished, Scratch};
 
 /// `agent exec --executor URL [--token-file PATH] -- CMD`, bounded.
 async fn exec_at(url: &str, token_file: Option<&std::path::Path>, command: &str) -> Finished {
-    let out = tokio::time::timeout(crate::RUN_PATIENCE, {
-        let mut c = tokio::process::Command::new(executor_tests::binary("agent"));
-        c.args(["exec", "--executor", url]);
-        if let Some(path) = token_file {
-            c.arg("--token-file").arg(path);
-        }
-        c.args(["--", command])
-            .env_remove("EXECUTOR_TOKEN")
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output()
-    })
-    .await
-    .expect("agent exec did not finish in time")
-    .unwrap();
-    let finished = Finished {
-        code: out.status.code().unwrap_or(-1),
-        stdout: out.stdout,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    eprintln!(
-        "--- agent exec at {url}: exit {} ---\n{}",
-        finished.code, finished.stderr
-    );
-    finished
+    let mut c = one_shot();
+    c.args(["exec", "--executor", url]);
+    if let Some(path) = token_file {
+        c.arg("--token-file").arg(path);
+    }
+    let child = c
+        .args(["--", command])
+        .env_remove("EXECUTOR_TOKEN")
+        .spawn()
+        .unwrap();
+    finish_one_shot(child, &format!("agent exec at {url}")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,11 +4,10 @@
 use std::process::Stdio;
 
 use executor_tests::{
-    binary, eventually, fingerprint_of_der, marked_sleep, marker, processes_matching, Daemon,
-    PATIENCE,
+    binary, eventually, fingerprint_of_der, marked_sleep, marker, Daemon, PATIENCE,
 };
 
-use crate::{assert_complete_trajectory, Scratch};
+use crate::{assert_complete_trajectory, started, Scratch};
 
 /// `sha256:0a1b...` as `openssl x509 -fingerprint -sha256` writes it: `0A:1B:...`.
 fn openssl_form(pin: &str) -> String {
@@ -51,29 +50,19 @@ async fn an_agent_pinning_the_executors_fingerprint_runs_its_commands_over_tls()
     let token = daemon.state.path().join("token");
     let token = token.to_str().unwrap();
     let s = Scratch::new();
-    let script = s
-        .write(
-            "s.yaml",
-            "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo over-tls\n",
-        )
-        .display()
-        .to_string();
     // `agent run`, pinned through the config key.
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token,
-            "-c",
-            &format!("environment.tls_fingerprint={pin}"),
-        ])
+        .run_scripted(
+            "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo over-tls\n",
+            &[
+                "--executor",
+                &daemon.url,
+                "--token-file",
+                token,
+                "-c",
+                &format!("environment.tls_fingerprint={pin}"),
+            ],
+        )
         .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_complete_trajectory(&run, "Submitted");
@@ -142,26 +131,19 @@ async fn a_wrong_pin_is_refused_at_once_naming_both_fingerprints() {
     let token = daemon.state.path().join("token");
     let token = token.to_str().unwrap();
     let s = Scratch::new();
-    let script = s
-        .write("s.yaml", "- command: echo hi\n")
-        .display()
-        .to_string();
     let started = std::time::Instant::now();
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token,
-            "--tls-fingerprint",
-            &bad,
-        ])
+        .run_scripted(
+            "- command: echo hi\n",
+            &[
+                "--executor",
+                &daemon.url,
+                "--token-file",
+                token,
+                "--tls-fingerprint",
+                &bad,
+            ],
+        )
         .await;
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains(&pin), "{}", run.stderr);
@@ -232,36 +214,18 @@ async fn a_replaced_certificate_ends_the_run_on_the_first_reconnect_without_retr
     let pin = daemon.fingerprint.clone().unwrap();
     let s = Scratch::new();
     let marker = marker();
-    let script = s
-        .write(
-            "s.yaml",
+    let child = s
+        .scripted_against(
+            &daemon,
             &format!(
                 "- command: {}\n- command: echo never\n",
                 marked_sleep(&marker)
             ),
-        )
-        .display()
-        .to_string();
-    let child = s
-        .agent_against(
-            &daemon,
-            &[
-                "--model",
-                "scripted",
-                "--script",
-                &script,
-                "--task",
-                "t",
-                "-c",
-                "environment.reconnect_attempts=10",
-            ],
+            &["-c", "environment.reconnect_attempts=10"],
         )
         .spawn()
         .unwrap();
-    assert!(
-        eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await,
-        "command never started"
-    );
+    assert!(started(&marker).await, "command never started");
     daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
     // Same address and token, another certificate: what an impostor would present.
     let key = rcgen::KeyPair::generate().unwrap();
