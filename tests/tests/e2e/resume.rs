@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use executor_tests::host_waits::{sleepers_gone, sleepers_up};
 use executor_tests::{eventually, marked_sleep, marker, req, sleepers, Client, Daemon, PATIENCE};
 use protocol::{ClientMessage, ErrorCode, ResumeRequest, ServerMessage};
 
@@ -134,7 +135,7 @@ async fn after_the_grace_period_the_tree_is_killed_and_the_session_is_gone() {
     );
     r.timeout = Some(60.0);
     client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 3).await);
+    assert!(sleepers_up(&m, 3).await);
     cut(client);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -143,7 +144,7 @@ async fn after_the_grace_period_the_tree_is_killed_and_the_session_is_gone() {
         "killed before the grace period ended"
     );
     assert!(
-        eventually(PATIENCE, || sleepers(&m).is_empty()).await,
+        sleepers_gone(&m).await,
         "the tree outlived the grace period"
     );
     assert!(eventually(executor_tests::PATIENCE, || daemon.audit().len() == 1).await);
@@ -175,10 +176,10 @@ async fn a_close_frame_ends_the_session_at_once_even_with_a_grace_period() {
     let mut r = req("s", &marked_sleep(&m));
     r.timeout = Some(60.0);
     client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     client.ws.close(None).await.unwrap();
     assert!(
-        eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await,
+        sleepers_gone(&m).await,
         "a deliberate close kept the command"
     );
     let mut again = daemon.connect().await;
@@ -203,9 +204,9 @@ async fn without_a_grace_period_a_drop_kills_at_once_and_resume_must_come_first(
     let mut r = req("s", &marked_sleep(&m));
     r.timeout = Some(60.0);
     client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     cut(client);
-    assert!(eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await);
+    assert!(sleepers_gone(&m).await);
     // resume is only valid as a connection's first message.
     let mut client = daemon.connect().await;
     client.run("first", "true").await;
@@ -238,7 +239,7 @@ async fn a_client_that_keeps_dropping_connections_keeps_at_most_32_sessions_for_
         // Earlier sessions past the 32 kept ones have been ended already.
         let expected = i.min(32) + 1;
         assert!(
-            eventually(PATIENCE, || sleepers(&m).len() == expected).await,
+            sleepers_up(&m, expected).await,
             "command {i}: {} running",
             sleepers(&m).len()
         );
@@ -255,7 +256,7 @@ async fn a_client_that_keeps_dropping_connections_keeps_at_most_32_sessions_for_
     }
     // The two oldest sessions were ended, their commands killed on the host.
     assert!(
-        eventually(PATIENCE, || sleepers(&m).len() == 32).await,
+        sleepers_up(&m, 32).await,
         "{} commands left",
         sleepers(&m).len()
     );
