@@ -31,3 +31,28 @@ pub fn send_signal(pid: i32, signal: Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
         .unwrap_or_else(|e| panic!("{signal} to {pid}: {e}"));
 }
+
+/// Asserts that every process whose command line holds `needle` is gone within [`PATIENCE`];
+/// the failure reads "`what`: [survivors' pids]".
+pub async fn assert_none_left(needle: &str, what: &str) {
+    assert!(
+        none_left(needle).await,
+        "{what}: {:?}",
+        processes_matching(needle)
+    );
+}
+
+/// Waits until exactly one sleep marked `marker` is up and returns its pid; panics naming the
+/// marker and what it saw if that never happens.
+pub async fn one_sleeper(marker: &str) -> i32 {
+    let mut pids = Vec::new();
+    assert!(
+        eventually(PATIENCE, || {
+            pids = sleepers(marker);
+            pids.len() == 1
+        })
+        .await,
+        "not one sleep marked {marker}: {pids:?}"
+    );
+    pids[0]
+}

@@ -7,7 +7,7 @@ use executor_tests::{
     binary, eventually, marked_sleep, marker, processes_matching, Daemon, PATIENCE,
 };
 
-use crate::{assert_complete_trajectory, signal, started, Scratch};
+use crate::{agent_exec, agent_exec_in, assert_complete_trajectory, signal, started, Scratch};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_fixes_the_toy_repository_and_submits_a_git_diff() {
@@ -182,29 +182,6 @@ async fn an_environment_error_stops_the_run_and_is_never_shown_to_the_model() {
             .contains("environment_error"),
         "{exit}"
     );
-}
-
-/// `agent exec <args>` to its end: exit code, stdout, stderr.
-async fn agent_exec(args: &[&str]) -> (i32, String, String) {
-    agent_exec_in(None, args).await
-}
-
-/// [`agent_exec`] in `cwd`, if given.
-async fn agent_exec_in(cwd: Option<&std::path::Path>, args: &[&str]) -> (i32, String, String) {
-    let mut cmd = tokio::process::Command::new(binary("agent"));
-    cmd.arg("exec").args(args).stdin(Stdio::null());
-    if let Some(cwd) = cwd {
-        cmd.current_dir(cwd);
-    }
-    let out = tokio::time::timeout(PATIENCE, cmd.output())
-        .await
-        .expect("agent exec did not finish")
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -264,10 +264,33 @@ pub async fn agent_against(
     finished
 }
 
+/// `agent exec <args>` to its end: exit code, stdout, stderr.
+pub async fn agent_exec(args: &[&str]) -> (i32, String, String) {
+    agent_exec_in(None, args).await
+}
+
+/// [`agent_exec`] in `cwd`, if given.
+pub async fn agent_exec_in(cwd: Option<&std::path::Path>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = tokio::process::Command::new(binary("agent"));
+    cmd.arg("exec").args(args).stdin(Stdio::null());
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
+    let out = tokio::time::timeout(executor_tests::PATIENCE, cmd.output())
+        .await
+        .expect("agent exec did not finish")
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Send `signal` to a running agent.
 pub fn signal(child: &tokio::process::Child, signal: nix::sys::signal::Signal) {
     let pid = child.id().expect("the agent has exited already") as i32;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
+    executor_tests::host_waits::send_signal(pid, signal);
 }
 
 /// Every trajectory, whatever the exit, has mini's shape and ends with an exit message.

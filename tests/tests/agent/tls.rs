@@ -7,7 +7,7 @@ use executor_tests::{
     binary, eventually, fingerprint_of_der, marked_sleep, marker, Daemon, PATIENCE,
 };
 
-use crate::{assert_complete_trajectory, started, Scratch};
+use crate::{agent_exec, assert_complete_trajectory, started, Scratch};
 
 /// `sha256:0a1b...` as `openssl x509 -fingerprint -sha256` writes it: `0A:1B:...`.
 fn openssl_form(pin: &str) -> String {
@@ -22,25 +22,6 @@ fn openssl_form(pin: &str) -> String {
 fn wrong(pin: &str) -> String {
     let last = if pin.ends_with('0') { "1" } else { "0" };
     format!("{}{last}", &pin[..pin.len() - 1])
-}
-
-async fn agent_exec(args: &[&str]) -> (i32, String, String) {
-    let out = tokio::time::timeout(
-        PATIENCE,
-        tokio::process::Command::new(binary("agent"))
-            .arg("exec")
-            .args(args)
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .expect("agent exec did not finish")
-    .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

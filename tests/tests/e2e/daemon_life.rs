@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use executor_tests::host_waits::{none_left, send_signal, sleepers_gone, sleepers_up};
+use executor_tests::host_waits::{assert_none_left, send_signal, sleepers_gone, sleepers_up};
 use executor_tests::{
     descendants, eventually, marked_sleep, marker, parent_of, processes_matching, req, sleepers,
     Daemon, PATIENCE,
@@ -31,11 +31,7 @@ async fn daemon_sigkill_mid_command_kills_every_command_tree() {
     // Nine sleeps, three helpers and at least the fork server.
     assert!(below.len() > 9 + 3, "descendants: {below:?}");
     daemon.signal_and_wait(Signal::SIGKILL);
-    assert!(
-        none_left(&m).await,
-        "survivors after daemon SIGKILL: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors after daemon SIGKILL").await;
     // Nothing that was below the daemon is left: not the fork server, not a helper, not an
     // init (recorded before the kill, while they were still its descendants).
     assert!(

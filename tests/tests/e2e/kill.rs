@@ -4,10 +4,12 @@
 use std::time::{Duration, Instant};
 
 use executor_tests::checks::preq;
-use executor_tests::host_waits::{none_left, send_signal, sleepers_gone, sleepers_up};
+use executor_tests::host_waits::{
+    assert_none_left, none_left, send_signal, sleepers_gone, sleepers_up,
+};
 use executor_tests::{
-    eventually, marked_sleep, marker, namespace_of, process_state, processes_matching, req,
-    sleepers, Daemon, PATIENCE,
+    eventually, marked_sleep, marker, namespace_of, process_state, req, sleepers, Client, Daemon,
+    PATIENCE,
 };
 use nix::sys::signal::Signal;
 use protocol::{CancelRequest, ClientMessage, Ending, RETURNCODE_NOT_FINISHED};
@@ -52,11 +54,7 @@ async fn timeout_kills_setsid_double_forked_stopped_and_signal_ignoring_children
     );
     assert!(result.extra.killed_processes >= 7, "{:?}", result.extra);
     // On the host: not one of the sleeps survived.
-    assert!(
-        none_left(&m).await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
 }
 
 #[tokio::test]
@@ -84,11 +82,7 @@ async fn control_the_same_tree_really_runs_until_it_is_killed() {
     assert!(result.extra.cancelled);
     assert_eq!(result.extra.ended, Ending::Cancelled);
     assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED);
-    assert!(
-        none_left(&m).await,
-        "cancel left survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "cancel left survivors").await;
 }
 
 #[tokio::test]
@@ -124,11 +118,7 @@ async fn client_disconnect_mid_command_kills_the_tree_and_is_audited() {
         assert!(sleepers_up(&m, 2).await);
         // Dropped without a close frame: the TCP connection just goes away.
     }
-    assert!(
-        none_left(&m).await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
     assert!(
         eventually(executor_tests::PATIENCE, || {
             daemon
@@ -287,6 +277,37 @@ async fn a_stopped_commands_killed_count_is_every_process_it_had() {
     }
 }
 
+/// Start `id` under strict (it says "started", then sleeps marked `m`) and, once the sleep is
+/// up, find its ancestors on the host: the sleep's parent is the shell, whose parent is the
+/// namespace's init, whose parent is the daemon's fork server (checked: the daemon's child).
+/// Returns (shell, init, fork server).
+async fn strict_sleeper(
+    daemon: &Daemon,
+    client: &mut Client,
+    id: &str,
+    m: &str,
+) -> (i32, i32, i32) {
+    // `; true`: the shell stays (bash execs a last simple command in its own place).
+    let r = preq(
+        Some("strict"),
+        id,
+        &format!("echo started; {}; true", marked_sleep(m)),
+        30.0,
+    );
+    client.send(&ClientMessage::Exec(r)).await;
+    assert!(sleepers_up(m, 1).await, "{id}: the sleep never started");
+    let shell = executor_tests::parent_of(sleepers(m)[0]).unwrap();
+    let init = executor_tests::parent_of(shell).unwrap();
+    let server = executor_tests::parent_of(init).unwrap();
+    assert_eq!(
+        executor_tests::parent_of(server),
+        Some(daemon.pid() as i32),
+        "sleep {} < shell {shell} < init {init} < fork server {server} < daemon",
+        sleepers(m)[0]
+    );
+    (shell, init, server)
+}
+
 /// An init killed from outside while its command runs (as the kernel's OOM group kill does
 /// where init cannot exempt itself, without CAP_SYS_RESOURCE) takes the command with it, and
 /// the command still gets its result: killed by that signal, reported by the fork server,
@@ -296,26 +317,7 @@ async fn a_command_whose_init_is_killed_ends_killed_and_is_reported() {
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
     let m = marker();
-    // `; true`: the shell stays (bash execs a last simple command in its own place).
-    let r = preq(
-        Some("strict"),
-        "killed-init",
-        &format!("echo started; {}; true", marked_sleep(&m)),
-        30.0,
-    );
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(sleepers_up(&m, 1).await);
-    // The sleep's parent is the shell, whose parent is the namespace's init, whose parent is
-    // the daemon's fork server.
-    let shell = executor_tests::parent_of(sleepers(&m)[0]).unwrap();
-    let init = executor_tests::parent_of(shell).unwrap();
-    let server = executor_tests::parent_of(init).unwrap();
-    assert_eq!(
-        executor_tests::parent_of(server),
-        Some(daemon.pid() as i32),
-        "sleep {} < shell {shell} < init {init} < fork server {server} < daemon",
-        sleepers(&m)[0]
-    );
+    let (_shell, init, _server) = strict_sleeper(&daemon, &mut client, "killed-init", &m).await;
     assert!(
         executor_tests::proc_status(init, "NSpid:").is_some_and(|ns| ns.ends_with("\t1")),
         "{init} is not pid 1 of the command's pid namespace"
@@ -338,18 +340,7 @@ async fn a_command_whose_fork_server_dies_ends_and_is_reported() {
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
     let m = marker();
-    let r = preq(
-        Some("strict"),
-        "orphaned",
-        &format!("echo started; {}; true", marked_sleep(&m)),
-        30.0,
-    );
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(sleepers_up(&m, 1).await);
-    let shell = executor_tests::parent_of(sleepers(&m)[0]).unwrap();
-    let init = executor_tests::parent_of(shell).unwrap();
-    let server = executor_tests::parent_of(init).unwrap();
-    assert_eq!(executor_tests::parent_of(server), Some(daemon.pid() as i32));
+    let (_shell, _init, server) = strict_sleeper(&daemon, &mut client, "orphaned", &m).await;
     send_signal(server, Signal::SIGKILL);
     let result = client.collect("orphaned").await.result.unwrap();
     assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED, "{result:?}");

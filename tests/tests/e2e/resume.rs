@@ -11,19 +11,30 @@ fn cut(client: Client) {
     drop(client);
 }
 
-async fn resume(daemon: &Daemon, session: &str, awaiting: &[&str]) -> (Client, Vec<String>) {
-    let mut client = daemon.connect().await;
-    assert_ne!(
-        client.hello.session, session,
-        "a new connection gets a new session first"
-    );
+/// Send `resume` for `session`, awaiting `awaiting`, and return the answer.
+async fn ask_resume(
+    client: &mut Client,
+    session: &str,
+    awaiting: &[&str],
+) -> Option<ServerMessage> {
     client
         .send(&ClientMessage::Resume(ResumeRequest {
             session: session.to_string(),
             awaiting: awaiting.iter().map(|s| s.to_string()).collect(),
         }))
         .await;
-    match client.recv().await {
+    client.recv().await
+}
+
+/// Resume `session` on a new connection, awaiting `awaiting`; returns the connection and the
+/// ids still running.
+async fn resume(daemon: &Daemon, session: &str, awaiting: &[&str]) -> (Client, Vec<String>) {
+    let mut client = daemon.connect().await;
+    assert_ne!(
+        client.hello.session, session,
+        "a new connection gets a new session first"
+    );
+    match ask_resume(&mut client, session, awaiting).await {
         Some(ServerMessage::Resumed(r)) => {
             assert_eq!(r.session, session);
             (client, r.running)
@@ -151,13 +162,7 @@ async fn after_the_grace_period_the_tree_is_killed_and_the_session_is_gone() {
     assert_eq!(daemon.audit()[0]["ended"], "disconnected");
     // Too late to resume: not found, and the connection stays usable.
     let mut client = daemon.connect().await;
-    client
-        .send(&ClientMessage::Resume(ResumeRequest {
-            session,
-            awaiting: vec!["tree".into()],
-        }))
-        .await;
-    match client.recv().await {
+    match ask_resume(&mut client, &session, &["tree"]).await {
         Some(ServerMessage::Error(e)) => {
             assert_eq!(e.code, ErrorCode::NotFound);
             assert!(e.message.contains("grace period"), "{}", e.message);
@@ -183,14 +188,8 @@ async fn a_close_frame_ends_the_session_at_once_even_with_a_grace_period() {
         "a deliberate close kept the command"
     );
     let mut again = daemon.connect().await;
-    again
-        .send(&ClientMessage::Resume(ResumeRequest {
-            session,
-            awaiting: vec![],
-        }))
-        .await;
     assert!(
-        matches!(again.recv().await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::NotFound)
+        matches!(ask_resume(&mut again, &session, &[]).await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::NotFound)
     );
 }
 
@@ -210,13 +209,7 @@ async fn without_a_grace_period_a_drop_kills_at_once_and_resume_must_come_first(
     // resume is only valid as a connection's first message.
     let mut client = daemon.connect().await;
     client.run("first", "true").await;
-    client
-        .send(&ClientMessage::Resume(ResumeRequest {
-            session,
-            awaiting: vec![],
-        }))
-        .await;
-    match client.recv().await {
+    match ask_resume(&mut client, &session, &[]).await {
         Some(ServerMessage::Error(e)) => {
             assert_eq!(e.code, ErrorCode::BadRequest);
             assert!(e.message.contains("first message"), "{}", e.message);
@@ -261,13 +254,8 @@ async fn a_client_that_keeps_dropping_connections_keeps_at_most_32_sessions_for_
         sleepers(&m).len()
     );
     let mut late = daemon.connect().await;
-    late.send(&ClientMessage::Resume(ResumeRequest {
-        session: sessions[0].clone(),
-        awaiting: vec!["job".into()],
-    }))
-    .await;
     assert!(
-        matches!(late.recv().await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::NotFound)
+        matches!(ask_resume(&mut late, &sessions[0], &["job"]).await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::NotFound)
     );
     // Control: the newest is still there, its command running.
     let (_client, running) = resume(&daemon, &sessions[33], &["job"]).await;

@@ -2,7 +2,7 @@
 //! period, the daemon's death, and a resumed session reading on.
 
 use super::*;
-use executor_tests::host_waits::{none_left, sleepers_gone, sleepers_up};
+use executor_tests::host_waits::{assert_none_left, sleepers_gone, sleepers_up};
 
 #[tokio::test]
 async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
@@ -58,11 +58,7 @@ async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
     let exited = wait(&mut client, "tree", 10.0).await;
     assert!(!exited.running, "{exited:?}");
     assert_ne!(exited.returncode, 0, "{exited:?}");
-    assert!(
-        none_left(&m).await,
-        "survivors of KILL: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors of KILL").await;
 }
 
 #[tokio::test]
@@ -77,11 +73,7 @@ async fn a_dropped_connection_without_grace_kills_the_processes_trees() {
     spawn(&mut client, pty).await;
     assert!(sleepers_up(&m, 4).await);
     drop(client);
-    assert!(
-        none_left(&m).await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
     // The daemon serves the next client.
     let mut next = daemon.connect().await;
     assert_eq!(next.run("after", "echo alive").await.output, "alive\n");
@@ -99,11 +91,7 @@ async fn processes_die_with_the_daemon() {
     .await;
     assert!(sleepers_up(&m, 2).await);
     daemon.signal_and_wait(nix::sys::signal::Signal::SIGTERM);
-    assert!(
-        none_left(&m).await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
 }
 
 #[tokio::test]
@@ -203,11 +191,7 @@ async fn stop_and_cont_reach_the_tree_and_kill_ends_a_stopped_tree() {
     signal(&mut client, "t", "KILL", false).await;
     let exited = wait(&mut client, "t", 10.0).await;
     assert!(!exited.running);
-    assert!(
-        none_left(&m).await,
-        "a stopped tree survived KILL: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "a stopped tree survived KILL").await;
     // An unknown signal name is refused, and the known one names the process.
     client
         .send(&ClientMessage::Signal(SignalRequest {
@@ -239,11 +223,7 @@ async fn a_process_past_its_timeout_is_killed_with_its_tree() {
     assert!(!exited.running);
     assert_eq!(exited.returncode, protocol::RETURNCODE_NOT_FINISHED);
     assert!(exited.extra.as_ref().unwrap().timed_out, "{exited:?}");
-    assert!(
-        none_left(&m).await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
     // Its output stays readable after the end.
     assert_eq!(read_to_eof(&mut client, "slow", 0).await, b"begun\n");
 }
@@ -266,11 +246,7 @@ async fn a_dropped_sessions_processes_live_through_the_grace_period_and_then_die
         2,
         "killed before the grace period ended"
     );
-    assert!(
-        none_left(&m).await,
-        "the tree outlived the grace period: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "the tree outlived the grace period").await;
 }
 
 /// A new connection that takes `session` back (nothing awaited).
