@@ -419,7 +419,7 @@ async fn run_in(tmp: &std::path::Path) {
         found.unwrap()
     };
     assert!(run.wait().unwrap().success());
-    assert!(eventually(PATIENCE, || !alive(server)).await);
+    assert!(exits(server).await);
 }
 
 /// The running processes whose parent is `pid`.
@@ -435,6 +435,29 @@ fn fork_server_of(pid: i32) -> i32 {
     let children = children(pid);
     assert_eq!(children.len(), 1, "the run's children: {children:?}");
     children[0]
+}
+
+/// Whether the process `pid` has exited within [`PATIENCE`].
+async fn exits(pid: i32) -> bool {
+    eventually(PATIENCE, || !alive(pid)).await
+}
+
+/// Asserts that the run `run_pid` left no cgroup directory.
+fn assert_no_run_cgroups(run_pid: u32) {
+    assert_eq!(
+        crate::host_cgroups::run_cgroup_dirs(run_pid),
+        Vec::<String>::new(),
+        "cgroup directories of run {run_pid} left"
+    );
+}
+
+/// Asserts that every command home beneath `tmp` is gone within [`PATIENCE`].
+async fn assert_homes_go(tmp: &std::path::Path) {
+    assert!(
+        eventually(PATIENCE, || homes_in(tmp).is_empty()).await,
+        "{:?}",
+        homes_in(tmp)
+    );
 }
 
 /// Whether `pid` is still a process that has not exited (a zombie waiting for a reaper that
@@ -572,7 +595,7 @@ async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_ru
         run.kill().unwrap();
         run.wait().unwrap();
         assert!(sleepers_gone(&killed).await);
-        assert!(eventually(PATIENCE, || !alive(server)).await);
+        assert!(exits(server).await);
     }
     assert_eq!(
         homes_in(tmp.path()),
@@ -600,11 +623,7 @@ async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_ru
     alive_run.wait().unwrap();
     // Without the mount, the next run removes it too.
     run_in(tmp.path()).await;
-    assert!(
-        eventually(PATIENCE, || homes_in(tmp.path()).is_empty()).await,
-        "{:?}",
-        homes_in(tmp.path())
-    );
+    assert_homes_go(tmp.path()).await;
 }
 
 #[tokio::test]
@@ -652,16 +671,13 @@ async fn a_ctrl_c_to_the_runs_process_group_leaves_its_fork_server_to_clean_up()
     assert_eq!(run.wait().unwrap().code(), Some(130));
     assert!(sleepers_gone(&m).await);
     // The server lived through the Ctrl-C, removed what the run left, and exited.
-    assert!(eventually(PATIENCE, || !alive(server)).await);
+    assert!(exits(server).await);
     assert!(
         homes_in(tmp.path()).is_empty(),
         "{:?}",
         homes_in(tmp.path())
     );
-    assert_eq!(
-        crate::host_cgroups::run_cgroup_dirs(run_pid),
-        Vec::<String>::new()
-    );
+    assert_no_run_cgroups(run_pid);
 }
 
 #[tokio::test]
@@ -688,10 +704,7 @@ async fn a_run_whose_fork_server_died_removes_what_it_left_itself() {
         "{:?}",
         homes_in(tmp.path())
     );
-    assert_eq!(
-        crate::host_cgroups::run_cgroup_dirs(run_pid),
-        Vec::<String>::new()
-    );
+    assert_no_run_cgroups(run_pid);
 }
 
 #[tokio::test]
@@ -730,19 +743,12 @@ async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remov
     run.wait().unwrap();
     // Once the run's fork server, which removes what the run leaves, is gone too: it removed
     // the rest (the run's cgroup directories), not the home.
-    assert!(eventually(PATIENCE, || !alive(server)).await);
-    assert_eq!(
-        crate::host_cgroups::run_cgroup_dirs(run_pid),
-        Vec::<String>::new()
-    );
+    assert!(exits(server).await);
+    assert_no_run_cgroups(run_pid);
     assert_eq!(homes_in(tmp.path()), vec![home.clone()]);
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), "on the mount");
     // Control: once the mount is gone, the next run removes the home.
     nix::mount::umount(&mounted).unwrap();
     run_in(tmp.path()).await;
-    assert!(
-        eventually(PATIENCE, || homes_in(tmp.path()).is_empty()).await,
-        "{:?}",
-        homes_in(tmp.path())
-    );
+    assert_homes_go(tmp.path()).await;
 }

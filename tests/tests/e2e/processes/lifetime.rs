@@ -112,20 +112,8 @@ async fn a_resumed_session_reads_on_from_its_offset_and_sees_every_line_exactly_
     // The network fails: no close frame.
     drop(client);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut client = daemon.connect().await;
-    client
-        .send(&ClientMessage::Resume(ResumeRequest {
-            session: session.clone(),
-            awaiting: vec![],
-        }))
-        .await;
-    match client.recv().await {
-        Some(ServerMessage::Resumed(r)) => {
-            assert_eq!(r.session, session);
-            assert_eq!(r.running, vec!["lines".to_string()], "{r:?}");
-        }
-        other => panic!("expected resumed, got {other:?}"),
-    }
+    let (mut client, running) = resume_session_running(&daemon, &session).await;
+    assert_eq!(running, vec!["lines".to_string()]);
     let rest = read_to_eof(&mut client, "lines", offset).await;
     got.push_str(&String::from_utf8(rest).unwrap());
     let expected: String = (1..=60).map(|i| format!("line-{i}\n")).collect();
@@ -251,6 +239,11 @@ async fn a_dropped_sessions_processes_live_through_the_grace_period_and_then_die
 
 /// A new connection that takes `session` back (nothing awaited).
 async fn resume_session(daemon: &Daemon, session: &str) -> Client {
+    resume_session_running(daemon, session).await.0
+}
+
+/// [`resume_session`], with the ids the executor says still run.
+async fn resume_session_running(daemon: &Daemon, session: &str) -> (Client, Vec<String>) {
     let mut client = daemon.connect().await;
     client
         .send(&ClientMessage::Resume(ResumeRequest {
@@ -259,10 +252,12 @@ async fn resume_session(daemon: &Daemon, session: &str) -> Client {
         }))
         .await;
     match client.recv().await {
-        Some(ServerMessage::Resumed(r)) => assert_eq!(r.session, session),
+        Some(ServerMessage::Resumed(r)) => {
+            assert_eq!(r.session, session);
+            (client, r.running)
+        }
         other => panic!("expected resumed, got {other:?}"),
     }
-    client
 }
 
 /// Send a probe `read` of `id` at `offset` and return its answer, failing on any other
