@@ -7,14 +7,13 @@ use executor_tests::{
     binary, eventually, marked_sleep, marker, processes_matching, Daemon, PATIENCE,
 };
 
-use crate::{agent_exec, agent_exec_in, assert_complete_trajectory, signal, started, Scratch};
+use crate::{agent_exec, agent_exec_in, assert_ended, signal, Scratch};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_fixes_the_toy_repository_and_submits_a_git_diff() {
     let s = Scratch::new();
     let run = s.run(&["--demo"]).await;
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     let submission = run.traj["info"]["submission"].as_str().unwrap();
     assert!(
         submission.starts_with("diff --git a/mathlib.sh b/mathlib.sh"),
@@ -123,21 +122,18 @@ async fn executor_killed_mid_run_gives_environment_error_and_a_complete_trajecto
     let s = Scratch::new();
     let marker = marker();
     let child = s
-        .scripted_against(
-            &daemon,
+        .kill_executor_mid_command(
+            &mut daemon,
             &format!(
                 "- command: echo first\n- command: {}\n- command: echo never\n",
                 marked_sleep(&marker)
             ),
+            &marker,
             &["-c", "environment.reconnect_attempts=2"],
         )
-        .spawn()
-        .unwrap();
-    assert!(started(&marker).await, "second command never started");
-    daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+        .await;
     let run = s.finish(child).await;
-    assert_eq!(run.code, 6);
-    assert_complete_trajectory(&run, "EnvironmentError");
+    assert_ended(&run, 6, "EnvironmentError");
     // Everything up to the failure is on disk: both model turns and the first observation.
     assert_eq!(run.with_role("assistant").len(), 2);
     assert_eq!(run.with_role("tool").len(), 1);
@@ -167,8 +163,7 @@ async fn an_environment_error_stops_the_run_and_is_never_shown_to_the_model() {
             ],
         )
         .await;
-    assert_eq!(run.code, 6);
-    assert_complete_trajectory(&run, "EnvironmentError");
+    assert_ended(&run, 6, "EnvironmentError");
     assert!(
         run.with_role("tool").is_empty(),
         "the model saw the environment error"
@@ -242,18 +237,16 @@ async fn a_restarted_executor_is_reconnected_and_the_cut_command_is_reported_to_
     let s = Scratch::new();
     let marker = marker();
     let child = s
-        .scripted_against(
-            &daemon,
+        .kill_executor_mid_command(
+            &mut daemon,
             &format!(
                 "- command: {}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo after\n",
                 marked_sleep(&marker)
             ),
+            &marker,
             &["-c", "environment.reconnect_attempts=10"],
         )
-        .spawn()
-        .unwrap();
-    assert!(started(&marker).await, "command never started");
-    daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+        .await;
     // Same address, same state directory (so the same token).
     let mut again = std::process::Command::new(binary("executor"));
     again
@@ -272,8 +265,7 @@ async fn a_restarted_executor_is_reconnected_and_the_cut_command_is_reported_to_
     .unwrap();
     assert!(line.starts_with("executor listening on"), "{line:?}");
     let run = s.finish(child).await;
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "after\n");
     let cut = run.with_role("tool")[0]["content"]
         .as_str()

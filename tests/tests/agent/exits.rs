@@ -5,7 +5,7 @@ use executor_tests::{marked_sleep, marker};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::{assert_complete_trajectory, signal, started, Scratch};
+use crate::{assert_ended, signal, started, Scratch};
 
 fn scripted(s: &Scratch, script: &str) -> String {
     s.write("script.yaml", script).display().to_string()
@@ -20,8 +20,7 @@ async fn sentinel_with_returncode_0_submits_the_rest_of_the_output() {
             &[],
         )
         .await;
-    assert_eq!(run.code, 0);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "patch-body\n");
     assert!(run.stdout.contains("Exit status: Submitted"));
     assert!(
@@ -57,8 +56,7 @@ async fn step_limit_ends_the_run_with_limits_exceeded() {
             &["--step-limit", "2"],
         )
         .await;
-    assert_eq!(run.code, 3);
-    assert_complete_trajectory(&run, "LimitsExceeded");
+    assert_ended(&run, 3, "LimitsExceeded");
     assert_eq!(run.traj["info"]["model_stats"]["api_calls"], 2);
     assert_eq!(run.with_role("tool").len(), 2);
 }
@@ -72,8 +70,7 @@ async fn cost_limit_ends_the_run_once_reached() {
             &["--cost-limit", "1.5"],
         )
         .await;
-    assert_eq!(run.code, 3);
-    assert_complete_trajectory(&run, "LimitsExceeded");
+    assert_ended(&run, 3, "LimitsExceeded");
     assert_eq!(run.traj["info"]["model_stats"]["api_calls"], 2);
     assert_eq!(run.traj["info"]["model_stats"]["instance_cost"], 2.0);
 }
@@ -87,8 +84,7 @@ async fn wall_time_limit_ends_the_run_with_time_exceeded() {
             &["-c", "agent.wall_time_limit=1"],
         )
         .await;
-    assert_eq!(run.code, 4);
-    assert_complete_trajectory(&run, "TimeExceeded");
+    assert_ended(&run, 4, "TimeExceeded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,8 +96,7 @@ async fn repeated_format_errors_are_fed_back_then_end_the_run() {
             &["-c", "agent.format_error_limit=3"],
         )
         .await;
-    assert_eq!(run.code, 5);
-    assert_complete_trajectory(&run, "RepeatedFormatError");
+    assert_ended(&run, 5, "RepeatedFormatError");
     let errors: Vec<&Value> = run
         .with_role("user")
         .into_iter()
@@ -123,16 +118,14 @@ async fn a_format_error_does_not_count_once_the_model_recovers() {
             &["-c", "agent.format_error_limit=2"],
         )
         .await;
-    assert_eq!(run.code, 0);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_that_runs_out_ends_with_model_error() {
     let s = Scratch::new();
     let run = s.run_scripted("- command: echo only one\n", &[]).await;
-    assert_eq!(run.code, 7);
-    assert_complete_trajectory(&run, "ModelError");
+    assert_ended(&run, 7, "ModelError");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,8 +176,7 @@ async fn ctrl_c_saves_the_trajectory_and_exits_interrupted() {
     assert!(started(&marker).await, "the command never started");
     signal(&child, Signal::SIGINT);
     let run = s.finish(child).await;
-    assert_eq!(run.code, 130);
-    assert_complete_trajectory(&run, "Interrupted");
+    assert_ended(&run, 130, "Interrupted");
     assert_eq!(run.with_role("assistant").len(), 1);
 }
 

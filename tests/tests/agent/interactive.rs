@@ -6,7 +6,7 @@ use std::process::Stdio;
 
 use executor_tests::{eventually, marked_sleep, marker, processes_matching, PATIENCE};
 
-use crate::{assert_complete_trajectory, signal, started, Scratch};
+use crate::{assert_ended, signal, started, Scratch};
 
 /// Spawn `agent run` with a terminal on stdin and `typed` already waiting in it.
 async fn run_on_terminal(s: &Scratch, args: &[&str], typed: &str) -> crate::Run {
@@ -41,8 +41,7 @@ async fn confirm_mode_rejects_edits_and_approves_commands() {
         typed,
     )
     .await;
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "edited\n");
     assert!(
         !s.path().join("rejected.txt").exists(),

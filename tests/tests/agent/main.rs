@@ -159,6 +159,27 @@ impl Scratch {
         .await
     }
 
+    /// Start [`Scratch::scripted_against`] `daemon`; once the command holding `marker` runs,
+    /// SIGKILL the executor under it. Returns the agent, which runs on.
+    pub async fn kill_executor_mid_command(
+        &self,
+        daemon: &mut executor_tests::Daemon,
+        script: &str,
+        marker: &str,
+        extra: &[&str],
+    ) -> tokio::process::Child {
+        let child = self
+            .scripted_against(daemon, script, extra)
+            .spawn()
+            .unwrap();
+        assert!(
+            started(marker).await,
+            "the command with {marker} never started"
+        );
+        daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+        child
+    }
+
     /// [`Scratch::agent`] pointed at `target`'s executor (its URL, token file and pin).
     pub fn agent_against(&self, target: &impl Target, args: &[&str]) -> tokio::process::Command {
         let mut cmd = self.agent(args);
@@ -291,6 +312,12 @@ pub async fn agent_exec_in(cwd: Option<&std::path::Path>, args: &[&str]) -> (i32
 pub fn signal(child: &tokio::process::Child, signal: nix::sys::signal::Signal) {
     let pid = child.id().expect("the agent has exited already") as i32;
     executor_tests::host_waits::send_signal(pid, signal);
+}
+
+/// Asserts that the run exited with `code` and left a complete trajectory ending in `status`.
+pub fn assert_ended(run: &Run, code: i32, status: &str) {
+    assert_eq!(run.code, code, "{status}: {}", run.stderr);
+    assert_complete_trajectory(run, status);
 }
 
 /// Every trajectory, whatever the exit, has mini's shape and ends with an exit message.

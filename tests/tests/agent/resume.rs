@@ -10,7 +10,7 @@ use executor_tests::{
 };
 use serde_json::Value;
 
-use crate::{assert_complete_trajectory, started, Run, Scratch};
+use crate::{assert_ended, started, Run, Scratch};
 
 /// A daemon that keeps a dropped session `grace` seconds, a proxy in front of it that the test
 /// cuts, and an agent connected through the proxy with a two-turn script: `first`, then a
@@ -95,8 +95,7 @@ async fn a_command_survives_a_cut_connection_when_the_executor_keeps_the_session
     assert_eq!(proxy.cut(), 1, "the agent's connection was not live");
     let run = s.finish(child).await;
 
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "submitted\n");
     // The model saw the command's whole output and its real return code.
     let (content, extra) = first_observation(&run);
@@ -144,8 +143,7 @@ async fn without_a_grace_period_a_cut_connection_kills_the_command_and_the_model
     assert_eq!(proxy.cut(), 1, "the agent's connection was not live");
     let run = s.finish(child).await;
 
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     let (content, extra) = first_observation(&run);
     assert!(
         content.contains("connection to the executor was lost"),
@@ -189,8 +187,7 @@ async fn an_outage_longer_than_the_reconnect_attempts_but_within_the_grace_is_br
     proxy.refuse(false);
     let run = s.finish(child).await;
 
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     let (content, extra) = first_observation(&run);
     assert!(content.contains(&marker), "{content}");
     assert_eq!(extra["returncode"], 0);
@@ -221,8 +218,7 @@ async fn a_silently_dead_connection_is_given_up_at_the_deadline_and_the_result_r
     );
     let run = s.finish(child).await;
 
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     let (content, extra) = first_observation(&run);
     assert!(content.contains(&marker), "{content}");
     assert_eq!(extra["returncode"], 0);
@@ -247,8 +243,7 @@ async fn a_deliberate_end_kills_the_running_command_at_once_despite_a_grace_peri
     )
     .await;
     let run = s.finish(child).await;
-    assert_eq!(run.code, 4, "{}", run.stderr);
-    assert_complete_trajectory(&run, "TimeExceeded");
+    assert_ended(&run, 4, "TimeExceeded");
     // Killed because the agent closed the connection, not 30 s later when the grace ends.
     assert!(
         eventually(executor_tests::PATIENCE, || processes_matching(&marker)

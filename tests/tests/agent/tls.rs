@@ -7,7 +7,7 @@ use executor_tests::{
     binary, eventually, fingerprint_of_der, marked_sleep, marker, Daemon, PATIENCE,
 };
 
-use crate::{agent_exec, assert_complete_trajectory, started, Scratch};
+use crate::{agent_exec, assert_ended, Scratch};
 
 /// `sha256:0a1b...` as `openssl x509 -fingerprint -sha256` writes it: `0A:1B:...`.
 fn openssl_form(pin: &str) -> String {
@@ -45,8 +45,7 @@ async fn an_agent_pinning_the_executors_fingerprint_runs_its_commands_over_tls()
             ],
         )
         .await;
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "over-tls\n");
     let env = &run.traj["info"]["config"]["environment"];
     assert_eq!(env["config"]["tls_fingerprint"], pin.as_str());
@@ -196,18 +195,16 @@ async fn a_replaced_certificate_ends_the_run_on_the_first_reconnect_without_retr
     let s = Scratch::new();
     let marker = marker();
     let child = s
-        .scripted_against(
-            &daemon,
+        .kill_executor_mid_command(
+            &mut daemon,
             &format!(
                 "- command: {}\n- command: echo never\n",
                 marked_sleep(&marker)
             ),
+            &marker,
             &["-c", "environment.reconnect_attempts=10"],
         )
-        .spawn()
-        .unwrap();
-    assert!(started(&marker).await, "command never started");
-    daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+        .await;
     // Same address and token, another certificate: what an impostor would present.
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
@@ -247,8 +244,7 @@ async fn a_replaced_certificate_ends_the_run_on_the_first_reconnect_without_retr
     let log = read_log();
     let _ = impostor.kill();
     let _ = impostor.wait();
-    assert_eq!(run.code, 6, "{}", run.stderr);
-    assert_complete_trajectory(&run, "EnvironmentError");
+    assert_ended(&run, 6, "EnvironmentError");
     let exit = run.messages().last().unwrap()["content"]
         .as_str()
         .unwrap()
