@@ -43,6 +43,15 @@ async fn resume(daemon: &Daemon, session: &str, awaiting: &[&str]) -> (Client, V
     }
 }
 
+/// Send `id` running `command` (timeout 60 s) without waiting for its result, and wait until
+/// `n` sleeps marked `m` are up on the host.
+async fn start_sleeping(client: &mut Client, id: &str, command: &str, m: &str, n: usize) {
+    let mut r = req(id, command);
+    r.timeout = Some(60.0);
+    client.send(&ClientMessage::Exec(r)).await;
+    assert!(sleepers_up(m, n).await, "{id}: {n} sleeps never came up");
+}
+
 /// Every message that arrives within `wait`.
 async fn drain(client: &mut Client, wait: Duration) -> Vec<ServerMessage> {
     let mut all = Vec::new();
@@ -140,13 +149,8 @@ async fn after_the_grace_period_the_tree_is_killed_and_the_session_is_gone() {
     let session = client.hello.session.clone();
     let m = marker();
     // A tree that a plain kill of the shell would miss.
-    let mut r = req(
-        "tree",
-        &format!("setsid {s} & ( {s} & ) ; {s}", s = marked_sleep(&m)),
-    );
-    r.timeout = Some(60.0);
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(sleepers_up(&m, 3).await);
+    let tree = format!("setsid {s} & ( {s} & ) ; {s}", s = marked_sleep(&m));
+    start_sleeping(&mut client, "tree", &tree, &m, 3).await;
     cut(client);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -178,10 +182,7 @@ async fn a_close_frame_ends_the_session_at_once_even_with_a_grace_period() {
     let mut client = daemon.connect().await;
     let session = client.hello.session.clone();
     let m = marker();
-    let mut r = req("s", &marked_sleep(&m));
-    r.timeout = Some(60.0);
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(sleepers_up(&m, 1).await);
+    start_sleeping(&mut client, "s", &marked_sleep(&m), &m, 1).await;
     client.ws.close(None).await.unwrap();
     assert!(
         sleepers_gone(&m).await,
@@ -200,10 +201,7 @@ async fn without_a_grace_period_a_drop_kills_at_once_and_resume_must_come_first(
     assert_eq!(client.hello.resume_grace, 0.0);
     let session = client.hello.session.clone();
     let m = marker();
-    let mut r = req("s", &marked_sleep(&m));
-    r.timeout = Some(60.0);
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(sleepers_up(&m, 1).await);
+    start_sleeping(&mut client, "s", &marked_sleep(&m), &m, 1).await;
     cut(client);
     assert!(sleepers_gone(&m).await);
     // resume is only valid as a connection's first message.
