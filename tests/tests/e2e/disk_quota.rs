@@ -110,6 +110,24 @@ fn start_clients_with_volumes(clients: &[serde_json::Value]) -> WithVolumes {
     with_volumes(start(&file, &[]), Some(dir))
 }
 
+/// A daemon serving alice (`alice`, her clients-file entry) and bob, both connected.
+async fn alice_and_bob(
+    alice: serde_json::Value,
+    bob: serde_json::Value,
+) -> (WithVolumes, Client, Client) {
+    let daemon = start_clients_with_volumes(&[alice, bob]);
+    let alice = connect(&daemon, ALICE).await;
+    let bob = connect(&daemon, BOB).await;
+    (daemon, alice, bob)
+}
+
+/// A daemon serving alice alone (`alice`, her clients-file entry), connected.
+async fn alice_alone(alice: serde_json::Value) -> (WithVolumes, Client) {
+    let daemon = start_clients_with_volumes(&[alice]);
+    let alice = connect(&daemon, ALICE).await;
+    (daemon, alice)
+}
+
 /// A single-token daemon started with `flags`, with its volumes unmounted at the end.
 fn start_flags_with_volumes(flags: &[&str]) -> WithVolumes {
     with_volumes(Daemon::start_with(flags), None)
@@ -165,12 +183,11 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
     if !loops_available() {
         return;
     }
-    let daemon = start_clients_with_volumes(&[
+    let (daemon, mut alice, mut bob) = alice_and_bob(
         quota_client("alice", ALICE, "per_client", 16 * MIB),
         quota_client("bob", BOB, "per_client", 64 * MIB),
-    ]);
-    let mut alice = connect(&daemon, ALICE).await;
-    let mut bob = connect(&daemon, BOB).await;
+    )
+    .await;
     let quota = &alice.hello.disk_quota;
     assert_eq!(quota.mechanism, "ext4_loop", "{quota:?}");
     assert_eq!(quota.bytes, Some(16 * MIB));
@@ -249,12 +266,11 @@ async fn creating_files_past_the_file_quota_gets_enospc_and_the_result_names_the
     if !loops_available() {
         return;
     }
-    let daemon = start_clients_with_volumes(&[
+    let (daemon, mut alice, mut bob) = alice_and_bob(
         with_file_quota(quota_client("alice", ALICE, "per_client", 32 * MIB), 100),
         quota_client("bob", BOB, "per_client", 32 * MIB),
-    ]);
-    let mut alice = connect(&daemon, ALICE).await;
-    let mut bob = connect(&daemon, BOB).await;
+    )
+    .await;
     assert_eq!(alice.hello.disk_quota.files, Some(100));
     let touch =
         "for i in $(seq 1 300); do touch f$i 2>&1 || { echo stopped=$i; break; }; done; ls | wc -l";
@@ -498,9 +514,8 @@ async fn a_session_scratch_is_on_its_clients_volume_and_goes_with_the_session() 
     if !loops_available() {
         return;
     }
-    let daemon =
-        start_clients_with_volumes(&[quota_client("alice", ALICE, "per_connection", 16 * MIB)]);
-    let mut alice = connect(&daemon, ALICE).await;
+    let (daemon, mut alice) =
+        alice_alone(quota_client("alice", ALICE, "per_connection", 16 * MIB)).await;
     let scratch = Path::new(&alice.hello.workspace).to_path_buf();
     let full = alice
         .run_req(in_profile("fill", FILL_32_MIB, "strict"))
@@ -542,12 +557,11 @@ async fn a_quota_larger_than_the_hosts_free_disk_is_refused_with_an_error_naming
     }
     // A petabyte: no test machine has it free. Control: a small quota on the same host is
     // had (the other tests).
-    let daemon = start_clients_with_volumes(&[
+    let (daemon, mut alice, mut bob) = alice_and_bob(
         quota_client("alice", ALICE, "per_client", 1u64 << 50),
         quota_client("bob", BOB, "per_client", 16 * MIB),
-    ]);
-    let mut alice = connect(&daemon, ALICE).await;
-    let mut bob = connect(&daemon, BOB).await;
+    )
+    .await;
     let err = alice
         .exec(in_profile("big", "echo ran > f", "strict"))
         .await
@@ -578,9 +592,8 @@ async fn an_upload_past_the_quota_fails_with_enospc_and_a_smaller_one_lands() {
     if !loops_available() {
         return;
     }
-    let daemon =
-        start_clients_with_volumes(&[quota_client("alice", ALICE, "per_client", 16 * MIB)]);
-    let mut alice = connect(&daemon, ALICE).await;
+    let (daemon, mut alice) =
+        alice_alone(quota_client("alice", ALICE, "per_client", 16 * MIB)).await;
     let workspace = Path::new(&alice.hello.workspace).to_path_buf();
     let big = vec![7u8; 32 * MIB as usize];
     let err = alice
@@ -740,9 +753,8 @@ async fn a_spawned_process_past_the_quota_exits_with_the_quota_named_and_one_und
     if !loops_available() {
         return;
     }
-    let daemon =
-        start_clients_with_volumes(&[quota_client("alice", ALICE, "per_client", 16 * MIB)]);
-    let mut alice = connect(&daemon, ALICE).await;
+    let (daemon, mut alice) =
+        alice_alone(quota_client("alice", ALICE, "per_client", 16 * MIB)).await;
     let under = spawn_and_wait(
         &mut alice,
         "under",
