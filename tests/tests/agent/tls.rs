@@ -111,19 +111,17 @@ async fn a_wrong_pin_is_refused_at_once_naming_both_fingerprints() {
     let token = daemon.state.path().join("token");
     let token = token.to_str().unwrap();
     let s = Scratch::new();
+    let wrongly_pinned = [
+        "--executor",
+        &daemon.url,
+        "--token-file",
+        token,
+        "--tls-fingerprint",
+        &bad,
+    ];
     let started = std::time::Instant::now();
     let run = s
-        .run_scripted(
-            "- command: echo hi\n",
-            &[
-                "--executor",
-                &daemon.url,
-                "--token-file",
-                token,
-                "--tls-fingerprint",
-                &bad,
-            ],
-        )
+        .run_scripted("- command: echo hi\n", &wrongly_pinned)
         .await;
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains(&pin), "{}", run.stderr);
@@ -131,17 +129,7 @@ async fn a_wrong_pin_is_refused_at_once_naming_both_fingerprints() {
     assert!(run.stderr.contains("refusing to connect"), "{}", run.stderr);
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
 
-    let (code, _, err) = agent_exec(&[
-        "--executor",
-        &daemon.url,
-        "--token-file",
-        token,
-        "--tls-fingerprint",
-        &bad,
-        "--",
-        "echo never",
-    ])
-    .await;
+    let (code, _, err) = agent_exec(&[&wrongly_pinned[..], &["--", "echo never"]].concat()).await;
     assert_eq!(code, 255);
     assert!(err.contains(&pin) && err.contains(&bad), "{err}");
 
