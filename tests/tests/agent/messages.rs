@@ -93,28 +93,11 @@ async fn configs_are_found_by_name_as_mini_finds_them_and_a_missing_one_names_wh
         return;
     }
     let s = Scratch::new();
-    let script = s
-        .write(
-            "s.yaml",
-            "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
-        )
-        .display()
-        .to_string();
+    let submit = "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n";
     // mini's swebench.yaml by name (its cwd, /testbed, is a task image's: here, ours).
     let cwd = format!("environment.cwd={}", s.path().display());
     let run = s
-        .run(&[
-            "-c",
-            "swebench.yaml",
-            "-c",
-            &cwd,
-            "-m",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-        ])
+        .run_scripted(submit, &["-c", "swebench.yaml", "-c", &cwd])
         .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.exit_status(), "Submitted");
@@ -130,11 +113,7 @@ async fn configs_are_found_by_name_as_mini_finds_them_and_a_missing_one_names_wh
         run.messages()[0]
     );
     // A name that is nowhere: every place looked, once, and the names that exist.
-    let missing = s
-        .run(&[
-            "-c", "nosuch", "-m", "scripted", "--script", &script, "--task", "t",
-        ])
-        .await;
+    let missing = s.run_scripted(submit, &["-c", "nosuch"]).await;
     assert_eq!(missing.code, 2);
     assert!(
         missing.stderr.contains(
@@ -149,16 +128,7 @@ async fn configs_are_found_by_name_as_mini_finds_them_and_a_missing_one_names_wh
     let unreadable = s.path().join("binary.yaml");
     std::fs::write(&unreadable, [0xff, 0xfe, 0x00]).unwrap();
     let bad = s
-        .run(&[
-            "-c",
-            unreadable.to_str().unwrap(),
-            "-m",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-        ])
+        .run_scripted(submit, &["-c", unreadable.to_str().unwrap()])
         .await;
     assert_eq!(bad.code, 2);
     let line = bad.stderr.lines().last().unwrap_or_default();
