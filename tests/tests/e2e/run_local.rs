@@ -451,6 +451,13 @@ fn assert_no_run_cgroups(run_pid: u32) {
     );
 }
 
+/// Asserts that the run `run_pid` left nothing: no command home beneath `tmp` (now, not
+/// eventually) and no cgroup directory.
+fn assert_run_left_nothing(tmp: &std::path::Path, run_pid: u32) {
+    assert!(homes_in(tmp).is_empty(), "{:?}", homes_in(tmp));
+    assert_no_run_cgroups(run_pid);
+}
+
 /// Asserts that every command home beneath `tmp` is gone within [`PATIENCE`].
 async fn assert_homes_go(tmp: &std::path::Path) {
     assert!(
@@ -672,12 +679,7 @@ async fn a_ctrl_c_to_the_runs_process_group_leaves_its_fork_server_to_clean_up()
     assert!(sleepers_gone(&m).await);
     // The server lived through the Ctrl-C, removed what the run left, and exited.
     assert!(exits(server).await);
-    assert!(
-        homes_in(tmp.path()).is_empty(),
-        "{:?}",
-        homes_in(tmp.path())
-    );
-    assert_no_run_cgroups(run_pid);
+    assert_run_left_nothing(tmp.path(), run_pid);
 }
 
 #[tokio::test]
@@ -699,12 +701,7 @@ async fn a_run_whose_fork_server_died_removes_what_it_left_itself() {
     run.wait().unwrap();
     assert!(sleepers_gone(&m).await);
     // Gone as soon as the run is: it removed them before it exited.
-    assert!(
-        homes_in(tmp.path()).is_empty(),
-        "{:?}",
-        homes_in(tmp.path())
-    );
-    assert_no_run_cgroups(run_pid);
+    assert_run_left_nothing(tmp.path(), run_pid);
 }
 
 #[tokio::test]
