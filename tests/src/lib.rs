@@ -11,6 +11,7 @@ pub mod checks;
 pub mod container;
 mod executable;
 mod host;
+pub mod host_waits;
 pub mod lifeline;
 mod pinned_tls;
 pub mod profiles;

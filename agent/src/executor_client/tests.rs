@@ -177,18 +177,58 @@ fn resume_of(msg: &ClientMessage) -> (String, Vec<String>) {
     }
 }
 
+/// A connection that greets as `session` (with a grace period), takes the client's first
+/// message without answering it, and breaks.
+fn breaks_after_first_message(session: &str, resume_grace: f64) -> Vec<Step> {
+    vec![
+        hello(session, resume_grace),
+        answer(|_| Vec::new()),
+        Step::Drop,
+    ]
+}
+
+/// The executor's `resumed` for `session`, with `running` still going.
+fn resumed(session: &str, running: &[&str]) -> ServerMessage {
+    ServerMessage::Resumed(Resumed {
+        session: session.into(),
+        running: running.iter().map(|id| id.to_string()).collect(),
+    })
+}
+
+/// Answers any `resume` with `resumed` for `session`, with `running` still going.
+fn answer_resume(session: &'static str, running: &'static [&'static str]) -> Step {
+    answer(move |_| vec![resumed(session, running)])
+}
+
+/// Answers the client's sync cancel (the command it sent before the break) with not found.
+fn answer_sync_cancel_not_found() -> Step {
+    answer(|sync| match sync {
+        ClientMessage::Cancel(c) => vec![not_found(Some(c.id.clone()))],
+        other => panic!("expected the sync cancel, got {other:?}"),
+    })
+}
+
+/// Answers an exec with a result printing `output`.
+fn answer_exec(output: &'static str) -> Step {
+    answer(move |exec| vec![result(&exec_id(exec), output)])
+}
+
+/// Close the environment and return every message the fake executor received.
+async fn close_and_read(
+    env: &mut Environment,
+    seen: &Mutex<Vec<ClientMessage>>,
+) -> Vec<ClientMessage> {
+    env.close().await;
+    seen.lock().unwrap().clone()
+}
+
 #[tokio::test]
 async fn a_command_still_running_after_the_break_is_waited_for_in_the_resumed_session() {
     let (url, seen) = fake_executor(vec![
-        vec![hello("s1", 30.0), answer(|_| Vec::new()), Step::Drop],
+        breaks_after_first_message("s1", 30.0),
         vec![
             hello("s2", 30.0),
-            answer(|_| {
-                vec![ServerMessage::Resumed(Resumed {
-                    session: "s1".into(),
-                    running: vec!["a1".into()],
-                })]
-            }),
+            answer_resume("s1", &["a1"]),
             Step::Send(Box::new(result("a1", "finished\n"))),
         ],
     ])
@@ -196,8 +236,7 @@ async fn a_command_still_running_after_the_break_is_waited_for_in_the_resumed_se
     let mut env = open(&url).await;
     let out = execute(&mut env, "sleep 1; echo finished").await;
     assert_eq!((out.output.as_str(), out.returncode), ("finished\n", 0));
-    env.close().await;
-    let seen = seen.lock().unwrap().clone();
+    let seen = close_and_read(&mut env, &seen).await;
     assert_eq!(exec_id(&seen[0]), "a1");
     assert_eq!(resume_of(&seen[1]), ("s1".into(), vec!["a1".into()]));
     assert_eq!(seen.len(), 2, "{seen:?}");
@@ -207,28 +246,19 @@ async fn a_command_still_running_after_the_break_is_waited_for_in_the_resumed_se
 async fn a_request_lost_in_the_break_is_sent_again_in_the_resumed_session() {
     let (url, seen) = fake_executor(vec![
         // The request arrives, but as far as the executor knows it never did.
-        vec![hello("s1", 30.0), answer(|_| Vec::new()), Step::Drop],
+        breaks_after_first_message("s1", 30.0),
         vec![
             hello("s2", 30.0),
-            answer(|_| {
-                vec![ServerMessage::Resumed(Resumed {
-                    session: "s1".into(),
-                    running: Vec::new(),
-                })]
-            }),
-            answer(|sync| match sync {
-                ClientMessage::Cancel(c) => vec![not_found(Some(c.id.clone()))],
-                other => panic!("expected the sync cancel, got {other:?}"),
-            }),
-            answer(|exec| vec![result(&exec_id(exec), "ran\n")]),
+            answer_resume("s1", &[]),
+            answer_sync_cancel_not_found(),
+            answer_exec("ran\n"),
         ],
     ])
     .await;
     let mut env = open(&url).await;
     let out = execute(&mut env, "echo ran").await;
     assert_eq!((out.output.as_str(), out.returncode), ("ran\n", 0));
-    env.close().await;
-    let seen = seen.lock().unwrap().clone();
+    let seen = close_and_read(&mut env, &seen).await;
     assert_eq!(exec_id(&seen[0]), "a1");
     assert_eq!(resume_of(&seen[1]), ("s1".into(), vec!["a1".into()]));
     assert!(matches!(&seen[2], ClientMessage::Cancel(_)), "{seen:?}");
@@ -239,30 +269,23 @@ async fn a_request_lost_in_the_break_is_sent_again_in_the_resumed_session() {
 #[tokio::test]
 async fn a_result_in_the_replay_is_taken_and_the_command_is_not_run_again() {
     let (url, seen) = fake_executor(vec![
-        vec![hello("s1", 30.0), answer(|_| Vec::new()), Step::Drop],
+        breaks_after_first_message("s1", 30.0),
         vec![
             hello("s2", 30.0),
             answer(|_| {
                 vec![
-                    ServerMessage::Resumed(Resumed {
-                        session: "s1".into(),
-                        running: Vec::new(),
-                    }),
+                    resumed("s1", &[]),
                     result("a1", "done while you were away\n"),
                 ]
             }),
-            answer(|sync| match sync {
-                ClientMessage::Cancel(c) => vec![not_found(Some(c.id.clone()))],
-                other => panic!("expected the sync cancel, got {other:?}"),
-            }),
+            answer_sync_cancel_not_found(),
         ],
     ])
     .await;
     let mut env = open(&url).await;
     let out = execute(&mut env, "true").await;
     assert_eq!(out.output, "done while you were away\n");
-    env.close().await;
-    let seen = seen.lock().unwrap().clone();
+    let seen = close_and_read(&mut env, &seen).await;
     assert!(
         seen.iter()
             .filter(|m| matches!(m, ClientMessage::Exec(_)))
@@ -275,27 +298,19 @@ async fn a_result_in_the_replay_is_taken_and_the_command_is_not_run_again() {
 #[tokio::test]
 async fn an_expired_session_cuts_the_command_short_and_the_new_session_goes_on() {
     let (url, seen) = fake_executor(vec![
-        vec![hello("s1", 30.0), answer(|_| Vec::new()), Step::Drop],
+        breaks_after_first_message("s1", 30.0),
         vec![
             hello("s2", 30.0),
             answer(|_| vec![not_found(None)]),
-            answer(|exec| vec![result(&exec_id(exec), "second\n")]),
+            answer_exec("second\n"),
             Step::Drop,
         ],
         // The session now is the second connection's own.
         vec![
             hello("s3", 30.0),
-            answer(|_| {
-                vec![ServerMessage::Resumed(Resumed {
-                    session: "s2".into(),
-                    running: Vec::new(),
-                })]
-            }),
-            answer(|sync| match sync {
-                ClientMessage::Cancel(c) => vec![not_found(Some(c.id.clone()))],
-                other => panic!("expected the sync cancel, got {other:?}"),
-            }),
-            answer(|exec| vec![result(&exec_id(exec), "third\n")]),
+            answer_resume("s2", &[]),
+            answer_sync_cancel_not_found(),
+            answer_exec("third\n"),
         ],
     ])
     .await;
@@ -307,8 +322,7 @@ async fn an_expired_session_cuts_the_command_short_and_the_new_session_goes_on()
     // Dropped while idle: the agent notices when it sends the next command, resumes the
     // second session, learns the command never arrived there, and sends it again.
     assert_eq!(execute(&mut env, "echo third").await.output, "third\n");
-    env.close().await;
-    let seen = seen.lock().unwrap().clone();
+    let seen = close_and_read(&mut env, &seen).await;
     assert_eq!(resume_of(&seen[1]), ("s1".into(), vec!["a1".into()]));
     assert_eq!(exec_id(&seen[2]), "a2");
     assert_eq!(resume_of(&seen[3]), ("s2".into(), vec!["a3".into()]));
@@ -320,19 +334,15 @@ async fn an_expired_session_cuts_the_command_short_and_the_new_session_goes_on()
 #[tokio::test]
 async fn without_a_grace_period_no_resume_is_asked_for() {
     let (url, seen) = fake_executor(vec![
-        vec![hello("s1", 0.0), answer(|_| Vec::new()), Step::Drop],
-        vec![
-            hello("s2", 0.0),
-            answer(|exec| vec![result(&exec_id(exec), "fresh\n")]),
-        ],
+        breaks_after_first_message("s1", 0.0),
+        vec![hello("s2", 0.0), answer_exec("fresh\n")],
     ])
     .await;
     let mut env = open(&url).await;
     let out = execute(&mut env, "sleep 9").await;
     assert_eq!(out.exception_info, CUT_SHORT);
     assert_eq!(execute(&mut env, "echo fresh").await.output, "fresh\n");
-    env.close().await;
-    let seen = seen.lock().unwrap().clone();
+    let seen = close_and_read(&mut env, &seen).await;
     assert!(
         !seen.iter().any(|m| matches!(m, ClientMessage::Resume(_))),
         "{seen:?}"

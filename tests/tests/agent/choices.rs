@@ -5,37 +5,17 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use executor_tests::{binary, is_root, require};
+use executor_tests::{is_root, require};
 
-use crate::{Finished, Scratch, RUN_PATIENCE};
+use crate::{finish_one_shot, one_shot, Finished, Scratch};
+
+/// What every entry point says in a directory neither strict nor landlock can write.
+const NEITHER_WRITES: &str = "neither strict nor landlock can run commands that write";
 
 /// `agent <args>` with no executor flags (a local executor) in `dir`, bounded.
 async fn agent_in(dir: &std::path::Path, args: &[&str]) -> Finished {
-    let out = tokio::time::timeout(
-        RUN_PATIENCE,
-        tokio::process::Command::new(binary("agent"))
-            .args(args)
-            .current_dir(dir)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the agent did not finish in time")
-    .unwrap();
-    let finished = Finished {
-        code: out.status.code().unwrap_or(-1),
-        stdout: out.stdout,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    eprintln!(
-        "--- agent {args:?} in {}: exit {} ---\nstdout:\n{}\nstderr:\n{}",
-        dir.display(),
-        finished.code,
-        String::from_utf8_lossy(&finished.stdout),
-        finished.stderr
-    );
-    finished
+    let child = one_shot().args(args).current_dir(dir).spawn().unwrap();
+    finish_one_shot(child, &format!("agent {args:?} in {}", dir.display())).await
 }
 
 /// A directory only root may write, as a repository checked out by root is.
@@ -60,7 +40,7 @@ async fn in_a_root_owned_directory_exec_refuses_with_the_ways_out_and_writes_not
     assert_eq!(refused.code, 255, "{}", refused.stderr);
     let place = dir.path().display().to_string();
     for said in [
-        format!("neither strict nor landlock can run commands that write {place}"),
+        format!("{NEITHER_WRITES} {place}"),
         "owned by root, mode 0755".to_string(),
         format!("strict: its commands cannot write {place}"),
         format!("landlock: its commands cannot write {place}"),
@@ -132,32 +112,16 @@ async fn agent_run_cp_and_shell_also_refuse_a_root_owned_directory_and_say_their
     )
     .await;
     assert_ne!(run.code, 0);
-    assert!(
-        run.stderr
-            .contains("neither strict nor landlock can run commands that write"),
-        "{}",
-        run.stderr
-    );
+    assert!(run.stderr.contains(NEITHER_WRITES), "{}", run.stderr);
     assert!(!dir.path().join("made").exists());
     let source = s.write("f.txt", "x\n");
     let cp = agent_in(dir.path(), &["cp", source.to_str().unwrap(), ":f.txt"]).await;
     assert_eq!(cp.code, 255);
-    assert!(
-        cp.stderr
-            .contains("neither strict nor landlock can run commands that write"),
-        "{}",
-        cp.stderr
-    );
+    assert!(cp.stderr.contains(NEITHER_WRITES), "{}", cp.stderr);
     assert!(!dir.path().join("f.txt").exists());
     let shell = agent_in(dir.path(), &["shell", "--", "true"]).await;
     assert_eq!(shell.code, 255);
-    assert!(
-        shell
-            .stderr
-            .contains("neither strict nor landlock can run commands that write"),
-        "{}",
-        shell.stderr
-    );
+    assert!(shell.stderr.contains(NEITHER_WRITES), "{}", shell.stderr);
 
     // Controls, in a directory strict can write: each says the profile it chose.
     let open = s.path();

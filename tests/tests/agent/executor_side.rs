@@ -7,14 +7,13 @@ use executor_tests::{
     binary, eventually, marked_sleep, marker, processes_matching, Daemon, PATIENCE,
 };
 
-use crate::{assert_complete_trajectory, Scratch};
+use crate::{agent_exec, agent_exec_in, assert_ended, signal, Scratch};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_fixes_the_toy_repository_and_submits_a_git_diff() {
     let s = Scratch::new();
     let run = s.run(&["--demo"]).await;
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     let submission = run.traj["info"]["submission"].as_str().unwrap();
     assert!(
         submission.starts_with("diff --git a/mathlib.sh b/mathlib.sh"),
@@ -64,14 +63,11 @@ async fn demo_fixes_the_toy_repository_and_submits_a_git_diff() {
 async fn a_remote_executor_is_used_with_its_token_and_default_profile() {
     let daemon = Daemon::start();
     let s = Scratch::new();
-    let script = s
-        .write("s.yaml", "- command: pwd && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && pwd\n")
-        .display()
-        .to_string();
     let run = s
-        .run_against(
+        .run_scripted_against(
             &daemon,
-            &["--model", "scripted", "--script", &script, "--task", "t"],
+            "- command: pwd && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && pwd\n",
+            &[],
         )
         .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -101,23 +97,16 @@ async fn a_wrong_token_is_refused_at_start() {
     let daemon = Daemon::start();
     let s = Scratch::new();
     let bad = s.write("token", "not-the-token\n");
-    let script = s
-        .write("s.yaml", "- command: echo hi\n")
-        .display()
-        .to_string();
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            bad.to_str().unwrap(),
-        ])
+        .run_scripted(
+            "- command: echo hi\n",
+            &[
+                "--executor",
+                &daemon.url,
+                "--token-file",
+                bad.to_str().unwrap(),
+            ],
+        )
         .await;
     assert_eq!(run.code, 2);
     assert!(
@@ -132,40 +121,19 @@ async fn executor_killed_mid_run_gives_environment_error_and_a_complete_trajecto
     let mut daemon = Daemon::start();
     let s = Scratch::new();
     let marker = marker();
-    let script = s
-        .write(
-            "s.yaml",
+    let child = s
+        .kill_executor_mid_command(
+            &mut daemon,
             &format!(
                 "- command: echo first\n- command: {}\n- command: echo never\n",
                 marked_sleep(&marker)
             ),
+            &marker,
+            &["-c", "environment.reconnect_attempts=2"],
         )
-        .display()
-        .to_string();
-    let child = s
-        .agent_against(
-            &daemon,
-            &[
-                "--model",
-                "scripted",
-                "--script",
-                &script,
-                "--task",
-                "t",
-                "-c",
-                "environment.reconnect_attempts=2",
-            ],
-        )
-        .spawn()
-        .unwrap();
-    assert!(
-        eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await,
-        "second command never started"
-    );
-    daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+        .await;
     let run = s.finish(child).await;
-    assert_eq!(run.code, 6);
-    assert_complete_trajectory(&run, "EnvironmentError");
+    assert_ended(&run, 6, "EnvironmentError");
     // Everything up to the failure is on disk: both model turns and the first observation.
     assert_eq!(run.with_role("assistant").len(), 2);
     assert_eq!(run.with_role("tool").len(), 1);
@@ -182,21 +150,12 @@ async fn executor_killed_mid_run_gives_environment_error_and_a_complete_trajecto
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_environment_error_stops_the_run_and_is_never_shown_to_the_model() {
     let s = Scratch::new();
-    let script = s
-        .write("s.yaml", "- command: echo hi\n- command: echo again\n")
-        .display()
-        .to_string();
     let daemon = Daemon::start();
     let run = s
-        .run_against(
+        .run_scripted_against(
             &daemon,
+            "- command: echo hi\n- command: echo again\n",
             &[
-                "--model",
-                "scripted",
-                "--script",
-                &script,
-                "--task",
-                "t",
                 "--cwd",
                 "/nonexistent/agent-e2e",
                 "-c",
@@ -204,8 +163,7 @@ async fn an_environment_error_stops_the_run_and_is_never_shown_to_the_model() {
             ],
         )
         .await;
-    assert_eq!(run.code, 6);
-    assert_complete_trajectory(&run, "EnvironmentError");
+    assert_ended(&run, 6, "EnvironmentError");
     assert!(
         run.with_role("tool").is_empty(),
         "the model saw the environment error"
@@ -219,25 +177,6 @@ async fn an_environment_error_stops_the_run_and_is_never_shown_to_the_model() {
             .contains("environment_error"),
         "{exit}"
     );
-}
-
-async fn agent_exec(args: &[&str]) -> (i32, String, String) {
-    let out = tokio::time::timeout(
-        PATIENCE,
-        tokio::process::Command::new(binary("agent"))
-            .arg("exec")
-            .args(args)
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .expect("agent exec did not finish")
-    .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,22 +215,7 @@ async fn agent_exec_starts_and_stops_a_local_executor_without_a_url() {
     // In a directory the sandbox's identity may write (a root-owned one is refused:
     // `choices::`).
     let s = Scratch::new();
-    let out = tokio::time::timeout(
-        PATIENCE,
-        tokio::process::Command::new(binary("agent"))
-            .args(["exec", "--", "echo local"])
-            .current_dir(s.path())
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .expect("agent exec did not finish")
-    .unwrap();
-    let (code, out, err) = (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
+    let (code, out, err) = agent_exec_in(Some(s.path()), &["--", "echo local"]).await;
     assert_eq!((code, out.as_str()), (0, "local\n"), "{err}");
     assert!(err.contains("started a local executor"), "{err}");
     assert!(err.contains("executor: profile \"strict\""), "{err}");
@@ -312,37 +236,17 @@ async fn a_restarted_executor_is_reconnected_and_the_cut_command_is_reported_to_
     let mut daemon = Daemon::start();
     let s = Scratch::new();
     let marker = marker();
-    let script = s
-        .write(
-            "s.yaml",
+    let child = s
+        .kill_executor_mid_command(
+            &mut daemon,
             &format!(
                 "- command: {}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo after\n",
                 marked_sleep(&marker)
             ),
+            &marker,
+            &["-c", "environment.reconnect_attempts=10"],
         )
-        .display()
-        .to_string();
-    let child = s
-        .agent_against(
-            &daemon,
-            &[
-                "--model",
-                "scripted",
-                "--script",
-                &script,
-                "--task",
-                "t",
-                "-c",
-                "environment.reconnect_attempts=10",
-            ],
-        )
-        .spawn()
-        .unwrap();
-    assert!(
-        eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await,
-        "command never started"
-    );
-    daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+        .await;
     // Same address, same state directory (so the same token).
     let mut again = std::process::Command::new(binary("executor"));
     again
@@ -361,8 +265,7 @@ async fn a_restarted_executor_is_reconnected_and_the_cut_command_is_reported_to_
     .unwrap();
     assert!(line.starts_with("executor listening on"), "{line:?}");
     let run = s.finish(child).await;
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "after\n");
     let cut = run.with_role("tool")[0]["content"]
         .as_str()
@@ -376,20 +279,10 @@ async fn a_restarted_executor_is_reconnected_and_the_cut_command_is_reported_to_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_exec_with_a_local_executor_can_write_the_current_directory() {
     let s = Scratch::new();
-    let out = tokio::time::timeout(
-        PATIENCE,
-        tokio::process::Command::new(binary("agent"))
-            .args(["exec", "--", "echo written > f.txt && cat f.txt"])
-            .current_dir(s.path())
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "written\n");
+    let (code, out, stderr) =
+        agent_exec_in(Some(s.path()), &["--", "echo written > f.txt && cat f.txt"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(out, "written\n");
     assert_eq!(
         std::fs::read_to_string(s.path().join("f.txt")).unwrap(),
         "written\n"
@@ -418,11 +311,7 @@ async fn ctrl_c_on_agent_exec_cancels_the_command_and_exits_130() {
         })
     };
     assert!(eventually(PATIENCE, sleeping).await);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGINT);
     let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
         .await
         .unwrap()

@@ -1,10 +1,11 @@
 //! Every exit status of the loop, driven by the scripted model against a local executor that
 //! the agent starts itself.
 
-use executor_tests::{eventually, marked_sleep, marker, processes_matching, PATIENCE};
+use executor_tests::{marked_sleep, marker};
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::{assert_complete_trajectory, Scratch};
+use crate::{assert_ended, signal, started, Scratch};
 
 fn scripted(s: &Scratch, script: &str) -> String {
     s.write("script.yaml", script).display().to_string()
@@ -13,15 +14,13 @@ fn scripted(s: &Scratch, script: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_with_returncode_0_submits_the_rest_of_the_output() {
     let s = Scratch::new();
-    let script = scripted(
-        &s,
-        "- thought: write then submit, two tool calls in one turn\n  commands:\n    - echo patch-body > f.txt\n    - echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat f.txt\n",
-    );
     let run = s
-        .run(&["--model", "scripted", "--script", &script, "--task", "t"])
+        .run_scripted(
+            "- thought: write then submit, two tool calls in one turn\n  commands:\n    - echo patch-body > f.txt\n    - echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat f.txt\n",
+            &[],
+        )
         .await;
-    assert_eq!(run.code, 0);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "patch-body\n");
     assert!(run.stdout.contains("Exit status: Submitted"));
     assert!(
@@ -37,12 +36,11 @@ async fn sentinel_with_returncode_0_submits_the_rest_of_the_output() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_from_a_failing_command_does_not_submit() {
     let s = Scratch::new();
-    let script = scripted(
-        &s,
-        "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; exit 1\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
-    );
     let run = s
-        .run(&["--model", "scripted", "--script", &script, "--task", "t"])
+        .run_scripted(
+            "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; exit 1\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
+            &[],
+        )
         .await;
     assert_eq!(run.code, 0);
     assert_eq!(run.traj["info"]["model_stats"]["api_calls"], 2);
@@ -52,24 +50,13 @@ async fn sentinel_from_a_failing_command_does_not_submit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_limit_ends_the_run_with_limits_exceeded() {
     let s = Scratch::new();
-    let script = scripted(
-        &s,
-        "- command: echo 1\n- command: echo 2\n- command: echo 3\n",
-    );
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--step-limit",
-            "2",
-            "--task",
-            "t",
-        ])
+        .run_scripted(
+            "- command: echo 1\n- command: echo 2\n- command: echo 3\n",
+            &["--step-limit", "2"],
+        )
         .await;
-    assert_eq!(run.code, 3);
-    assert_complete_trajectory(&run, "LimitsExceeded");
+    assert_ended(&run, 3, "LimitsExceeded");
     assert_eq!(run.traj["info"]["model_stats"]["api_calls"], 2);
     assert_eq!(run.with_role("tool").len(), 2);
 }
@@ -77,24 +64,13 @@ async fn step_limit_ends_the_run_with_limits_exceeded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cost_limit_ends_the_run_once_reached() {
     let s = Scratch::new();
-    let script = scripted(
-        &s,
-        "- command: echo 1\n  cost: 1.0\n- command: echo 2\n  cost: 1.0\n- command: echo 3\n  cost: 1.0\n",
-    );
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--cost-limit",
-            "1.5",
-            "--task",
-            "t",
-        ])
+        .run_scripted(
+            "- command: echo 1\n  cost: 1.0\n- command: echo 2\n  cost: 1.0\n- command: echo 3\n  cost: 1.0\n",
+            &["--cost-limit", "1.5"],
+        )
         .await;
-    assert_eq!(run.code, 3);
-    assert_complete_trajectory(&run, "LimitsExceeded");
+    assert_ended(&run, 3, "LimitsExceeded");
     assert_eq!(run.traj["info"]["model_stats"]["api_calls"], 2);
     assert_eq!(run.traj["info"]["model_stats"]["instance_cost"], 2.0);
 }
@@ -102,44 +78,25 @@ async fn cost_limit_ends_the_run_once_reached() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wall_time_limit_ends_the_run_with_time_exceeded() {
     let s = Scratch::new();
-    let script = scripted(&s, "- command: sleep 30\n- command: echo never\n");
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "-c",
-            "agent.wall_time_limit=1",
-        ])
+        .run_scripted(
+            "- command: sleep 30\n- command: echo never\n",
+            &["-c", "agent.wall_time_limit=1"],
+        )
         .await;
-    assert_eq!(run.code, 4);
-    assert_complete_trajectory(&run, "TimeExceeded");
+    assert_ended(&run, 4, "TimeExceeded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_format_errors_are_fed_back_then_end_the_run() {
     let s = Scratch::new();
-    let script = scripted(
-        &s,
-        "- content: I think I am done.\n- content: still no tool call\n- content: nope\n- command: echo never\n",
-    );
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "-c",
-            "agent.format_error_limit=3",
-        ])
+        .run_scripted(
+            "- content: I think I am done.\n- content: still no tool call\n- content: nope\n- command: echo never\n",
+            &["-c", "agent.format_error_limit=3"],
+        )
         .await;
-    assert_eq!(run.code, 5);
-    assert_complete_trajectory(&run, "RepeatedFormatError");
+    assert_ended(&run, 5, "RepeatedFormatError");
     let errors: Vec<&Value> = run
         .with_role("user")
         .into_iter()
@@ -155,55 +112,30 @@ async fn repeated_format_errors_are_fed_back_then_end_the_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_format_error_does_not_count_once_the_model_recovers() {
     let s = Scratch::new();
-    let script = scripted(
-        &s,
-        "- content: oops\n- command: echo ok\n- content: oops\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
-    );
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "-c",
-            "agent.format_error_limit=2",
-        ])
+        .run_scripted(
+            "- content: oops\n- command: echo ok\n- content: oops\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
+            &["-c", "agent.format_error_limit=2"],
+        )
         .await;
-    assert_eq!(run.code, 0);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_that_runs_out_ends_with_model_error() {
     let s = Scratch::new();
-    let script = scripted(&s, "- command: echo only one\n");
-    let run = s
-        .run(&["--model", "scripted", "--script", &script, "--task", "t"])
-        .await;
-    assert_eq!(run.code, 7);
-    assert_complete_trajectory(&run, "ModelError");
+    let run = s.run_scripted("- command: echo only one\n", &[]).await;
+    assert_ended(&run, 7, "ModelError");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn command_timeout_is_shown_to_the_model_with_returncode_minus_1() {
     let s = Scratch::new();
-    let script = scripted(
-        &s,
-        "- command: echo before; sleep 30\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
-    );
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--timeout",
-            "1",
-        ])
+        .run_scripted(
+            "- command: echo before; sleep 30\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
+            &["--timeout", "1"],
+        )
         .await;
     assert_eq!(run.code, 0);
     let tool = run.with_role("tool")[0].clone();
@@ -217,12 +149,11 @@ async fn command_timeout_is_shown_to_the_model_with_returncode_minus_1() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_output_is_shown_as_head_elided_count_and_tail() {
     let s = Scratch::new();
-    let script = scripted(
-        &s,
-        "- command: seq 1 30000\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
-    );
     let run = s
-        .run(&["--model", "scripted", "--script", &script, "--task", "t"])
+        .run_scripted(
+            "- command: seq 1 30000\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
+            &[],
+        )
         .await;
     assert_eq!(run.code, 0);
     let full: String = (1..=30000).map(|i| format!("{i}\n")).collect();
@@ -238,24 +169,14 @@ async fn long_output_is_shown_as_head_elided_count_and_tail() {
 async fn ctrl_c_saves_the_trajectory_and_exits_interrupted() {
     let s = Scratch::new();
     let marker = marker();
-    let script = scripted(&s, &format!("- command: {}\n", marked_sleep(&marker)));
     let child = s
-        .agent(&["--model", "scripted", "--script", &script, "--task", "t"])
+        .scripted(&format!("- command: {}\n", marked_sleep(&marker)), &[])
         .spawn()
         .unwrap();
-    let pid = child.id().unwrap() as i32;
-    assert!(
-        eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await,
-        "the command never started"
-    );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    assert!(started(&marker).await, "the command never started");
+    signal(&child, Signal::SIGINT);
     let run = s.finish(child).await;
-    assert_eq!(run.code, 130);
-    assert_complete_trajectory(&run, "Interrupted");
+    assert_ended(&run, 130, "Interrupted");
     assert_eq!(run.with_role("assistant").len(), 1);
 }
 
@@ -337,18 +258,11 @@ model:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misspelt_template_variable_is_a_config_error() {
     let s = Scratch::new();
-    let script = scripted(&s, "- command: echo hi\n");
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "-c",
-            "agent.instance_template=Task {{tsak}}",
-        ])
+        .run_scripted(
+            "- command: echo hi\n",
+            &["-c", "agent.instance_template=Task {{tsak}}"],
+        )
         .await;
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("instance template"), "{}", run.stderr);
@@ -357,31 +271,24 @@ async fn a_misspelt_template_variable_is_a_config_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn environment_settings_reach_the_commands_and_preds_json_is_written() {
     let s = Scratch::new();
-    let script = scripted(
-        &s,
-        "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo \"$FROM_CONFIG $FROM_HOST $OVERRIDDEN\" && echo $0\n",
-    );
     let preds = s.path().join("preds.json");
-    let mut cmd = s.agent(&[
-        "--model",
-        "scripted",
-        "--script",
-        &script,
-        "--task",
-        "t",
-        "-c",
-        "environment.env.FROM_CONFIG=config",
-        "-c",
-        "environment.env.OVERRIDDEN=env-wins",
-        "-c",
-        "environment.forward_env=[FROM_HOST, OVERRIDDEN, NOT_SET_ANYWHERE]",
-        "-c",
-        "environment.interpreter=[sh, -c]",
-        "--instance-id",
-        "owner__repo-1",
-        "--preds",
-        preds.to_str().unwrap(),
-    ]);
+    let mut cmd = s.scripted(
+        "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo \"$FROM_CONFIG $FROM_HOST $OVERRIDDEN\" && echo $0\n",
+        &[
+            "-c",
+            "environment.env.FROM_CONFIG=config",
+            "-c",
+            "environment.env.OVERRIDDEN=env-wins",
+            "-c",
+            "environment.forward_env=[FROM_HOST, OVERRIDDEN, NOT_SET_ANYWHERE]",
+            "-c",
+            "environment.interpreter=[sh, -c]",
+            "--instance-id",
+            "owner__repo-1",
+            "--preds",
+            preds.to_str().unwrap(),
+        ],
+    );
     cmd.env("FROM_HOST", "host").env("OVERRIDDEN", "host-loses");
     let run = s.finish(cmd.spawn().unwrap()).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -399,28 +306,21 @@ async fn environment_settings_reach_the_commands_and_preds_json_is_written() {
 async fn a_killed_agent_leaves_a_valid_trajectory_of_every_finished_step() {
     let s = Scratch::new();
     let marker = marker();
-    let script = scripted(
-        &s,
-        &format!(
-            "- command: echo first step\n- command: {}\n",
-            marked_sleep(&marker)
-        ),
-    );
     // An executor the test owns: a local one would outlive the SIGKILLed agent.
     let daemon = executor_tests::Daemon::start();
     let child = s
-        .agent_against(
+        .scripted_against(
             &daemon,
-            &["--model", "scripted", "--script", &script, "--task", "t"],
+            &format!(
+                "- command: echo first step\n- command: {}\n",
+                marked_sleep(&marker)
+            ),
+            &[],
         )
         .spawn()
         .unwrap();
-    assert!(eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    assert!(started(&marker).await);
+    signal(&child, Signal::SIGKILL);
     let run = s.finish(child).await;
     assert_eq!(run.code, -1, "killed by a signal");
     assert_eq!(run.traj["trajectory_format"], "mini-swe-agent-1.1");
@@ -441,16 +341,7 @@ async fn start_up_errors_exit_2_with_a_reason() {
     assert_eq!(no_model.code, 2);
     assert!(no_model.stderr.contains("no model"), "{}", no_model.stderr);
     let bad_profile = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--profile",
-            "no-such-profile",
-        ])
+        .run_scripted("- command: echo hi\n", &["--profile", "no-such-profile"])
         .await;
     assert_eq!(bad_profile.code, 2);
     assert!(

@@ -6,7 +6,7 @@ use std::process::Stdio;
 
 use executor_tests::{eventually, marked_sleep, marker, processes_matching, PATIENCE};
 
-use crate::{assert_complete_trajectory, Scratch};
+use crate::{assert_ended, signal, started, Scratch};
 
 /// Spawn `agent run` with a terminal on stdin and `typed` already waiting in it.
 async fn run_on_terminal(s: &Scratch, args: &[&str], typed: &str) -> crate::Run {
@@ -41,8 +41,7 @@ async fn confirm_mode_rejects_edits_and_approves_commands() {
         typed,
     )
     .await;
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "edited\n");
     assert!(
         !s.path().join("rejected.txt").exists(),
@@ -92,14 +91,8 @@ async fn human_mode_runs_typed_commands_then_switches_to_the_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirm_mode_without_a_terminal_is_refused() {
     let s = Scratch::new();
-    let script = s
-        .write("s.yaml", "- command: echo hi\n")
-        .display()
-        .to_string();
     let run = s
-        .run(&[
-            "--model", "scripted", "--script", &script, "--task", "t", "--mode", "confirm",
-        ])
+        .run_scripted("- command: echo hi\n", &["--mode", "confirm"])
         .await;
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("needs a terminal"), "{}", run.stderr);
@@ -110,15 +103,11 @@ async fn the_local_executor_never_inherits_the_api_key() {
     const SECRET: &str = "sk-agent-e2e-secret-4711";
     let s = Scratch::new();
     let marker = marker();
-    let script = s
-        .write("s.yaml", &format!("- command: {}\n", marked_sleep(&marker)))
-        .display()
-        .to_string();
-    let mut cmd = s.agent(&["--model", "scripted", "--script", &script, "--task", "t"]);
+    let mut cmd = s.scripted(&format!("- command: {}\n", marked_sleep(&marker)), &[]);
     cmd.env("OPENAI_API_KEY", SECRET).env("SOME_TOKEN", SECRET);
     let child = cmd.spawn().unwrap();
     let agent_pid = child.id().unwrap() as i32;
-    assert!(eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await);
+    assert!(started(&marker).await);
     let daemons: Vec<i32> = processes_matching("agent-executor-")
         .into_iter()
         .filter(|pid| {
@@ -159,29 +148,19 @@ async fn the_local_executor_never_inherits_the_api_key() {
 async fn ctrl_c_in_yolo_mode_kills_the_command_and_switches_to_confirm() {
     let s = Scratch::new();
     let marker = marker();
-    let script = s
-        .write(
-            "s.yaml",
-            &format!(
-                "- command: {}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo approved\n",
-                marked_sleep(&marker)
-            ),
-        )
-        .display()
-        .to_string();
     let pty = nix::pty::openpty(None, None).unwrap();
-    let mut cmd = s.agent(&[
-        "--model", "scripted", "--script", &script, "--task", "t", "--mode", "yolo",
-    ]);
+    let mut cmd = s.scripted(
+        &format!(
+            "- command: {}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo approved\n",
+            marked_sleep(&marker)
+        ),
+        &["--mode", "yolo"],
+    );
     cmd.stdin(Stdio::from(pty.slave));
     let child = cmd.spawn().unwrap();
     let mut keyboard = std::fs::File::from(pty.master);
-    assert!(eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    assert!(started(&marker).await);
+    signal(&child, nix::sys::signal::Signal::SIGINT);
     // Switch to confirm at the interrupt menu, then approve the next command with Enter.
     keyboard.write_all(b"/c\n\n").unwrap();
     let run = s.finish(child).await;

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+pub use executor_tests::host_waits::started;
 use executor_tests::{binary, Target};
 use serde_json::Value;
 
@@ -108,6 +109,77 @@ impl Scratch {
         cmd
     }
 
+    /// Write `script` (the scripted model's YAML) as `script.yaml` and return the arguments
+    /// that play it on the task "t".
+    pub fn scripted_args(&self, script: &str) -> Vec<String> {
+        let path = self.write("script.yaml", script).display().to_string();
+        ["--model", "scripted", "--script", &path, "--task", "t"]
+            .map(String::from)
+            .to_vec()
+    }
+
+    /// [`Scratch::agent`] with the scripted model playing `script` on the task "t", then
+    /// `extra` arguments.
+    pub fn scripted(&self, script: &str, extra: &[&str]) -> tokio::process::Command {
+        let mut cmd = self.agent(&[]);
+        cmd.args(self.scripted_args(script)).args(extra);
+        cmd
+    }
+
+    /// [`Scratch::scripted`] pointed at `target`'s executor.
+    pub fn scripted_against(
+        &self,
+        target: &impl Target,
+        script: &str,
+        extra: &[&str],
+    ) -> tokio::process::Command {
+        let mut cmd = self.scripted(script, extra);
+        cmd.args(target.agent_args());
+        cmd
+    }
+
+    /// [`Scratch::scripted`] run to completion.
+    pub async fn run_scripted(&self, script: &str, extra: &[&str]) -> Run {
+        self.finish(self.scripted(script, extra).spawn().unwrap())
+            .await
+    }
+
+    /// [`Scratch::scripted_against`] run to completion.
+    pub async fn run_scripted_against(
+        &self,
+        target: &impl Target,
+        script: &str,
+        extra: &[&str],
+    ) -> Run {
+        self.finish(
+            self.scripted_against(target, script, extra)
+                .spawn()
+                .unwrap(),
+        )
+        .await
+    }
+
+    /// Start [`Scratch::scripted_against`] `daemon`; once the command holding `marker` runs,
+    /// SIGKILL the executor under it. Returns the agent, which runs on.
+    pub async fn kill_executor_mid_command(
+        &self,
+        daemon: &mut executor_tests::Daemon,
+        script: &str,
+        marker: &str,
+        extra: &[&str],
+    ) -> tokio::process::Child {
+        let child = self
+            .scripted_against(daemon, script, extra)
+            .spawn()
+            .unwrap();
+        assert!(
+            started(marker).await,
+            "the command with {marker} never started"
+        );
+        daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+        child
+    }
+
     /// [`Scratch::agent`] pointed at `target`'s executor (its URL, token file and pin).
     pub fn agent_against(&self, target: &impl Target, args: &[&str]) -> tokio::process::Command {
         let mut cmd = self.agent(args);
@@ -157,6 +229,36 @@ pub struct Finished {
     pub stderr: String,
 }
 
+/// The `agent` binary for a one-shot command: no stdin, output piped, killed with the test.
+pub fn one_shot() -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(binary("agent"));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Wait for a one-shot agent command, bounded, and log what it said under `label`.
+pub async fn finish_one_shot(child: tokio::process::Child, label: &str) -> Finished {
+    let out = tokio::time::timeout(RUN_PATIENCE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{label} did not finish in time"))
+        .unwrap();
+    let finished = Finished {
+        code: out.status.code().unwrap_or(-1),
+        stdout: out.stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    eprintln!(
+        "--- {label}: exit {} ---\nstdout:\n{}\nstderr:\n{}",
+        finished.code,
+        String::from_utf8_lossy(&finished.stdout),
+        finished.stderr
+    );
+    finished
+}
+
 /// Run `agent <subcommand> <target's flags> <args>` with `stdin` as its stdin, bounded.
 pub async fn agent_against(
     target: &impl Target,
@@ -165,14 +267,11 @@ pub async fn agent_against(
     stdin: &[u8],
 ) -> Finished {
     use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(binary("agent"))
+    let mut child = one_shot()
         .arg(subcommand)
         .args(target.agent_args())
         .args(args)
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut input = child.stdin.take().unwrap();
@@ -181,21 +280,44 @@ pub async fn agent_against(
     let writer = tokio::spawn(async move {
         let _ = input.write_all(&stdin).await;
     });
-    let out = tokio::time::timeout(RUN_PATIENCE, child.wait_with_output())
-        .await
-        .expect("agent did not finish in time")
-        .unwrap();
+    let finished = finish_one_shot(child, &format!("agent {subcommand} {args:?}")).await;
     writer.abort();
-    let finished = Finished {
-        code: out.status.code().unwrap_or(-1),
-        stdout: out.stdout,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    eprintln!(
-        "--- agent {subcommand} {args:?}: exit {} ---\nstderr:\n{}",
-        finished.code, finished.stderr
-    );
     finished
+}
+
+/// `agent exec <args>` to its end: exit code, stdout, stderr.
+pub async fn agent_exec(args: &[&str]) -> (i32, String, String) {
+    agent_exec_in(None, args).await
+}
+
+/// [`agent_exec`] in `cwd`, if given.
+pub async fn agent_exec_in(cwd: Option<&std::path::Path>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = tokio::process::Command::new(binary("agent"));
+    cmd.arg("exec").args(args).stdin(Stdio::null());
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
+    let out = tokio::time::timeout(executor_tests::PATIENCE, cmd.output())
+        .await
+        .expect("agent exec did not finish")
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Send `signal` to a running agent.
+pub fn signal(child: &tokio::process::Child, signal: nix::sys::signal::Signal) {
+    let pid = child.id().expect("the agent has exited already") as i32;
+    executor_tests::host_waits::send_signal(pid, signal);
+}
+
+/// Asserts that the run exited with `code` and left a complete trajectory ending in `status`.
+pub fn assert_ended(run: &Run, code: i32, status: &str) {
+    assert_eq!(run.code, code, "{status}: {}", run.stderr);
+    assert_complete_trajectory(run, status);
 }
 
 /// Every trajectory, whatever the exit, has mini's shape and ends with an exit message.

@@ -3,35 +3,21 @@
 
 use executor_tests::{is_root, require, Daemon};
 
-use crate::{agent_against, Finished, Scratch};
+use crate::{agent_against, finish_one_shot, one_shot, Finished, Scratch};
 
 /// `agent exec --executor URL [--token-file PATH] -- CMD`, bounded.
 async fn exec_at(url: &str, token_file: Option<&std::path::Path>, command: &str) -> Finished {
-    let out = tokio::time::timeout(crate::RUN_PATIENCE, {
-        let mut c = tokio::process::Command::new(executor_tests::binary("agent"));
-        c.args(["exec", "--executor", url]);
-        if let Some(path) = token_file {
-            c.arg("--token-file").arg(path);
-        }
-        c.args(["--", command])
-            .env_remove("EXECUTOR_TOKEN")
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output()
-    })
-    .await
-    .expect("agent exec did not finish in time")
-    .unwrap();
-    let finished = Finished {
-        code: out.status.code().unwrap_or(-1),
-        stdout: out.stdout,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    eprintln!(
-        "--- agent exec at {url}: exit {} ---\n{}",
-        finished.code, finished.stderr
-    );
-    finished
+    let mut c = one_shot();
+    c.args(["exec", "--executor", url]);
+    if let Some(path) = token_file {
+        c.arg("--token-file").arg(path);
+    }
+    let child = c
+        .args(["--", command])
+        .env_remove("EXECUTOR_TOKEN")
+        .spawn()
+        .unwrap();
+    finish_one_shot(child, &format!("agent exec at {url}")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,28 +93,11 @@ async fn configs_are_found_by_name_as_mini_finds_them_and_a_missing_one_names_wh
         return;
     }
     let s = Scratch::new();
-    let script = s
-        .write(
-            "s.yaml",
-            "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
-        )
-        .display()
-        .to_string();
+    let submit = "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n";
     // mini's swebench.yaml by name (its cwd, /testbed, is a task image's: here, ours).
     let cwd = format!("environment.cwd={}", s.path().display());
     let run = s
-        .run(&[
-            "-c",
-            "swebench.yaml",
-            "-c",
-            &cwd,
-            "-m",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-        ])
+        .run_scripted(submit, &["-c", "swebench.yaml", "-c", &cwd])
         .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.exit_status(), "Submitted");
@@ -144,11 +113,7 @@ async fn configs_are_found_by_name_as_mini_finds_them_and_a_missing_one_names_wh
         run.messages()[0]
     );
     // A name that is nowhere: every place looked, once, and the names that exist.
-    let missing = s
-        .run(&[
-            "-c", "nosuch", "-m", "scripted", "--script", &script, "--task", "t",
-        ])
-        .await;
+    let missing = s.run_scripted(submit, &["-c", "nosuch"]).await;
     assert_eq!(missing.code, 2);
     assert!(
         missing.stderr.contains(
@@ -163,16 +128,7 @@ async fn configs_are_found_by_name_as_mini_finds_them_and_a_missing_one_names_wh
     let unreadable = s.path().join("binary.yaml");
     std::fs::write(&unreadable, [0xff, 0xfe, 0x00]).unwrap();
     let bad = s
-        .run(&[
-            "-c",
-            unreadable.to_str().unwrap(),
-            "-m",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-        ])
+        .run_scripted(submit, &["-c", unreadable.to_str().unwrap()])
         .await;
     assert_eq!(bad.code, 2);
     let line = bad.stderr.lines().last().unwrap_or_default();

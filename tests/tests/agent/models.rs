@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::mock::{anthropic_tools, openai_message, openai_tools, Api, Canned, MockModel};
-use crate::{assert_complete_trajectory, Scratch};
+use crate::{assert_complete_trajectory, assert_ended, Scratch};
 
 const PRICES: [&str; 4] = [
     "-c",
@@ -218,8 +218,7 @@ async fn a_body_that_is_not_json_is_retried_then_ends_with_model_error() {
     let mut args = model_args(&mock, "mock-model");
     args.extend(["-c", "model.retry_attempts=2"]);
     let run = s.run(&args).await;
-    assert_eq!(run.code, 7);
-    assert_complete_trajectory(&run, "ModelError");
+    assert_ended(&run, 7, "ModelError");
     assert_eq!(mock.requests().len(), 2);
     assert!(run.messages().last().unwrap()["content"]
         .as_str()
@@ -239,8 +238,7 @@ async fn an_authentication_error_is_not_retried() {
     .await;
     let s = Scratch::new();
     let run = s.run(&model_args(&mock, "mock-model")).await;
-    assert_eq!(run.code, 7);
-    assert_complete_trajectory(&run, "ModelError");
+    assert_ended(&run, 7, "ModelError");
     assert_eq!(mock.requests().len(), 1);
     assert!(run.stderr.contains("401") || run.traj.to_string().contains("401"));
 }
@@ -292,8 +290,7 @@ async fn an_unreachable_model_server_is_retried_then_ends_with_model_error() {
             "model.retry_attempts=3",
         ])
         .await;
-    assert_eq!(run.code, 7);
-    assert_complete_trajectory(&run, "ModelError");
+    assert_ended(&run, 7, "ModelError");
     assert_eq!(
         run.stderr.matches("retrying in").count(),
         2,

@@ -10,49 +10,38 @@ use executor_tests::{
 };
 use serde_json::Value;
 
-use crate::{assert_complete_trajectory, Run, Scratch};
+use crate::{assert_ended, started, Run, Scratch};
 
-/// Start the agent against `proxy` with a two-turn script: `first`, then a submission.
-fn spawn_agent(
-    s: &Scratch,
-    daemon: &Daemon,
-    proxy: &Proxy,
+/// A daemon that keeps a dropped session `grace` seconds, a proxy in front of it that the test
+/// cuts, and an agent connected through the proxy with a two-turn script: `first`, then a
+/// submission. Returned once the command holding `needle` is up on the host.
+async fn agent_through_proxy(
+    grace: &str,
     first: &str,
+    needle: &str,
     extra: &[&str],
-) -> tokio::process::Child {
-    let script = s
-        .write(
-            "s.yaml",
+) -> (Daemon, Proxy, Scratch, tokio::process::Child) {
+    let daemon = Daemon::start_with(&["--resume-grace", grace]);
+    let proxy = Proxy::start(daemon.addr).await;
+    let s = Scratch::new();
+    let token = daemon.state.path().join("token");
+    let url = proxy.url();
+    let mut args = vec!["--executor", &url, "--token-file", token.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let child = s
+        .scripted(
             &format!(
                 "- command: {first}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo submitted\n"
             ),
+            &args,
         )
-        .display()
-        .to_string();
-    let token = daemon.state.path().join("token");
-    let url = proxy.url();
-    let mut args = vec![
-        "--model",
-        "scripted",
-        "--script",
-        &script,
-        "--task",
-        "t",
-        "--executor",
-        &url,
-        "--token-file",
-        token.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    s.agent(&args).spawn().unwrap()
-}
-
-/// Wait until the shell running the command that contains `needle` is up on the host.
-async fn wait_for_command(needle: &str) {
+        .spawn()
+        .unwrap();
     assert!(
-        eventually(PATIENCE, || !processes_matching(needle).is_empty()).await,
+        started(needle).await,
         "the command with {needle} never started"
     );
+    (daemon, proxy, s, child)
 }
 
 /// The audit records of commands containing `needle`, once there are `n` of them.
@@ -99,18 +88,14 @@ fn first_observation(run: &Run) -> (String, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_survives_a_cut_connection_when_the_executor_keeps_the_session() {
-    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
-    let proxy = Proxy::start(daemon.addr).await;
-    let s = Scratch::new();
     let marker = format!("survived-{}", marker());
-    let child = spawn_agent(&s, &daemon, &proxy, &format!("sleep 2; echo {marker}"), &[]);
-    wait_for_command(&marker).await;
+    let (daemon, proxy, s, child) =
+        agent_through_proxy("30", &format!("sleep 2; echo {marker}"), &marker, &[]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(proxy.cut(), 1, "the agent's connection was not live");
     let run = s.finish(child).await;
 
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "submitted\n");
     // The model saw the command's whole output and its real return code.
     let (content, extra) = first_observation(&run);
@@ -151,18 +136,14 @@ async fn a_command_survives_a_cut_connection_when_the_executor_keeps_the_session
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_grace_period_a_cut_connection_kills_the_command_and_the_model_is_told() {
-    let daemon = Daemon::start_with(&["--resume-grace", "0"]);
-    let proxy = Proxy::start(daemon.addr).await;
-    let s = Scratch::new();
     let marker = format!("survived-{}", marker());
-    let child = spawn_agent(&s, &daemon, &proxy, &format!("sleep 2; echo {marker}"), &[]);
-    wait_for_command(&marker).await;
+    let (daemon, proxy, s, child) =
+        agent_through_proxy("0", &format!("sleep 2; echo {marker}"), &marker, &[]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(proxy.cut(), 1, "the agent's connection was not live");
     let run = s.finish(child).await;
 
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     let (content, extra) = first_observation(&run);
     assert!(
         content.contains("connection to the executor was lost"),
@@ -184,19 +165,15 @@ async fn without_a_grace_period_a_cut_connection_kills_the_command_and_the_model
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_longer_than_the_reconnect_attempts_but_within_the_grace_is_bridged() {
-    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
-    let proxy = Proxy::start(daemon.addr).await;
-    let s = Scratch::new();
     let marker = format!("survived-{}", marker());
     // One reconnect attempt alone would give up at once; the grace period keeps it trying.
-    let child = spawn_agent(
-        &s,
-        &daemon,
-        &proxy,
+    let (daemon, proxy, s, child) = agent_through_proxy(
+        "30",
         &format!("sleep 1; echo {marker}"),
+        &marker,
         &["-c", "environment.reconnect_attempts=1"],
-    );
-    wait_for_command(&marker).await;
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.refuse(true);
     assert_eq!(proxy.cut(), 1, "the agent's connection was not live");
@@ -210,8 +187,7 @@ async fn an_outage_longer_than_the_reconnect_attempts_but_within_the_grace_is_br
     proxy.refuse(false);
     let run = s.finish(child).await;
 
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     let (content, extra) = first_observation(&run);
     assert!(content.contains(&marker), "{content}");
     assert_eq!(extra["returncode"], 0);
@@ -223,18 +199,14 @@ async fn an_outage_longer_than_the_reconnect_attempts_but_within_the_grace_is_br
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_dead_connection_is_given_up_at_the_deadline_and_the_result_replayed() {
     // The wait is the command's timeout plus the agent's 30 s of slack: the grace outlasts it.
-    let daemon = Daemon::start_with(&["--resume-grace", "120"]);
-    let proxy = Proxy::start(daemon.addr).await;
-    let s = Scratch::new();
     let marker = format!("survived-{}", marker());
-    let child = spawn_agent(
-        &s,
-        &daemon,
-        &proxy,
+    let (daemon, proxy, s, child) = agent_through_proxy(
+        "120",
         &format!("sleep 1; echo {marker}"),
+        &marker,
         &["--timeout", "3"],
-    );
-    wait_for_command(&marker).await;
+    )
+    .await;
     assert_eq!(proxy.stall(), 1, "the agent's connection was not live");
     // The result is written into the stalled connection, and never arrives through it.
     let records = audit_records(&daemon, &marker, 1).await;
@@ -246,8 +218,7 @@ async fn a_silently_dead_connection_is_given_up_at_the_deadline_and_the_result_r
     );
     let run = s.finish(child).await;
 
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     let (content, extra) = first_observation(&run);
     assert!(content.contains(&marker), "{content}");
     assert_eq!(extra["returncode"], 0);
@@ -263,21 +234,16 @@ async fn a_silently_dead_connection_is_given_up_at_the_deadline_and_the_result_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deliberate_end_kills_the_running_command_at_once_despite_a_grace_period() {
-    let daemon = Daemon::start_with(&["--resume-grace", "30"]);
-    let proxy = Proxy::start(daemon.addr).await;
-    let s = Scratch::new();
     let marker = marker();
-    let child = spawn_agent(
-        &s,
-        &daemon,
-        &proxy,
+    let (daemon, _proxy, s, child) = agent_through_proxy(
+        "30",
         &marked_sleep(&marker),
+        &marker,
         &["-c", "agent.wall_time_limit=2"],
-    );
-    wait_for_command(&marker).await;
+    )
+    .await;
     let run = s.finish(child).await;
-    assert_eq!(run.code, 4, "{}", run.stderr);
-    assert_complete_trajectory(&run, "TimeExceeded");
+    assert_ended(&run, 4, "TimeExceeded");
     // Killed because the agent closed the connection, not 30 s later when the grace ends.
     assert!(
         eventually(executor_tests::PATIENCE, || processes_matching(&marker)

@@ -4,11 +4,10 @@
 use std::process::Stdio;
 
 use executor_tests::{
-    binary, eventually, fingerprint_of_der, marked_sleep, marker, processes_matching, Daemon,
-    PATIENCE,
+    binary, eventually, fingerprint_of_der, marked_sleep, marker, Daemon, PATIENCE,
 };
 
-use crate::{assert_complete_trajectory, Scratch};
+use crate::{agent_exec, assert_ended, Scratch};
 
 /// `sha256:0a1b...` as `openssl x509 -fingerprint -sha256` writes it: `0A:1B:...`.
 fn openssl_form(pin: &str) -> String {
@@ -25,25 +24,6 @@ fn wrong(pin: &str) -> String {
     format!("{}{last}", &pin[..pin.len() - 1])
 }
 
-async fn agent_exec(args: &[&str]) -> (i32, String, String) {
-    let out = tokio::time::timeout(
-        PATIENCE,
-        tokio::process::Command::new(binary("agent"))
-            .arg("exec")
-            .args(args)
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .expect("agent exec did not finish")
-    .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_pinning_the_executors_fingerprint_runs_its_commands_over_tls() {
     let daemon = Daemon::start_with(&["--tls"]);
@@ -51,32 +31,21 @@ async fn an_agent_pinning_the_executors_fingerprint_runs_its_commands_over_tls()
     let token = daemon.state.path().join("token");
     let token = token.to_str().unwrap();
     let s = Scratch::new();
-    let script = s
-        .write(
-            "s.yaml",
-            "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo over-tls\n",
-        )
-        .display()
-        .to_string();
     // `agent run`, pinned through the config key.
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token,
-            "-c",
-            &format!("environment.tls_fingerprint={pin}"),
-        ])
+        .run_scripted(
+            "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo over-tls\n",
+            &[
+                "--executor",
+                &daemon.url,
+                "--token-file",
+                token,
+                "-c",
+                &format!("environment.tls_fingerprint={pin}"),
+            ],
+        )
         .await;
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_complete_trajectory(&run, "Submitted");
+    assert_ended(&run, 0, "Submitted");
     assert_eq!(run.traj["info"]["submission"], "over-tls\n");
     let env = &run.traj["info"]["config"]["environment"];
     assert_eq!(env["config"]["tls_fingerprint"], pin.as_str());
@@ -142,26 +111,17 @@ async fn a_wrong_pin_is_refused_at_once_naming_both_fingerprints() {
     let token = daemon.state.path().join("token");
     let token = token.to_str().unwrap();
     let s = Scratch::new();
-    let script = s
-        .write("s.yaml", "- command: echo hi\n")
-        .display()
-        .to_string();
+    let wrongly_pinned = [
+        "--executor",
+        &daemon.url,
+        "--token-file",
+        token,
+        "--tls-fingerprint",
+        &bad,
+    ];
     let started = std::time::Instant::now();
     let run = s
-        .run(&[
-            "--model",
-            "scripted",
-            "--script",
-            &script,
-            "--task",
-            "t",
-            "--executor",
-            &daemon.url,
-            "--token-file",
-            token,
-            "--tls-fingerprint",
-            &bad,
-        ])
+        .run_scripted("- command: echo hi\n", &wrongly_pinned)
         .await;
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains(&pin), "{}", run.stderr);
@@ -169,17 +129,7 @@ async fn a_wrong_pin_is_refused_at_once_naming_both_fingerprints() {
     assert!(run.stderr.contains("refusing to connect"), "{}", run.stderr);
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
 
-    let (code, _, err) = agent_exec(&[
-        "--executor",
-        &daemon.url,
-        "--token-file",
-        token,
-        "--tls-fingerprint",
-        &bad,
-        "--",
-        "echo never",
-    ])
-    .await;
+    let (code, _, err) = agent_exec(&[&wrongly_pinned[..], &["--", "echo never"]].concat()).await;
     assert_eq!(code, 255);
     assert!(err.contains(&pin) && err.contains(&bad), "{err}");
 
@@ -232,37 +182,17 @@ async fn a_replaced_certificate_ends_the_run_on_the_first_reconnect_without_retr
     let pin = daemon.fingerprint.clone().unwrap();
     let s = Scratch::new();
     let marker = marker();
-    let script = s
-        .write(
-            "s.yaml",
+    let child = s
+        .kill_executor_mid_command(
+            &mut daemon,
             &format!(
                 "- command: {}\n- command: echo never\n",
                 marked_sleep(&marker)
             ),
+            &marker,
+            &["-c", "environment.reconnect_attempts=10"],
         )
-        .display()
-        .to_string();
-    let child = s
-        .agent_against(
-            &daemon,
-            &[
-                "--model",
-                "scripted",
-                "--script",
-                &script,
-                "--task",
-                "t",
-                "-c",
-                "environment.reconnect_attempts=10",
-            ],
-        )
-        .spawn()
-        .unwrap();
-    assert!(
-        eventually(PATIENCE, || !processes_matching(&marker).is_empty()).await,
-        "command never started"
-    );
-    daemon.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+        .await;
     // Same address and token, another certificate: what an impostor would present.
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
@@ -302,8 +232,7 @@ async fn a_replaced_certificate_ends_the_run_on_the_first_reconnect_without_retr
     let log = read_log();
     let _ = impostor.kill();
     let _ = impostor.wait();
-    assert_eq!(run.code, 6, "{}", run.stderr);
-    assert_complete_trajectory(&run, "EnvironmentError");
+    assert_ended(&run, 6, "EnvironmentError");
     let exit = run.messages().last().unwrap()["content"]
         .as_str()
         .unwrap()

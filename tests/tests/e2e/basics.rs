@@ -1,6 +1,8 @@
 //! Ordinary commands: output, exit codes, cwd, env, stdin, sessions.
 
-use executor_tests::{req, Daemon, ALLOW_ALL_PROFILES};
+use executor_tests::checks::cancel;
+use executor_tests::host_waits::{one_sleeper, sleepers_gone};
+use executor_tests::{req, Client, Daemon, ALLOW_ALL_PROFILES};
 use protocol::{Ending, PROTOCOL_VERSION};
 
 #[tokio::test]
@@ -187,23 +189,10 @@ async fn every_command_is_a_new_session_without_a_terminal() {
     // leader that lives outside it shows as 0 (and so may the test runner's own session,
     // when CI itself runs in a container).
     let m = executor_tests::marker();
-    let mut r = req(
-        "sess",
-        &format!("exec {}", executor_tests::marked_sleep(&m)),
-    );
-    r.timeout = Some(30.0);
-    client.send(&protocol::ClientMessage::Exec(r)).await;
-    let mut pids = Vec::new();
-    assert!(
-        executor_tests::eventually(executor_tests::PATIENCE, || {
-            pids = executor_tests::sleepers(&m);
-            pids.len() == 1
-        })
-        .await
-    );
+    let pid = exec_marked_sleep(&mut client, "sess", None, Some(30.0), &m).await;
     let host = |pid: u32| nix::unistd::Pid::from_raw(pid as i32);
-    let sid = nix::unistd::getsid(Some(host(pids[0] as u32))).unwrap();
-    let pgid = nix::unistd::getpgid(Some(host(pids[0] as u32))).unwrap();
+    let sid = nix::unistd::getsid(Some(host(pid as u32))).unwrap();
+    let pgid = nix::unistd::getpgid(Some(host(pid as u32))).unwrap();
     let daemon_sid = nix::unistd::getsid(Some(host(daemon.pid()))).unwrap();
     assert_ne!(
         sid.as_raw(),
@@ -223,12 +212,27 @@ async fn every_command_is_a_new_session_without_a_terminal() {
         }))
         .await;
     client.collect("sess").await;
-    assert!(
-        executor_tests::eventually(executor_tests::PATIENCE, || {
-            executor_tests::sleepers(&m).is_empty()
-        })
-        .await
-    );
+    assert!(sleepers_gone(&m).await);
+}
+
+/// Send `id`, whose shell execs a sleep marked `m` (under `profile` and with `timeout` if
+/// given), and return the sleep's pid once the host shows it.
+async fn exec_marked_sleep(
+    client: &mut Client,
+    id: &str,
+    profile: Option<&str>,
+    timeout: Option<f64>,
+    m: &str,
+) -> i32 {
+    let mut r = req(id, &format!("exec {}", executor_tests::marked_sleep(m)));
+    if let Some(profile) = profile {
+        r.profile = Some(profile.into());
+    }
+    if timeout.is_some() {
+        r.timeout = timeout;
+    }
+    client.send(&protocol::ClientMessage::Exec(r)).await;
+    one_sleeper(m).await
 }
 
 #[tokio::test]
@@ -236,19 +240,9 @@ async fn only_stdio_descriptors_reach_the_command() {
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
     let m = executor_tests::marker();
-    let mut r = req("fds", &format!("exec {}", executor_tests::marked_sleep(&m)));
-    r.timeout = Some(30.0);
-    client.send(&protocol::ClientMessage::Exec(r)).await;
-    let mut pids = Vec::new();
-    assert!(
-        executor_tests::eventually(executor_tests::PATIENCE, || {
-            pids = executor_tests::sleepers(&m);
-            pids.len() == 1
-        })
-        .await
-    );
+    let pid = exec_marked_sleep(&mut client, "fds", None, Some(30.0), &m).await;
     // Read the command's descriptor table from the host.
-    let fd_dir = format!("/proc/{}/fd", pids[0]);
+    let fd_dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<u32> = std::fs::read_dir(&fd_dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
@@ -264,12 +258,7 @@ async fn only_stdio_descriptors_reach_the_command() {
         .unwrap()
         .count();
     assert!(daemon_fds > 4, "daemon has {daemon_fds} fds");
-    client
-        .send(&protocol::ClientMessage::Cancel(protocol::CancelRequest {
-            id: "fds".into(),
-        }))
-        .await;
-    assert!(client.collect("fds").await.result.unwrap().extra.cancelled);
+    assert!(cancel(&mut client, "fds").await.extra.cancelled);
 }
 
 #[tokio::test]
@@ -280,18 +269,8 @@ async fn commands_start_with_default_signal_dispositions_and_an_empty_mask() {
     let mut client = daemon.connect().await;
     for profile in ["strict", "landlock", "task-container", "trusted"] {
         let m = executor_tests::marker();
-        let mut r = req("sig", &format!("exec {}", executor_tests::marked_sleep(&m)));
-        r.profile = Some(profile.into());
-        client.send(&protocol::ClientMessage::Exec(r)).await;
-        let mut pids = Vec::new();
-        assert!(
-            executor_tests::eventually(executor_tests::PATIENCE, || {
-                pids = executor_tests::sleepers(&m);
-                pids.len() == 1
-            })
-            .await
-        );
-        let status = std::fs::read_to_string(format!("/proc/{}/status", pids[0])).unwrap();
+        let pid = exec_marked_sleep(&mut client, "sig", Some(profile), None, &m).await;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let field = |name: &str| {
             status
                 .lines()
@@ -302,12 +281,7 @@ async fn commands_start_with_default_signal_dispositions_and_an_empty_mask() {
         };
         assert_eq!(field("SigIgn:"), "0000000000000000", "{profile}");
         assert_eq!(field("SigBlk:"), "0000000000000000", "{profile}");
-        client
-            .send(&protocol::ClientMessage::Cancel(protocol::CancelRequest {
-                id: "sig".into(),
-            }))
-            .await;
-        assert!(client.collect("sig").await.result.unwrap().extra.cancelled);
+        assert!(cancel(&mut client, "sig").await.extra.cancelled);
         let mut r = req("pipe", "yes | head -2; echo rc=${PIPESTATUS[0]}");
         r.profile = Some(profile.into());
         let out = client.exec(r).await.result.unwrap().output;

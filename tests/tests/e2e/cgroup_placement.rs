@@ -9,9 +9,11 @@
 use std::process::Stdio;
 
 use executor_tests::checks::{cancel, preq};
+use executor_tests::host_waits::{send_signal, sleepers_gone, sleepers_up};
 use executor_tests::{
     eventually, is_root, marked_sleep, marker, parent_of, require, sleepers, Daemon, PATIENCE,
 };
+use nix::sys::signal::Signal;
 use protocol::ClientMessage;
 
 use crate::host_cgroups::{hierarchies, paths_of, run_cgroup_dirs};
@@ -137,12 +139,12 @@ async fn a_daemons_command_runs_in_cgroups_of_its_own_in_every_hierarchy_and_its
             )))
             .await;
         assert!(
-            eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+            sleepers_up(&m, 1).await,
             "[{profile}] the command did not start"
         );
         assert_placed(sleepers(&m)[0], daemon.pid() as i32, profile, false);
         cancel(&mut client, profile).await;
-        assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+        assert!(sleepers_gone(&m).await);
     }
 }
 
@@ -159,13 +161,13 @@ async fn a_one_shot_runs_its_command_in_cgroups_of_its_own_and_its_helper_does_n
             .spawn()
             .unwrap();
         assert!(
-            eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+            sleepers_up(&m, 1).await,
             "[{profile}] the command did not start"
         );
         assert_placed(sleepers(&m)[0], run.id() as i32, profile, true);
         run.kill().unwrap();
         run.wait().unwrap();
-        assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+        assert!(sleepers_gone(&m).await);
     }
 }
 
@@ -200,7 +202,7 @@ async fn a_one_shot_leaves_no_cgroup_directory_behind() {
         .unwrap();
     let pid = run.id();
     assert!(
-        eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+        sleepers_up(&m, 1).await,
         "control: the command did not start"
     );
     assert_eq!(
@@ -209,11 +211,7 @@ async fn a_one_shot_leaves_no_cgroup_directory_behind() {
         "control: {:?}",
         run_cgroup_dirs(pid)
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    send_signal(pid as i32, Signal::SIGINT);
     run.wait().unwrap();
     assert!(
         sleepers(&m).is_empty(),

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use executor_tests::host_waits::{sleepers_gone, sleepers_up};
 use executor_tests::{eventually, marked_sleep, marker, req, sleepers, Client, Daemon, PATIENCE};
 use protocol::{CancelRequest, ClientMessage, ErrorCode, ResumeRequest, ServerMessage};
 
@@ -249,7 +250,7 @@ async fn one_client_can_neither_cancel_nor_resume_nor_signal_anothers_commands()
     let mut r = req("job", &marked_sleep(&m));
     r.timeout = Some(60.0);
     alice.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     let pid = sleepers(&m)[0];
 
     // Bob guesses the id: not found, and the sleeper lives.
@@ -286,7 +287,7 @@ async fn one_client_can_neither_cancel_nor_resume_nor_signal_anothers_commands()
         .await;
     let result = alice.collect("job").await.result.unwrap();
     assert_eq!(result.extra.ended, protocol::Ending::Cancelled);
-    assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+    assert!(sleepers_gone(&m).await);
 }
 
 #[tokio::test]
@@ -306,7 +307,7 @@ async fn quotas_refuse_with_their_own_codes_and_are_counted() {
     let mut r = req("long", &marked_sleep(&m));
     r.timeout = Some(60.0);
     one.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     let err = error_of(&mut one_b, req("second", "touch /tmp/never")).await;
     assert_eq!(err.code, ErrorCode::Busy, "{err:?}");
     assert!(err.message.contains("client one"), "{}", err.message);
@@ -380,7 +381,7 @@ async fn sighup_reloads_clients_without_dropping_connections_and_revokes_removed
     let mut r = req("bobs", &marked_sleep(&m));
     r.timeout = Some(60.0);
     bob.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
 
     // A broken file is not loaded: everything goes on as before.
     std::fs::write(&file, "{ not json").unwrap();
@@ -427,7 +428,7 @@ async fn sighup_reloads_clients_without_dropping_connections_and_revokes_removed
     assert_eq!(dave.run("d", "echo new").await.output, "new\n");
     // Bob is gone: his connection closed, his command killed, his token refused.
     assert!(
-        eventually(PATIENCE, || sleepers(&m).is_empty()).await,
+        sleepers_gone(&m).await,
         "bob's command outlived his removal"
     );
     let mut closed = false;

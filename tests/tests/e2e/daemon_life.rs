@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use executor_tests::host_waits::{assert_none_left, send_signal, sleepers_gone, sleepers_up};
 use executor_tests::{
     descendants, eventually, marked_sleep, marker, parent_of, processes_matching, req, sleepers,
     Daemon, PATIENCE,
@@ -25,18 +26,12 @@ async fn daemon_sigkill_mid_command_kills_every_command_tree() {
     }
     // Control: all nine sleeps run while the daemon lives, below it: its fork server, three
     // helpers, their inits, shells and sleeps.
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 9).await);
+    assert!(sleepers_up(&m, 9).await);
     let below = descendants(daemon.pid() as i32);
     // Nine sleeps, three helpers and at least the fork server.
     assert!(below.len() > 9 + 3, "descendants: {below:?}");
     daemon.signal_and_wait(Signal::SIGKILL);
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "survivors after daemon SIGKILL: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors after daemon SIGKILL").await;
     // Nothing that was below the daemon is left: not the fork server, not a helper, not an
     // init (recorded before the kill, while they were still its descendants).
     assert!(
@@ -66,11 +61,7 @@ async fn sigterm_drains_kills_running_commands_sends_their_results_and_exits() {
         Some(ServerMessage::Output(chunk)) => assert_eq!(chunk.data, "begun\n"),
         other => panic!("expected output, got {other:?}"),
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon.pid() as i32),
-        Signal::SIGTERM,
-    )
-    .unwrap();
+    send_signal(daemon.pid() as i32, Signal::SIGTERM);
     let result = client.collect("long").await.result.unwrap();
     assert_eq!(result.extra.ended, Ending::Shutdown);
     assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED);
@@ -178,7 +169,7 @@ async fn a_local_executor_dies_with_the_agent_that_started_it_even_by_sigkill() 
         .spawn()
         .unwrap();
     // Control: while the agent lives, its executor and the command run.
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     let executors: Vec<i32> = processes_matching("--exit-on-stdin-eof")
         .into_iter()
         .filter(|pid| parent_of(*pid) == Some(agent.id() as i32))
@@ -241,7 +232,7 @@ async fn all_commands_together_stay_under_the_daemons_total_process_limit() {
     let mut r = req("many", &tree(&m));
     r.timeout = Some(20.0);
     client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 80).await);
+    assert!(sleepers_up(&m, 80).await);
     client.collect("many").await.result.unwrap();
 }
 
@@ -256,7 +247,7 @@ async fn commands_still_run_when_the_fork_server_dies() {
     assert_eq!(server.len(), 1, "the daemon's fork server");
     // Control: commands run through it.
     assert_eq!(client.run("before", "echo one").await.output, "one\n");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server[0]), Signal::SIGKILL).unwrap();
+    send_signal(server[0], Signal::SIGKILL);
     // The daemon falls back to exec'ing helpers: same results, same isolation.
     for i in 0..3 {
         let result = client.run(&format!("after{i}"), "echo two; exit 3").await;
@@ -314,7 +305,7 @@ async fn commands_still_run_when_the_fork_server_dies() {
             "{profile}"
         );
         assert!(
-            eventually(PATIENCE, || sleepers(&m).is_empty()).await,
+            sleepers_gone(&m).await,
             "{profile}: the timed-out command lives on"
         );
     }

@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use executor_tests::host_waits::send_signal;
 use executor_tests::{eventually, is_root, req, require, Client, Daemon, PATIENCE};
 use nix::sys::signal::Signal;
 
@@ -73,16 +74,88 @@ impl Drop for Leftovers {
     }
 }
 
-/// A daemon serving the clients file, with its volumes unmounted whatever the test's end
-/// (the `Leftovers` outlives the daemon: declared first, dropped last).
-fn start_with_volumes(file: &Path) -> (Leftovers, Daemon) {
-    let daemon = start(file, &[]);
+/// A daemon whose volumes are unmounted whatever the test's end: the fields drop in order, so
+/// the `Leftovers` runs once the daemon is gone, and the clients file goes last.
+struct WithVolumes {
+    daemon: Daemon,
+    _leftovers: Leftovers,
+    _clients: Option<executor_tests::TempDir>,
+}
+
+impl std::ops::Deref for WithVolumes {
+    type Target = Daemon;
+    fn deref(&self) -> &Daemon {
+        &self.daemon
+    }
+}
+
+impl std::ops::DerefMut for WithVolumes {
+    fn deref_mut(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+}
+
+fn with_volumes(daemon: Daemon, clients: Option<executor_tests::TempDir>) -> WithVolumes {
     let leftovers = Leftovers(Some(daemon.state.path().to_path_buf()));
-    (leftovers, daemon)
+    WithVolumes {
+        daemon,
+        _leftovers: leftovers,
+        _clients: clients,
+    }
+}
+
+/// A daemon serving these clients-file entries, with its volumes unmounted at the end.
+fn start_clients_with_volumes(clients: &[serde_json::Value]) -> WithVolumes {
+    let (dir, file) = clients_file(&serde_json::json!({ "clients": clients }));
+    with_volumes(start(&file, &[]), Some(dir))
+}
+
+/// A daemon serving alice (`alice`, her clients-file entry) and bob, both connected.
+async fn alice_and_bob(
+    alice: serde_json::Value,
+    bob: serde_json::Value,
+) -> (WithVolumes, Client, Client) {
+    let daemon = start_clients_with_volumes(&[alice, bob]);
+    let alice = connect(&daemon, ALICE).await;
+    let bob = connect(&daemon, BOB).await;
+    (daemon, alice, bob)
+}
+
+/// A daemon serving alice alone (`alice`, her clients-file entry), connected.
+async fn alice_alone(alice: serde_json::Value) -> (WithVolumes, Client) {
+    let daemon = start_clients_with_volumes(&[alice]);
+    let alice = connect(&daemon, ALICE).await;
+    (daemon, alice)
+}
+
+/// A single-token daemon started with `flags`, with its volumes unmounted at the end.
+fn start_flags_with_volumes(flags: &[&str]) -> WithVolumes {
+    with_volumes(Daemon::start_with(flags), None)
+}
+
+/// A clients-file entry: strict and landlock, a `workspace` of its own (per_client or
+/// per_connection) and a quota of `bytes`.
+fn quota_client(name: &str, token: &str, workspace: &str, bytes: u64) -> serde_json::Value {
+    serde_json::json!({"name": name, "token": token, "profiles": ["strict", "landlock"],
+        "workspace": workspace, "disk_quota_bytes": bytes})
+}
+
+/// [`quota_client`] with a quota of `files` inodes too.
+fn with_file_quota(mut client: serde_json::Value, files: u64) -> serde_json::Value {
+    client["disk_quota_files"] = files.into();
+    client
+}
+
+/// Writes 32 MiB into the workspace and says dd's return code.
+const FILL_32_MIB: &str = "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?";
+
+/// Whether the result names `limit` among the limits it hit.
+fn hit(r: &protocol::ExecResult, limit: &str) -> bool {
+    r.extra.limits_hit.iter().any(|l| l == limit)
 }
 
 /// Stop the daemon as an operator would, then check that it left no mount and no loop device.
-async fn stop_and_check_nothing_left(mut daemon: Daemon) {
+async fn stop_and_check_nothing_left(mut daemon: WithVolumes) {
     let state = daemon.state.path().to_path_buf();
     assert!(
         !mounts_under(&state).is_empty() && !loops_under(&state).is_empty(),
@@ -110,15 +183,11 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
     if !loops_available() {
         return;
     }
-    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
-        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
-         "disk_quota_bytes": 16 * MIB},
-        {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client",
-         "disk_quota_bytes": 64 * MIB},
-    ]}));
-    let (_leftovers, daemon) = start_with_volumes(&file);
-    let mut alice = connect(&daemon, ALICE).await;
-    let mut bob = connect(&daemon, BOB).await;
+    let (daemon, mut alice, mut bob) = alice_and_bob(
+        quota_client("alice", ALICE, "per_client", 16 * MIB),
+        quota_client("bob", BOB, "per_client", 64 * MIB),
+    )
+    .await;
     let quota = &alice.hello.disk_quota;
     assert_eq!(quota.mechanism, "ext4_loop", "{quota:?}");
     assert_eq!(quota.bytes, Some(16 * MIB));
@@ -127,21 +196,14 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
 
     // Past the quota: dd fails with ENOSPC inside the sandbox; the result names the quota.
     let full = alice
-        .run_req(in_profile(
-            "fill",
-            "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
-            "strict",
-        ))
+        .run_req(in_profile("fill", FILL_32_MIB, "strict"))
         .await;
     assert!(
         full.output.contains("No space left on device") && full.output.contains("rc=1"),
         "{full:?}"
     );
-    assert!(
-        full.extra.limits_hit.contains(&"disk_bytes".to_string()),
-        "{full:?}"
-    );
-    assert!(!full.extra.limits_hit.contains(&"disk_files".to_string()));
+    assert!(hit(&full, "disk_bytes"), "{full:?}");
+    assert!(!hit(&full, "disk_files"));
     // The file is on the host, in the client's workspace the hello named, cut at the quota.
     let big = Path::new(&alice.hello.workspace).join("big");
     let size = std::fs::metadata(&big).unwrap().len();
@@ -149,11 +211,7 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
 
     // Another client writes twice as much, on a filesystem of its own.
     let other = bob
-        .run_req(in_profile(
-            "write",
-            "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
-            "strict",
-        ))
+        .run_req(in_profile("write", FILL_32_MIB, "strict"))
         .await;
     assert!(other.output.contains("rc=0"), "{other:?}");
     assert!(other.extra.limits_hit.is_empty(), "{other:?}");
@@ -182,10 +240,7 @@ async fn writing_past_the_byte_quota_gets_enospc_and_the_result_names_it_while_o
         tmp.output.contains("No space left on device") && tmp.output.contains("rc=1"),
         "{tmp:?}"
     );
-    assert!(
-        tmp.extra.limits_hit.contains(&"disk_bytes".to_string()),
-        "{tmp:?}"
-    );
+    assert!(hit(&tmp, "disk_bytes"), "{tmp:?}");
     let home = alice
         .run_req(in_profile(
             "home",
@@ -211,15 +266,11 @@ async fn creating_files_past_the_file_quota_gets_enospc_and_the_result_names_the
     if !loops_available() {
         return;
     }
-    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
-        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
-         "disk_quota_bytes": 32 * MIB, "disk_quota_files": 100},
-        {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client",
-         "disk_quota_bytes": 32 * MIB},
-    ]}));
-    let (_leftovers, daemon) = start_with_volumes(&file);
-    let mut alice = connect(&daemon, ALICE).await;
-    let mut bob = connect(&daemon, BOB).await;
+    let (daemon, mut alice, mut bob) = alice_and_bob(
+        with_file_quota(quota_client("alice", ALICE, "per_client", 32 * MIB), 100),
+        quota_client("bob", BOB, "per_client", 32 * MIB),
+    )
+    .await;
     assert_eq!(alice.hello.disk_quota.files, Some(100));
     let touch =
         "for i in $(seq 1 300); do touch f$i 2>&1 || { echo stopped=$i; break; }; done; ls | wc -l";
@@ -228,11 +279,8 @@ async fn creating_files_past_the_file_quota_gets_enospc_and_the_result_names_the
         full.output.contains("No space left on device") && full.output.contains("stopped="),
         "{full:?}"
     );
-    assert!(
-        full.extra.limits_hit.contains(&"disk_files".to_string()),
-        "{full:?}"
-    );
-    assert!(!full.extra.limits_hit.contains(&"disk_bytes".to_string()));
+    assert!(hit(&full, "disk_files"), "{full:?}");
+    assert!(!hit(&full, "disk_bytes"));
     // On the host: fewer files than asked for, more than none.
     let made = std::fs::read_dir(&alice.hello.workspace).unwrap().count();
     assert!((50..300).contains(&made), "{made}");
@@ -263,7 +311,6 @@ async fn a_single_token_daemon_puts_its_workspace_under_the_quota_its_flags_set(
     if !loops_available() {
         return;
     }
-    let mut leftovers = Leftovers::default();
     let quota = (16 * MIB).to_string();
     let mut flags = vec![
         "--disk-quota-bytes",
@@ -272,8 +319,7 @@ async fn a_single_token_daemon_puts_its_workspace_under_the_quota_its_flags_set(
         "1000",
     ];
     flags.extend(executor_tests::ALLOW_ALL_PROFILES);
-    let daemon = Daemon::start_with(&flags);
-    leftovers.0 = Some(daemon.state.path().to_path_buf());
+    let daemon = start_flags_with_volumes(&flags);
     let mut client = daemon.connect().await;
     let quota = &client.hello.disk_quota;
     assert_eq!(quota.mechanism, "ext4_loop", "{quota:?}");
@@ -287,14 +333,10 @@ async fn a_single_token_daemon_puts_its_workspace_under_the_quota_its_flags_set(
         workspace.display()
     );
     let full = client
-        .run_req(in_profile(
-            "fill",
-            "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
-            "strict",
-        ))
+        .run_req(in_profile("fill", FILL_32_MIB, "strict"))
         .await;
     assert!(full.output.contains("No space left on device"), "{full:?}");
-    assert!(full.extra.limits_hit.contains(&"disk_bytes".to_string()));
+    assert!(hit(&full, "disk_bytes"));
     let small = client
         .run_req(in_profile(
             "small",
@@ -472,22 +514,14 @@ async fn a_session_scratch_is_on_its_clients_volume_and_goes_with_the_session() 
     if !loops_available() {
         return;
     }
-    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
-        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_connection",
-         "disk_quota_bytes": 16 * MIB},
-    ]}));
-    let (_leftovers, daemon) = start_with_volumes(&file);
-    let mut alice = connect(&daemon, ALICE).await;
+    let (daemon, mut alice) =
+        alice_alone(quota_client("alice", ALICE, "per_connection", 16 * MIB)).await;
     let scratch = Path::new(&alice.hello.workspace).to_path_buf();
     let full = alice
-        .run_req(in_profile(
-            "fill",
-            "dd if=/dev/zero of=big bs=1M count=32 2>&1; echo rc=$?",
-            "strict",
-        ))
+        .run_req(in_profile("fill", FILL_32_MIB, "strict"))
         .await;
     assert!(full.output.contains("No space left on device"), "{full:?}");
-    assert!(full.extra.limits_hit.contains(&"disk_bytes".to_string()));
+    assert!(hit(&full, "disk_bytes"));
     let volume = mounts_under(daemon.state.path());
     assert!(
         volume.iter().any(|m| scratch.starts_with(m)),
@@ -523,15 +557,11 @@ async fn a_quota_larger_than_the_hosts_free_disk_is_refused_with_an_error_naming
     }
     // A petabyte: no test machine has it free. Control: a small quota on the same host is
     // had (the other tests).
-    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
-        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
-         "disk_quota_bytes": 1u64 << 50},
-        {"name": "bob", "token": BOB, "profiles": ["strict", "landlock"], "workspace": "per_client",
-         "disk_quota_bytes": 16 * MIB},
-    ]}));
-    let (_leftovers, daemon) = start_with_volumes(&file);
-    let mut alice = connect(&daemon, ALICE).await;
-    let mut bob = connect(&daemon, BOB).await;
+    let (daemon, mut alice, mut bob) = alice_and_bob(
+        quota_client("alice", ALICE, "per_client", 1u64 << 50),
+        quota_client("bob", BOB, "per_client", 16 * MIB),
+    )
+    .await;
     let err = alice
         .exec(in_profile("big", "echo ran > f", "strict"))
         .await
@@ -562,12 +592,8 @@ async fn an_upload_past_the_quota_fails_with_enospc_and_a_smaller_one_lands() {
     if !loops_available() {
         return;
     }
-    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
-        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
-         "disk_quota_bytes": 16 * MIB},
-    ]}));
-    let (_leftovers, daemon) = start_with_volumes(&file);
-    let mut alice = connect(&daemon, ALICE).await;
+    let (daemon, mut alice) =
+        alice_alone(quota_client("alice", ALICE, "per_client", 16 * MIB)).await;
     let workspace = Path::new(&alice.hello.workspace).to_path_buf();
     let big = vec![7u8; 32 * MIB as usize];
     let err = alice
@@ -594,10 +620,8 @@ async fn a_restart_after_sigkill_unmounts_what_was_left_and_the_workspace_keeps_
     }
     let quota = (16 * MIB).to_string();
     let flags = ["--disk-quota-bytes", quota.as_str()];
-    let mut leftovers = Leftovers::default();
-    let mut daemon = Daemon::start_with(&flags);
+    let mut daemon = start_flags_with_volumes(&flags);
     let state = daemon.state.path().to_path_buf();
-    leftovers.0 = Some(state.clone());
     let mut client = daemon.connect().await;
     let kept = client
         .run_req(in_profile("keep", "echo kept > kept", "strict"))
@@ -619,11 +643,7 @@ async fn a_restart_after_sigkill_unmounts_what_was_left_and_the_workspace_keeps_
         .await;
     assert_eq!(read.output, "kept\n");
     drop(client);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(again.id() as i32),
-        Signal::SIGTERM,
-    )
-    .unwrap();
+    send_signal(again.id() as i32, Signal::SIGTERM);
     let status = again.wait().unwrap();
     assert!(status.success(), "{status:?}");
     assert!(
@@ -648,14 +668,9 @@ async fn many_clients_first_commands_at_once_each_get_a_volume_of_their_own() {
     let entries: Vec<serde_json::Value> = tokens
         .iter()
         .enumerate()
-        .map(|(i, token)| {
-            serde_json::json!({"name": format!("c{i}"), "token": token,
-                "profiles": ["strict", "landlock"], "workspace": "per_client",
-                "disk_quota_bytes": 8 * MIB})
-        })
+        .map(|(i, token)| quota_client(&format!("c{i}"), token, "per_client", 8 * MIB))
         .collect();
-    let (_dir, file) = clients_file(&serde_json::json!({ "clients": entries }));
-    let (_leftovers, daemon) = start_with_volumes(&file);
+    let daemon = start_clients_with_volumes(&entries);
     let mut clients = Vec::new();
     for token in &tokens {
         clients.push(connect(&daemon, token).await);
@@ -701,14 +716,12 @@ async fn a_workspace_the_operator_names_stays_the_operators_and_the_hello_says_i
     )
     .unwrap();
     let quota = (16 * MIB).to_string();
-    let mut leftovers = Leftovers::default();
-    let daemon = Daemon::start_with(&[
+    let daemon = start_flags_with_volumes(&[
         "--disk-quota-bytes",
         quota.as_str(),
         "--workspace",
         tree.path().to_str().unwrap(),
     ]);
-    leftovers.0 = Some(daemon.state.path().to_path_buf());
     let mut client = daemon.connect().await;
     let info = client.hello.disk_quota.clone();
     assert_eq!(info.mechanism, "ext4_loop");
@@ -740,12 +753,8 @@ async fn a_spawned_process_past_the_quota_exits_with_the_quota_named_and_one_und
     if !loops_available() {
         return;
     }
-    let (_dir, file) = clients_file(&serde_json::json!({"clients": [
-        {"name": "alice", "token": ALICE, "profiles": ["strict", "landlock"], "workspace": "per_client",
-         "disk_quota_bytes": 16 * MIB},
-    ]}));
-    let (_leftovers, daemon) = start_with_volumes(&file);
-    let mut alice = connect(&daemon, ALICE).await;
+    let (daemon, mut alice) =
+        alice_alone(quota_client("alice", ALICE, "per_client", 16 * MIB)).await;
     let under = spawn_and_wait(
         &mut alice,
         "under",

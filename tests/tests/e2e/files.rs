@@ -462,6 +462,23 @@ async fn an_upload_replaces_the_file_atomically_and_leaves_no_temporary_file() {
     assert!(upload_leftovers(&daemon.workspace).is_empty());
 }
 
+/// Start an upload of `path` as `id` and send it 4 KiB without its end: checks that its
+/// temporary file is then beside the destination (the control for "nothing is left").
+async fn start_upload_midway(client: &mut Client, daemon: &Daemon, id: &str, path: &str) {
+    client
+        .send(&ClientMessage::Upload(upload_req(id, path)))
+        .await;
+    client.write_chunk(id, &[b'p'; 4096], false).await;
+    assert!(
+        eventually(Duration::from_secs(10), || !upload_leftovers(
+            &daemon.workspace
+        )
+        .is_empty())
+        .await,
+        "{id}: no temporary file while the upload runs"
+    );
+}
+
 /// Regression (issue 35): a `write` whose data is not base64 answered `bad_request` but left
 /// the upload running and its `.NAME.upload-<hex>` in the workspace until the session closed.
 #[tokio::test]
@@ -469,19 +486,8 @@ async fn an_upload_given_data_that_is_not_base64_fails_and_removes_its_temporary
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
     upload(&mut client, "v1", "kept.txt", b"complete\n").await;
-    client
-        .send(&ClientMessage::Upload(upload_req("bad", "kept.txt")))
-        .await;
-    client.write_chunk("bad", &[b'p'; 4096], false).await;
     // Control: mid-upload, the temporary file exists beside the destination.
-    assert!(
-        eventually(Duration::from_secs(10), || !upload_leftovers(
-            &daemon.workspace
-        )
-        .is_empty())
-        .await,
-        "no temporary file while the upload runs"
-    );
+    start_upload_midway(&mut client, &daemon, "bad", "kept.txt").await;
     client
         .send(&ClientMessage::Write(protocol::WriteRequest {
             id: "bad".into(),
@@ -524,19 +530,8 @@ async fn an_upload_cut_short_by_the_connection_leaves_neither_a_partial_nor_a_te
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
     upload(&mut client, "v1", "cut.txt", b"complete\n").await;
-    client
-        .send(&ClientMessage::Upload(upload_req("v2", "cut.txt")))
-        .await;
-    client.write_chunk("v2", &[b'p'; 4096], false).await;
     // Control: mid-upload, the temporary file exists beside the destination.
-    assert!(
-        eventually(Duration::from_secs(10), || !upload_leftovers(
-            &daemon.workspace
-        )
-        .is_empty())
-        .await,
-        "no temporary file while the upload runs"
-    );
+    start_upload_midway(&mut client, &daemon, "v2", "cut.txt").await;
     // The connection ends before the upload's end-of-file.
     drop(client);
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -4,10 +4,14 @@
 use std::time::{Duration, Instant};
 
 use executor_tests::checks::preq;
-use executor_tests::{
-    eventually, marked_sleep, marker, namespace_of, process_state, processes_matching, req,
-    sleepers, Daemon, PATIENCE,
+use executor_tests::host_waits::{
+    assert_none_left, none_left, send_signal, sleepers_gone, sleepers_up,
 };
+use executor_tests::{
+    eventually, marked_sleep, marker, namespace_of, process_state, req, sleepers, Client, Daemon,
+    PATIENCE,
+};
+use nix::sys::signal::Signal;
 use protocol::{CancelRequest, ClientMessage, Ending, RETURNCODE_NOT_FINISHED};
 
 /// A command tree that tries every classic way out of a process-group kill.
@@ -50,13 +54,7 @@ async fn timeout_kills_setsid_double_forked_stopped_and_signal_ignoring_children
     );
     assert!(result.extra.killed_processes >= 7, "{:?}", result.extra);
     // On the host: not one of the sleeps survived.
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
 }
 
 #[tokio::test]
@@ -69,7 +67,7 @@ async fn control_the_same_tree_really_runs_until_it_is_killed() {
     let mut r = req("t", &escaping_tree(&m));
     r.stream = true;
     client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 7).await);
+    assert!(sleepers_up(&m, 7).await);
     assert!(
         eventually(PATIENCE, || sleepers(&m)
             .iter()
@@ -84,13 +82,7 @@ async fn control_the_same_tree_really_runs_until_it_is_killed() {
     assert!(result.extra.cancelled);
     assert_eq!(result.extra.ended, Ending::Cancelled);
     assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED);
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "cancel left survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "cancel left survivors").await;
 }
 
 #[tokio::test]
@@ -111,11 +103,7 @@ async fn background_job_holding_stdout_does_not_delay_the_result_and_is_killed()
     assert_eq!(result.returncode, 0);
     assert_eq!(result.extra.ended, Ending::Exited);
     assert_eq!(result.extra.killed_processes, 1);
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await
-    );
+    assert!(none_left(&m).await);
 }
 
 #[tokio::test]
@@ -127,16 +115,10 @@ async fn client_disconnect_mid_command_kills_the_tree_and_is_audited() {
         let mut r = req("d", &format!("setsid {s} & {s}", s = marked_sleep(&m)));
         r.timeout = Some(600.0);
         client.send(&ClientMessage::Exec(r)).await;
-        assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+        assert!(sleepers_up(&m, 2).await);
         // Dropped without a close frame: the TCP connection just goes away.
     }
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
     assert!(
         eventually(executor_tests::PATIENCE, || {
             daemon
@@ -195,7 +177,7 @@ async fn a_strict_command_that_leaves_nothing_is_reported_before_its_namespace_g
     );
     running.stream = true;
     client.send(&ClientMessage::Exec(running)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     let ns = namespace_of(sleepers(&m)[0], "pid").unwrap();
     assert_ne!(
         namespace_of(std::process::id() as i32, "pid"),
@@ -252,11 +234,7 @@ async fn a_strict_command_that_leaves_nothing_is_reported_before_its_namespace_g
         .unwrap();
     assert_eq!(left.output, "shell done\n");
     assert_eq!(left.extra.killed_processes, 1, "{:?}", left.extra);
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await
-    );
+    assert!(none_left(&m).await);
 }
 
 /// A timed-out command's `killed_processes` is every process it had when it was stopped,
@@ -280,7 +258,7 @@ async fn a_stopped_commands_killed_count_is_every_process_it_had() {
             r.stream = true;
             client.send(&ClientMessage::Exec(r)).await;
             assert!(
-                eventually(PATIENCE, || sleepers(&m).len() == 5).await,
+                sleepers_up(&m, 5).await,
                 "{profile}: the five sleeps did not start"
             );
             client
@@ -294,9 +272,40 @@ async fn a_stopped_commands_killed_count_is_every_process_it_had() {
                 "{profile} round {round}: {:?}",
                 result.extra
             );
-            assert!(eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await);
+            assert!(sleepers_gone(&m).await);
         }
     }
+}
+
+/// Start `id` under strict (it says "started", then sleeps marked `m`) and, once the sleep is
+/// up, find its ancestors on the host: the sleep's parent is the shell, whose parent is the
+/// namespace's init, whose parent is the daemon's fork server (checked: the daemon's child).
+/// Returns (shell, init, fork server).
+async fn strict_sleeper(
+    daemon: &Daemon,
+    client: &mut Client,
+    id: &str,
+    m: &str,
+) -> (i32, i32, i32) {
+    // `; true`: the shell stays (bash execs a last simple command in its own place).
+    let r = preq(
+        Some("strict"),
+        id,
+        &format!("echo started; {}; true", marked_sleep(m)),
+        30.0,
+    );
+    client.send(&ClientMessage::Exec(r)).await;
+    assert!(sleepers_up(m, 1).await, "{id}: the sleep never started");
+    let shell = executor_tests::parent_of(sleepers(m)[0]).unwrap();
+    let init = executor_tests::parent_of(shell).unwrap();
+    let server = executor_tests::parent_of(init).unwrap();
+    assert_eq!(
+        executor_tests::parent_of(server),
+        Some(daemon.pid() as i32),
+        "sleep {} < shell {shell} < init {init} < fork server {server} < daemon",
+        sleepers(m)[0]
+    );
+    (shell, init, server)
 }
 
 /// An init killed from outside while its command runs (as the kernel's OOM group kill does
@@ -308,40 +317,17 @@ async fn a_command_whose_init_is_killed_ends_killed_and_is_reported() {
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
     let m = marker();
-    // `; true`: the shell stays (bash execs a last simple command in its own place).
-    let r = preq(
-        Some("strict"),
-        "killed-init",
-        &format!("echo started; {}; true", marked_sleep(&m)),
-        30.0,
-    );
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
-    // The sleep's parent is the shell, whose parent is the namespace's init, whose parent is
-    // the daemon's fork server.
-    let shell = executor_tests::parent_of(sleepers(&m)[0]).unwrap();
-    let init = executor_tests::parent_of(shell).unwrap();
-    let server = executor_tests::parent_of(init).unwrap();
-    assert_eq!(
-        executor_tests::parent_of(server),
-        Some(daemon.pid() as i32),
-        "sleep {} < shell {shell} < init {init} < fork server {server} < daemon",
-        sleepers(&m)[0]
-    );
+    let (_shell, init, _server) = strict_sleeper(&daemon, &mut client, "killed-init", &m).await;
     assert!(
         executor_tests::proc_status(init, "NSpid:").is_some_and(|ns| ns.ends_with("\t1")),
         "{init} is not pid 1 of the command's pid namespace"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(init),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    send_signal(init, Signal::SIGKILL);
     let result = client.collect("killed-init").await.result.unwrap();
     assert_eq!(result.extra.ended, Ending::Signaled, "{result:?}");
     assert_eq!(result.returncode, -9, "{result:?}");
     assert_eq!(result.output, "started\n");
-    assert!(eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await);
+    assert!(sleepers_gone(&m).await);
     // The daemon goes on.
     assert_eq!(client.run("after", "echo ok").await.output, "ok\n");
 }
@@ -354,23 +340,8 @@ async fn a_command_whose_fork_server_dies_ends_and_is_reported() {
     let daemon = Daemon::start();
     let mut client = daemon.connect().await;
     let m = marker();
-    let r = preq(
-        Some("strict"),
-        "orphaned",
-        &format!("echo started; {}; true", marked_sleep(&m)),
-        30.0,
-    );
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
-    let shell = executor_tests::parent_of(sleepers(&m)[0]).unwrap();
-    let init = executor_tests::parent_of(shell).unwrap();
-    let server = executor_tests::parent_of(init).unwrap();
-    assert_eq!(executor_tests::parent_of(server), Some(daemon.pid() as i32));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    let (_shell, _init, server) = strict_sleeper(&daemon, &mut client, "orphaned", &m).await;
+    send_signal(server, Signal::SIGKILL);
     let result = client.collect("orphaned").await.result.unwrap();
     assert_eq!(result.returncode, RETURNCODE_NOT_FINISHED, "{result:?}");
     assert!(
@@ -378,6 +349,6 @@ async fn a_command_whose_fork_server_dies_ends_and_is_reported() {
         "{}",
         result.exception_info
     );
-    assert!(eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await);
+    assert!(sleepers_gone(&m).await);
     assert_eq!(client.run("after", "echo ok").await.output, "ok\n");
 }

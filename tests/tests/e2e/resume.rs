@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use executor_tests::host_waits::{sleepers_gone, sleepers_up};
 use executor_tests::{eventually, marked_sleep, marker, req, sleepers, Client, Daemon, PATIENCE};
 use protocol::{ClientMessage, ErrorCode, ResumeRequest, ServerMessage};
 
@@ -10,25 +11,45 @@ fn cut(client: Client) {
     drop(client);
 }
 
-async fn resume(daemon: &Daemon, session: &str, awaiting: &[&str]) -> (Client, Vec<String>) {
-    let mut client = daemon.connect().await;
-    assert_ne!(
-        client.hello.session, session,
-        "a new connection gets a new session first"
-    );
+/// Send `resume` for `session`, awaiting `awaiting`, and return the answer.
+async fn ask_resume(
+    client: &mut Client,
+    session: &str,
+    awaiting: &[&str],
+) -> Option<ServerMessage> {
     client
         .send(&ClientMessage::Resume(ResumeRequest {
             session: session.to_string(),
             awaiting: awaiting.iter().map(|s| s.to_string()).collect(),
         }))
         .await;
-    match client.recv().await {
+    client.recv().await
+}
+
+/// Resume `session` on a new connection, awaiting `awaiting`; returns the connection and the
+/// ids still running.
+async fn resume(daemon: &Daemon, session: &str, awaiting: &[&str]) -> (Client, Vec<String>) {
+    let mut client = daemon.connect().await;
+    assert_ne!(
+        client.hello.session, session,
+        "a new connection gets a new session first"
+    );
+    match ask_resume(&mut client, session, awaiting).await {
         Some(ServerMessage::Resumed(r)) => {
             assert_eq!(r.session, session);
             (client, r.running)
         }
         other => panic!("expected resumed, got {other:?}"),
     }
+}
+
+/// Send `id` running `command` (timeout 60 s) without waiting for its result, and wait until
+/// `n` sleeps marked `m` are up on the host.
+async fn start_sleeping(client: &mut Client, id: &str, command: &str, m: &str, n: usize) {
+    let mut r = req(id, command);
+    r.timeout = Some(60.0);
+    client.send(&ClientMessage::Exec(r)).await;
+    assert!(sleepers_up(m, n).await, "{id}: {n} sleeps never came up");
 }
 
 /// Every message that arrives within `wait`.
@@ -128,13 +149,8 @@ async fn after_the_grace_period_the_tree_is_killed_and_the_session_is_gone() {
     let session = client.hello.session.clone();
     let m = marker();
     // A tree that a plain kill of the shell would miss.
-    let mut r = req(
-        "tree",
-        &format!("setsid {s} & ( {s} & ) ; {s}", s = marked_sleep(&m)),
-    );
-    r.timeout = Some(60.0);
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 3).await);
+    let tree = format!("setsid {s} & ( {s} & ) ; {s}", s = marked_sleep(&m));
+    start_sleeping(&mut client, "tree", &tree, &m, 3).await;
     cut(client);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -143,20 +159,14 @@ async fn after_the_grace_period_the_tree_is_killed_and_the_session_is_gone() {
         "killed before the grace period ended"
     );
     assert!(
-        eventually(PATIENCE, || sleepers(&m).is_empty()).await,
+        sleepers_gone(&m).await,
         "the tree outlived the grace period"
     );
     assert!(eventually(executor_tests::PATIENCE, || daemon.audit().len() == 1).await);
     assert_eq!(daemon.audit()[0]["ended"], "disconnected");
     // Too late to resume: not found, and the connection stays usable.
     let mut client = daemon.connect().await;
-    client
-        .send(&ClientMessage::Resume(ResumeRequest {
-            session,
-            awaiting: vec!["tree".into()],
-        }))
-        .await;
-    match client.recv().await {
+    match ask_resume(&mut client, &session, &["tree"]).await {
         Some(ServerMessage::Error(e)) => {
             assert_eq!(e.code, ErrorCode::NotFound);
             assert!(e.message.contains("grace period"), "{}", e.message);
@@ -172,24 +182,15 @@ async fn a_close_frame_ends_the_session_at_once_even_with_a_grace_period() {
     let mut client = daemon.connect().await;
     let session = client.hello.session.clone();
     let m = marker();
-    let mut r = req("s", &marked_sleep(&m));
-    r.timeout = Some(60.0);
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    start_sleeping(&mut client, "s", &marked_sleep(&m), &m, 1).await;
     client.ws.close(None).await.unwrap();
     assert!(
-        eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await,
+        sleepers_gone(&m).await,
         "a deliberate close kept the command"
     );
     let mut again = daemon.connect().await;
-    again
-        .send(&ClientMessage::Resume(ResumeRequest {
-            session,
-            awaiting: vec![],
-        }))
-        .await;
     assert!(
-        matches!(again.recv().await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::NotFound)
+        matches!(ask_resume(&mut again, &session, &[]).await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::NotFound)
     );
 }
 
@@ -200,22 +201,13 @@ async fn without_a_grace_period_a_drop_kills_at_once_and_resume_must_come_first(
     assert_eq!(client.hello.resume_grace, 0.0);
     let session = client.hello.session.clone();
     let m = marker();
-    let mut r = req("s", &marked_sleep(&m));
-    r.timeout = Some(60.0);
-    client.send(&ClientMessage::Exec(r)).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    start_sleeping(&mut client, "s", &marked_sleep(&m), &m, 1).await;
     cut(client);
-    assert!(eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await);
+    assert!(sleepers_gone(&m).await);
     // resume is only valid as a connection's first message.
     let mut client = daemon.connect().await;
     client.run("first", "true").await;
-    client
-        .send(&ClientMessage::Resume(ResumeRequest {
-            session,
-            awaiting: vec![],
-        }))
-        .await;
-    match client.recv().await {
+    match ask_resume(&mut client, &session, &[]).await {
         Some(ServerMessage::Error(e)) => {
             assert_eq!(e.code, ErrorCode::BadRequest);
             assert!(e.message.contains("first message"), "{}", e.message);
@@ -238,7 +230,7 @@ async fn a_client_that_keeps_dropping_connections_keeps_at_most_32_sessions_for_
         // Earlier sessions past the 32 kept ones have been ended already.
         let expected = i.min(32) + 1;
         assert!(
-            eventually(PATIENCE, || sleepers(&m).len() == expected).await,
+            sleepers_up(&m, expected).await,
             "command {i}: {} running",
             sleepers(&m).len()
         );
@@ -255,18 +247,13 @@ async fn a_client_that_keeps_dropping_connections_keeps_at_most_32_sessions_for_
     }
     // The two oldest sessions were ended, their commands killed on the host.
     assert!(
-        eventually(PATIENCE, || sleepers(&m).len() == 32).await,
+        sleepers_up(&m, 32).await,
         "{} commands left",
         sleepers(&m).len()
     );
     let mut late = daemon.connect().await;
-    late.send(&ClientMessage::Resume(ResumeRequest {
-        session: sessions[0].clone(),
-        awaiting: vec!["job".into()],
-    }))
-    .await;
     assert!(
-        matches!(late.recv().await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::NotFound)
+        matches!(ask_resume(&mut late, &sessions[0], &["job"]).await, Some(ServerMessage::Error(e)) if e.code == ErrorCode::NotFound)
     );
     // Control: the newest is still there, its command running.
     let (_client, running) = resume(&daemon, &sessions[33], &["job"]).await;

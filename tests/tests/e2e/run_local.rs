@@ -5,9 +5,11 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use executor_tests::host_waits::{send_signal, sleepers_gone, sleepers_up};
 use executor_tests::{
     descendants, eventually, is_root, marked_sleep, marker, parent_of, require, sleepers, PATIENCE,
 };
+use nix::sys::signal::Signal;
 
 /// `executor run --profile <profile> <extra> --cwd /tmp -- <command>`.
 pub(crate) fn executor_run(profile: &str, extra: &[&str], command: &str) -> Command {
@@ -21,7 +23,7 @@ pub(crate) fn executor_run(profile: &str, extra: &[&str], command: &str) -> Comm
 /// No sleeper of `marker` and none of `tree` (the run's processes) left on the host.
 async fn assert_all_gone(marker: &str, tree: &[i32], what: &str) {
     assert!(
-        eventually(PATIENCE, || sleepers(marker).is_empty()).await,
+        sleepers_gone(marker).await,
         "{what}: survivors {:?}",
         sleepers(marker)
     );
@@ -129,11 +131,7 @@ async fn a_run_past_its_timeout_exits_124_and_leaves_no_process_behind() {
         .spawn()
         .unwrap();
         let run_pid = run.id() as i32;
-        assert!(
-            eventually(PATIENCE, || sleepers(&m).len() == 4).await,
-            "{profile}: {:?}",
-            sleepers(&m)
-        );
+        assert!(sleepers_up(&m, 4).await, "{profile}: {:?}", sleepers(&m));
         // While it runs: the helper's parent is the run's fork server, itself a child of the
         // run (forked, not exec'd), so every process of the run descends from it.
         let tree = descendants(run_pid);
@@ -183,7 +181,7 @@ async fn a_run_killed_outright_leaves_no_command_and_its_fork_server_exits_after
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    assert!(sleepers_up(&m, 2).await);
     let tree = descendants(run.id() as i32);
     assert!(!tree.is_empty());
     run.kill().unwrap();
@@ -195,12 +193,12 @@ async fn a_run_killed_outright_leaves_no_command_and_its_fork_server_exits_after
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(sleepers(&m).len(), 1);
     run.kill().unwrap();
     run.wait().unwrap();
-    assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+    assert!(sleepers_gone(&m).await);
 }
 
 #[tokio::test]
@@ -222,15 +220,11 @@ async fn a_run_whose_output_nobody_reads_still_ends_its_command_at_the_timeout()
     .spawn()
     .unwrap();
     // Control: the command is running (its sleeper is there) before the timeout.
-    assert!(
-        eventually(PATIENCE, || sleepers(&m).len() == 1).await,
-        "{:?}",
-        sleepers(&m)
-    );
+    assert!(sleepers_up(&m, 1).await, "{:?}", sleepers(&m));
     let tree = descendants(run.id() as i32);
     // Ended by the timeout while its output is still unread.
     assert!(
-        eventually(PATIENCE, || sleepers(&m).is_empty()).await,
+        sleepers_gone(&m).await,
         "the timeout did not end the command while its output went unread: {:?}",
         sleepers(&m)
     );
@@ -287,7 +281,7 @@ async fn a_strict_run_has_a_network_namespace_of_its_own_and_its_fork_server_sta
         let mut lines = std::io::BufReader::new(run.stdout.take().unwrap()).lines();
         let mut line = || lines.next().and_then(Result::ok).unwrap_or_default();
         let (ns, interfaces, udp) = (line(), line(), line());
-        assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+        assert!(sleepers_up(&m, 1).await);
         // The run's fork server (the child that shares its command line) is in the host's
         // namespace, also where it made the command's.
         let tree = descendants(run_pid);
@@ -378,7 +372,7 @@ async fn sleeper_run(
         command.process_group(0);
     }
     let run = command.spawn().unwrap();
-    assert!(eventually(PATIENCE, || sleepers(&marker).len() == 1).await);
+    assert!(sleepers_up(&marker, 1).await);
     let new: Vec<_> = homes_in(tmp)
         .into_iter()
         .filter(|h| !known.contains(h))
@@ -425,7 +419,7 @@ async fn run_in(tmp: &std::path::Path) {
         found.unwrap()
     };
     assert!(run.wait().unwrap().success());
-    assert!(eventually(PATIENCE, || !alive(server)).await);
+    assert!(exits(server).await);
 }
 
 /// The running processes whose parent is `pid`.
@@ -441,6 +435,36 @@ fn fork_server_of(pid: i32) -> i32 {
     let children = children(pid);
     assert_eq!(children.len(), 1, "the run's children: {children:?}");
     children[0]
+}
+
+/// Whether the process `pid` has exited within [`PATIENCE`].
+async fn exits(pid: i32) -> bool {
+    eventually(PATIENCE, || !alive(pid)).await
+}
+
+/// Asserts that the run `run_pid` left no cgroup directory.
+fn assert_no_run_cgroups(run_pid: u32) {
+    assert_eq!(
+        crate::host_cgroups::run_cgroup_dirs(run_pid),
+        Vec::<String>::new(),
+        "cgroup directories of run {run_pid} left"
+    );
+}
+
+/// Asserts that the run `run_pid` left nothing: no command home beneath `tmp` (now, not
+/// eventually) and no cgroup directory.
+fn assert_run_left_nothing(tmp: &std::path::Path, run_pid: u32) {
+    assert!(homes_in(tmp).is_empty(), "{:?}", homes_in(tmp));
+    assert_no_run_cgroups(run_pid);
+}
+
+/// Asserts that every command home beneath `tmp` is gone within [`PATIENCE`].
+async fn assert_homes_go(tmp: &std::path::Path) {
+    assert!(
+        eventually(PATIENCE, || homes_in(tmp).is_empty()).await,
+        "{:?}",
+        homes_in(tmp)
+    );
 }
 
 /// Whether `pid` is still a process that has not exited (a zombie waiting for a reaper that
@@ -506,7 +530,7 @@ async fn a_run_makes_a_home_only_where_its_profile_gives_the_command_one_and_rem
             .unwrap();
         let home = home.trim().to_string();
         assert!(
-            eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+            sleepers_up(&m, 1).await,
             "{profile}: the command is not running"
         );
         // While the command runs, seen from the host.
@@ -556,7 +580,7 @@ async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_ru
     } = sleeper_run(tmp.path(), &[], false).await;
     run.kill().unwrap();
     run.wait().unwrap();
-    assert!(eventually(PATIENCE, || sleepers(&killed).is_empty()).await);
+    assert!(sleepers_gone(&killed).await);
     assert!(
         eventually(PATIENCE, || !home.exists()).await,
         "the fork server of a killed run left its home"
@@ -574,15 +598,11 @@ async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_ru
             ..
         } = sleeper_run(tmp.path(), &left, false).await;
         left.push(home);
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(server),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
+        send_signal(server, Signal::SIGKILL);
         run.kill().unwrap();
         run.wait().unwrap();
-        assert!(eventually(PATIENCE, || sleepers(&killed).is_empty()).await);
-        assert!(eventually(PATIENCE, || !alive(server)).await);
+        assert!(sleepers_gone(&killed).await);
+        assert!(exits(server).await);
     }
     assert_eq!(
         homes_in(tmp.path()),
@@ -610,11 +630,7 @@ async fn a_killed_runs_home_is_removed_by_its_fork_server_or_else_by_the_next_ru
     alive_run.wait().unwrap();
     // Without the mount, the next run removes it too.
     run_in(tmp.path()).await;
-    assert!(
-        eventually(PATIENCE, || homes_in(tmp.path()).is_empty()).await,
-        "{:?}",
-        homes_in(tmp.path())
-    );
+    assert_homes_go(tmp.path()).await;
 }
 
 #[tokio::test]
@@ -660,18 +676,10 @@ async fn a_ctrl_c_to_the_runs_process_group_leaves_its_fork_server_to_clean_up()
     )
     .unwrap();
     assert_eq!(run.wait().unwrap().code(), Some(130));
-    assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+    assert!(sleepers_gone(&m).await);
     // The server lived through the Ctrl-C, removed what the run left, and exited.
-    assert!(eventually(PATIENCE, || !alive(server)).await);
-    assert!(
-        homes_in(tmp.path()).is_empty(),
-        "{:?}",
-        homes_in(tmp.path())
-    );
-    assert_eq!(
-        crate::host_cgroups::run_cgroup_dirs(run_pid),
-        Vec::<String>::new()
-    );
+    assert!(exits(server).await);
+    assert_run_left_nothing(tmp.path(), run_pid);
 }
 
 #[tokio::test]
@@ -689,23 +697,11 @@ async fn a_run_whose_fork_server_died_removes_what_it_left_itself() {
     } = sleeper_run(tmp.path(), &[], false).await;
     // The server dies (its command's supervisor with it, and so the command): the run ends
     // on its own, with nobody else to clean up after it.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    send_signal(server, Signal::SIGKILL);
     run.wait().unwrap();
-    assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+    assert!(sleepers_gone(&m).await);
     // Gone as soon as the run is: it removed them before it exited.
-    assert!(
-        homes_in(tmp.path()).is_empty(),
-        "{:?}",
-        homes_in(tmp.path())
-    );
-    assert_eq!(
-        crate::host_cgroups::run_cgroup_dirs(run_pid),
-        Vec::<String>::new()
-    );
+    assert_run_left_nothing(tmp.path(), run_pid);
 }
 
 #[tokio::test]
@@ -734,7 +730,7 @@ async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remov
         .read_line(&mut home)
         .unwrap();
     let home = std::path::PathBuf::from(home.trim());
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     let run_pid = run.id();
     assert!(!crate::host_cgroups::run_cgroup_dirs(run_pid).is_empty());
     let server = fork_server_of(run_pid as i32);
@@ -744,19 +740,12 @@ async fn a_run_does_not_unmount_what_was_mounted_into_its_commands_home_to_remov
     run.wait().unwrap();
     // Once the run's fork server, which removes what the run leaves, is gone too: it removed
     // the rest (the run's cgroup directories), not the home.
-    assert!(eventually(PATIENCE, || !alive(server)).await);
-    assert_eq!(
-        crate::host_cgroups::run_cgroup_dirs(run_pid),
-        Vec::<String>::new()
-    );
+    assert!(exits(server).await);
+    assert_no_run_cgroups(run_pid);
     assert_eq!(homes_in(tmp.path()), vec![home.clone()]);
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), "on the mount");
     // Control: once the mount is gone, the next run removes the home.
     nix::mount::umount(&mounted).unwrap();
     run_in(tmp.path()).await;
-    assert!(
-        eventually(PATIENCE, || homes_in(tmp.path()).is_empty()).await,
-        "{:?}",
-        homes_in(tmp.path())
-    );
+    assert_homes_go(tmp.path()).await;
 }

@@ -5,10 +5,12 @@
 use std::time::Duration;
 
 use executor_tests::checks::{preq, start_until};
+use executor_tests::host_waits::{send_signal, sleepers_gone};
 use executor_tests::{
     descendants, eventually, marked_sleep, marker, namespace_of, nice_of, proc_status,
-    process_state, sleepers, Daemon, PATIENCE,
+    process_state, Daemon, PATIENCE,
 };
+use nix::sys::signal::Signal;
 
 use crate::clients::{clients_file, connect, start, ALICE};
 
@@ -153,7 +155,7 @@ async fn a_warm_worker_waits_confined_serves_one_command_and_the_one_before_cann
             "{profile}: {out}"
         );
         // Nothing of it outlives it; the worker that served it is gone.
-        assert!(eventually(PATIENCE, || sleepers(&m).is_empty()).await);
+        assert!(sleepers_gone(&m).await);
         assert!(eventually(PATIENCE, || !alive(worker)).await);
         std::fs::remove_file(daemon.workspace.join(format!("go-{m}"))).unwrap();
 
@@ -211,11 +213,7 @@ async fn no_worker_waits_with_no_warm_workers_and_a_clients_reload_dismisses_tho
     }
     assert!(eventually(PATIENCE, || waiting(&daemon).len() == 2).await);
     let before = waiting(&daemon);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon.pid() as i32),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
+    send_signal(daemon.pid() as i32, Signal::SIGHUP);
     assert!(
         eventually(PATIENCE, || before.iter().all(|&pid| !alive(pid))).await,
         "still waiting after the reload: {:?}",

@@ -2,6 +2,7 @@
 //! processes kept for reading.
 
 use super::*;
+use executor_tests::host_waits::sleepers_up;
 
 #[tokio::test]
 async fn output_beyond_the_buffer_is_dropped_oldest_first_and_offsets_add_up() {
@@ -128,14 +129,14 @@ async fn spawns_beyond_max_commands_per_connection_are_busy() {
         .result
         .unwrap_err();
     assert_eq!(refused.code, ErrorCode::Busy, "{refused:?}");
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    assert!(sleepers_up(&m, 2).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(sleepers(&m).len(), 2, "the third never ran");
     // Control: once one ends, a spawn fits again.
     signal(&mut client, "one", "KILL", false).await;
     assert!(!wait(&mut client, "one", 10.0).await.running);
     spawn(&mut client, spawn_req("three", &marked_sleep(&m))).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    assert!(sleepers_up(&m, 2).await);
 }
 
 #[tokio::test]
@@ -190,7 +191,7 @@ async fn writes_to_a_process_that_never_reads_stdin_end_in_busy() {
         (64..=80).contains(&taken),
         "{taken} of {WRITES} writes taken"
     );
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
 }
 
 #[tokio::test]
@@ -244,7 +245,7 @@ async fn a_running_process_id_cannot_be_taken_again_but_an_ended_ones_can() {
     let refused = client.exec(req("p", "echo exec")).await.result.unwrap_err();
     assert_eq!(refused.code, ErrorCode::DuplicateId, "{refused:?}");
     // Only the first one runs (`spawned` comes once its shell runs; the sleep just after).
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(sleepers(&m).len(), 1);
     signal(&mut client, "p", "KILL", false).await;

@@ -2,6 +2,7 @@
 //! period, the daemon's death, and a resumed session reading on.
 
 use super::*;
+use executor_tests::host_waits::{assert_none_left, sleepers_gone, sleepers_up};
 
 #[tokio::test]
 async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
@@ -25,7 +26,7 @@ async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
     if !started.contains("child-armed") {
         read_until(&mut client, "tree", &mut offset, "child-armed").await;
     }
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 1).await);
+    assert!(sleepers_up(&m, 1).await);
     signal(&mut client, "tree", "TERM", false).await;
     let seen = read_until(&mut client, "tree", &mut offset, "TERM").await;
     let seen = if seen.contains("shell-got-TERM") && seen.contains("child-got-TERM") {
@@ -47,7 +48,7 @@ async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
     assert!(seen.contains("shell-got-TERM"), "{seen:?}");
     assert!(seen.contains("child-got-TERM"), "{seen:?}");
     assert!(
-        eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await,
+        sleepers_gone(&m).await,
         "TERM did not reach the background sleep"
     );
     // The trapping processes live on: TERM did not end the process.
@@ -57,13 +58,7 @@ async fn term_reaches_the_whole_tree_and_kill_leaves_nothing_on_the_host() {
     let exited = wait(&mut client, "tree", 10.0).await;
     assert!(!exited.running, "{exited:?}");
     assert_ne!(exited.returncode, 0, "{exited:?}");
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "survivors of KILL: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors of KILL").await;
 }
 
 #[tokio::test]
@@ -76,15 +71,9 @@ async fn a_dropped_connection_without_grace_kills_the_processes_trees() {
     let mut pty = spawn_req("b", &format!("( {s} & ) ; {s}"));
     pty.pty = Some(PtySize { rows: 5, cols: 20 });
     spawn(&mut client, pty).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 4).await);
+    assert!(sleepers_up(&m, 4).await);
     drop(client);
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
     // The daemon serves the next client.
     let mut next = daemon.connect().await;
     assert_eq!(next.run("after", "echo alive").await.output, "alive\n");
@@ -100,15 +89,9 @@ async fn processes_die_with_the_daemon() {
         spawn_req("a", &format!("setsid {s} & {s}", s = marked_sleep(&m))),
     )
     .await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    assert!(sleepers_up(&m, 2).await);
     daemon.signal_and_wait(nix::sys::signal::Signal::SIGTERM);
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
 }
 
 #[tokio::test]
@@ -129,20 +112,8 @@ async fn a_resumed_session_reads_on_from_its_offset_and_sees_every_line_exactly_
     // The network fails: no close frame.
     drop(client);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut client = daemon.connect().await;
-    client
-        .send(&ClientMessage::Resume(ResumeRequest {
-            session: session.clone(),
-            awaiting: vec![],
-        }))
-        .await;
-    match client.recv().await {
-        Some(ServerMessage::Resumed(r)) => {
-            assert_eq!(r.session, session);
-            assert_eq!(r.running, vec!["lines".to_string()], "{r:?}");
-        }
-        other => panic!("expected resumed, got {other:?}"),
-    }
+    let (mut client, running) = resume_session_running(&daemon, &session).await;
+    assert_eq!(running, vec!["lines".to_string()]);
     let rest = read_to_eof(&mut client, "lines", offset).await;
     got.push_str(&String::from_utf8(rest).unwrap());
     let expected: String = (1..=60).map(|i| format!("line-{i}\n")).collect();
@@ -169,11 +140,7 @@ async fn when_the_shell_exits_its_background_jobs_are_killed_and_the_output_ends
     let exited = wait(&mut client, "bg", 10.0).await;
     assert_eq!(exited.returncode, 0, "{exited:?}");
     assert_eq!(exited.extra.as_ref().unwrap().killed_processes, 2);
-    assert!(
-        eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await,
-        "survivors: {:?}",
-        sleepers(&m)
-    );
+    assert!(sleepers_gone(&m).await, "survivors: {:?}", sleepers(&m));
 }
 
 #[tokio::test]
@@ -186,7 +153,7 @@ async fn stop_and_cont_reach_the_tree_and_kill_ends_a_stopped_tree() {
         spawn_req("t", &format!("{s} & {s}", s = marked_sleep(&m))),
     )
     .await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    assert!(sleepers_up(&m, 2).await);
     let state = |want: char| {
         let m = m.clone();
         move || {
@@ -212,13 +179,7 @@ async fn stop_and_cont_reach_the_tree_and_kill_ends_a_stopped_tree() {
     signal(&mut client, "t", "KILL", false).await;
     let exited = wait(&mut client, "t", 10.0).await;
     assert!(!exited.running);
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "a stopped tree survived KILL: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "a stopped tree survived KILL").await;
     // An unknown signal name is refused, and the known one names the process.
     client
         .send(&ClientMessage::Signal(SignalRequest {
@@ -245,18 +206,12 @@ async fn a_process_past_its_timeout_is_killed_with_its_tree() {
     // Long enough for both sleepers to be seen on the host first, on a busy machine too.
     r.timeout = Some(5.0);
     spawn(&mut client, r).await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    assert!(sleepers_up(&m, 2).await);
     let exited = wait(&mut client, "slow", PATIENCE.as_secs_f64()).await;
     assert!(!exited.running);
     assert_eq!(exited.returncode, protocol::RETURNCODE_NOT_FINISHED);
     assert!(exited.extra.as_ref().unwrap().timed_out, "{exited:?}");
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "survivors: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "survivors").await;
     // Its output stays readable after the end.
     assert_eq!(read_to_eof(&mut client, "slow", 0).await, b"begun\n");
 }
@@ -271,7 +226,7 @@ async fn a_dropped_sessions_processes_live_through_the_grace_period_and_then_die
         spawn_req("p", &format!("setsid {s} & {s}", s = marked_sleep(&m))),
     )
     .await;
-    assert!(eventually(PATIENCE, || sleepers(&m).len() == 2).await);
+    assert!(sleepers_up(&m, 2).await);
     drop(client);
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(
@@ -279,17 +234,16 @@ async fn a_dropped_sessions_processes_live_through_the_grace_period_and_then_die
         2,
         "killed before the grace period ended"
     );
-    assert!(
-        eventually(executor_tests::PATIENCE, || processes_matching(&m)
-            .is_empty())
-        .await,
-        "the tree outlived the grace period: {:?}",
-        processes_matching(&m)
-    );
+    assert_none_left(&m, "the tree outlived the grace period").await;
 }
 
 /// A new connection that takes `session` back (nothing awaited).
 async fn resume_session(daemon: &Daemon, session: &str) -> Client {
+    resume_session_running(daemon, session).await.0
+}
+
+/// [`resume_session`], with the ids the executor says still run.
+async fn resume_session_running(daemon: &Daemon, session: &str) -> (Client, Vec<String>) {
     let mut client = daemon.connect().await;
     client
         .send(&ClientMessage::Resume(ResumeRequest {
@@ -298,10 +252,12 @@ async fn resume_session(daemon: &Daemon, session: &str) -> Client {
         }))
         .await;
     match client.recv().await {
-        Some(ServerMessage::Resumed(r)) => assert_eq!(r.session, session),
+        Some(ServerMessage::Resumed(r)) => {
+            assert_eq!(r.session, session);
+            (client, r.running)
+        }
         other => panic!("expected resumed, got {other:?}"),
     }
-    client
 }
 
 /// Send a probe `read` of `id` at `offset` and return its answer, failing on any other

@@ -31,23 +31,30 @@ fn fetch(url: &str) -> String {
     )
 }
 
+/// A daemon allowing `profiles`, its workspace `ws` in a directory of its own outside the
+/// state directory (task-container hides the state directory, so the workspace lives outside
+/// it). Returns the directory (removed on drop), the workspace and the daemon.
+fn daemon_with_workspace_outside(
+    profiles: &[&str],
+) -> (executor_tests::TempDir, std::path::PathBuf, Daemon) {
+    let root = executor_tests::TempDir::with_prefix_in("e2e-ws-", "/var/tmp").unwrap();
+    let workspace = root.path().join("ws");
+    let mut flags = Vec::new();
+    for profile in profiles {
+        flags.extend(["--allow-profile", profile]);
+    }
+    flags.extend(["--workspace", workspace.to_str().unwrap()]);
+    let daemon = Daemon::start_with(&flags);
+    (root, workspace, daemon)
+}
+
 #[tokio::test]
 async fn a_server_spawned_under_task_container_is_reached_by_a_second_command_and_the_host() {
     // Which profiles share a network with the next command (sandbox-profiles/*.json):
     // task-container and trusted use the host's network; strict gives every command a network
     // namespace of its own (a loopback nobody else reaches, see the next test); landlock
     // refuses IP sockets altogether (seccomp), so no server can even listen there.
-    // task-container hides the state directory, so the workspace lives outside it.
-    let root = executor_tests::TempDir::with_prefix_in("e2e-ws-", "/var/tmp").unwrap();
-    let workspace = root.path().join("ws");
-    let daemon = Daemon::start_with(&[
-        "--allow-profile",
-        "task-container",
-        "--allow-profile",
-        "strict",
-        "--workspace",
-        workspace.to_str().unwrap(),
-    ]);
+    let (_root, workspace, daemon) = daemon_with_workspace_outside(&["task-container", "strict"]);
     let mut client = daemon.connect().await;
     let m = marker();
     std::fs::write(workspace.join("hello.txt"), format!("served {m}\n")).unwrap();
@@ -89,18 +96,8 @@ async fn under_strict_and_landlock_no_command_can_listen_on_tcp_so_none_reaches_
     // landlock (no namespaces) has seccomp refuse IP sockets. So a server spawned there never
     // listens, and a second command (or the host) has nothing to reach. Control: the same
     // listener under task-container (the host's network).
-    let root = executor_tests::TempDir::with_prefix_in("e2e-ws-", "/var/tmp").unwrap();
-    let workspace = root.path().join("ws");
-    let daemon = Daemon::start_with(&[
-        "--allow-profile",
-        "task-container",
-        "--allow-profile",
-        "strict",
-        "--allow-profile",
-        "landlock",
-        "--workspace",
-        workspace.to_str().unwrap(),
-    ]);
+    let (_root, _workspace, daemon) =
+        daemon_with_workspace_outside(&["task-container", "strict", "landlock"]);
     let mut client = daemon.connect().await;
     for (profile, listens) in [
         ("strict", false),

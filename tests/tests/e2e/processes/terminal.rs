@@ -2,6 +2,7 @@
 //! the terminal ioctls a PTY process may not use.
 
 use super::*;
+use executor_tests::host_waits::{sleepers_gone, sleepers_up};
 
 #[tokio::test]
 async fn a_python_repl_is_driven_over_three_turns_and_keeps_its_state() {
@@ -143,12 +144,12 @@ async fn ctrl_c_reaches_the_foreground_job_and_the_shell_lives_on() {
         read_until(&mut client, &id, &mut offset, "up-42").await;
         write_text(&mut client, &id, &format!("{}\n", marked_sleep(&m))).await;
         assert!(
-            eventually(PATIENCE, || sleepers(&m).len() == 1).await,
+            sleepers_up(&m, 1).await,
             "[{profile}] the foreground sleep did not start"
         );
         signal(&mut client, &id, "INT", true).await;
         assert!(
-            eventually(executor_tests::PATIENCE, || sleepers(&m).is_empty()).await,
+            sleepers_gone(&m).await,
             "[{profile}] Ctrl-C did not reach the foreground job"
         );
         // The shell is back at its prompt and still running.
