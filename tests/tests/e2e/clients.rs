@@ -580,7 +580,7 @@ async fn an_abusive_client_cannot_starve_another() {
                         let mut n = 0u64;
                         while !stop.is_cancelled() {
                             n += 1;
-                            let mut r = req(&format!("f{c}-{n}"), "yes flood | head -c 20000000");
+                            let mut r = req(&format!("f{c}-{n}"), "yes alice-flood | head -c 20000000");
                             r.stream = true;
                             match alice.exec(r).await.result {
                                 Ok(res) => {
@@ -610,7 +610,7 @@ async fn an_abusive_client_cannot_starve_another() {
             };
             let mut counts = Vec::new();
             while !stop.is_cancelled() {
-                let running = executor_tests::processes_matching("yes flood");
+                let running = executor_tests::processes_matching("yes alice-flood");
                 counts.push(running.iter().filter(|p| yes(p)).count());
                 std::thread::sleep(Duration::from_millis(2));
             }
