@@ -123,6 +123,35 @@ impl Effective {
     }
 }
 
+impl Effective {
+    /// Whether `target` may be resolved at all: the decision on the name and port alone (for
+    /// an address literal, the whole decision). A name no layer allows is never looked up, so
+    /// a command cannot carry data out in the names it asks for. Allowed here is provisional:
+    /// call [`Effective::decide`] with the addresses once resolved.
+    pub fn decide_before_resolving(
+        &self,
+        target: &Host,
+        port: u16,
+        own: &[SocketAddr],
+    ) -> Decision {
+        match self {
+            Self::Policy(layers) => {
+                let mut last = None;
+                for (layer, policy) in layers {
+                    let mut decision = policy.judge(target, port, None, own);
+                    decision.layer = Some(*layer);
+                    if !decision.allowed {
+                        return decision;
+                    }
+                    last = Some(decision);
+                }
+                last.unwrap_or_else(|| Decision::denied(None, None, Reason::NoNetwork))
+            }
+            other => other.decide(target, port, &[], own),
+        }
+    }
+}
+
 /// Why a connection was allowed or denied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reason {
@@ -228,6 +257,17 @@ impl Policy {
         resolved: &[IpAddr],
         own: &[SocketAddr],
     ) -> Decision {
+        self.judge(target, port, Some(resolved), own)
+    }
+
+    /// [`Policy::decide`]; with `resolved` `None`, a name is judged by steps 1 and 2 only.
+    fn judge(
+        &self,
+        target: &Host,
+        port: u16,
+        resolved: Option<&[IpAddr]>,
+        own: &[SocketAddr],
+    ) -> Decision {
         let literal;
         let (addrs, allowing) = match target {
             Host::Name(name) => {
@@ -236,6 +276,14 @@ impl Policy {
                 }
                 let Some(rule) = self.allow.iter().find(|r| r.matches_name(name, port)) else {
                     return Decision::denied(None, None, Reason::NotAllowed);
+                };
+                let Some(resolved) = resolved else {
+                    return Decision {
+                        allowed: true,
+                        layer: None,
+                        rule: Some(rule.clone()),
+                        reason: Reason::Allowed,
+                    };
                 };
                 (resolved, rule)
             }
@@ -526,6 +574,25 @@ mod tests {
                 .decide(&Host::Ip(ip("127.0.0.1")), 7000, &[], &own)
                 .allowed
         );
+    }
+
+    #[test]
+    fn a_name_no_layer_allows_is_refused_before_it_is_resolved() {
+        let profile = Mode::Policy(policy(&["*.example.org"], &[]));
+        let request = Mode::Policy(policy(&["a.example.org"], &[]));
+        let eff = Effective::combine([(Layer::Profile, &profile), (Layer::Request, &request)]);
+        let d = eff.decide_before_resolving(&name("b.example.org"), 443, &[]);
+        assert_eq!((d.allowed, d.layer), (false, Some(Layer::Request)));
+        // Control: the allowed name may be looked up; its addresses are judged after.
+        let d = eff.decide_before_resolving(&name("a.example.org"), 443, &[]);
+        assert!(d.allowed, "{d:?}");
+        let d = eff.decide(&name("a.example.org"), 443, &[ip("127.0.0.1")], &[]);
+        assert!(matches!(d.reason, Reason::Special { .. }), "{d:?}");
+        // An address literal is decided whole.
+        let d = eff.decide_before_resolving(&Host::Ip(ip("127.0.0.1")), 443, &[]);
+        assert_eq!(d.reason, Reason::NotAllowed);
+        let none = Effective::None.decide_before_resolving(&name("a.example.org"), 443, &[]);
+        assert_eq!(none.reason, Reason::NoNetwork);
     }
 
     #[test]
