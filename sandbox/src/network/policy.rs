@@ -302,55 +302,67 @@ impl Policy {
         if addrs.is_empty() {
             return Decision::denied(None, None, Reason::NoAddress);
         }
+        let mut deciding = allowing;
         for &addr in addrs {
-            if let Some(refusal) = self.refuse_address(addr, port, own) {
-                return refusal;
+            match self.refuse_address(addr, port, own) {
+                Err(refusal) => return refusal,
+                // An address literal that needed a rule naming it was decided by that rule.
+                Ok(Some(naming)) if matches!(target, Host::Ip(_)) => deciding = naming,
+                Ok(_) => {}
             }
         }
         Decision {
             allowed: true,
             layer: None,
-            rule: Some(allowing.clone()),
+            rule: Some(deciding.clone()),
             reason: Reason::Allowed,
         }
     }
 
-    /// Why `addr`:`port` may not be dialed, if it may not (step 3 of [`Policy::decide`]).
-    fn refuse_address(&self, addr: IpAddr, port: u16, own: &[SocketAddr]) -> Option<Decision> {
+    /// Why `addr`:`port` may not be dialed, if it may not (step 3 of [`Policy::decide`]);
+    /// otherwise the rule that names it, when it needed one (a special address, a listener).
+    fn refuse_address(
+        &self,
+        addr: IpAddr,
+        port: u16,
+        own: &[SocketAddr],
+    ) -> Result<Option<&Rule>, Decision> {
         let ip = canonical(addr);
         if let Some(rule) = self.deny.iter().find(|r| r.matches_addr(ip, port)) {
-            return Some(Decision::denied(
+            return Err(Decision::denied(
                 None,
                 Some(rule.clone()),
                 Reason::DeniedByRule,
             ));
         }
+        let mut naming = None;
         let listener = own
             .iter()
             .find(|l| l.port() == port && (l.ip().is_unspecified() || canonical(l.ip()) == ip));
         if listener.is_some() {
-            let named = self.allow.iter().any(|r| {
+            naming = self.allow.iter().find(|r| {
                 r.cidr().is_some_and(|c| c.is_single() && c.addr() == ip)
                     && r.ports.is_some_and(|p| p.low == port && p.high == port)
             });
-            if !named {
+            if naming.is_none() {
                 let addr = SocketAddr::new(addr, port);
-                return Some(Decision::denied(None, None, Reason::OwnListener { addr }));
+                return Err(Decision::denied(None, None, Reason::OwnListener { addr }));
             }
         }
         if let Some(range) = special(ip) {
-            let named = self.allow.iter().any(|r| {
+            let covering = self.allow.iter().find(|r| {
                 r.matches_addr(ip, port) && r.cidr().is_some_and(|c| range.cidr.covers(c))
             });
-            if !named {
-                return Some(Decision::denied(
+            if covering.is_none() {
+                return Err(Decision::denied(
                     None,
                     None,
                     Reason::Special { addr, range },
                 ));
             }
+            naming = naming.or(covering);
         }
-        None
+        Ok(naming)
     }
 }
 
@@ -568,12 +580,10 @@ mod tests {
             p.decide(&Host::Ip(ip("127.0.0.1")), 7001, &[], &own)
                 .allowed
         );
-        let exact = policy(&["127.0.0.1:7000"], &[]);
-        assert!(
-            exact
-                .decide(&Host::Ip(ip("127.0.0.1")), 7000, &[], &own)
-                .allowed
-        );
+        let exact = policy(&["127.0.0.0/8", "127.0.0.1:7000"], &[]);
+        let d = exact.decide(&Host::Ip(ip("127.0.0.1")), 7000, &[], &own);
+        assert!(d.allowed, "{d:?}");
+        assert_eq!(d.rule.unwrap().to_string(), "127.0.0.1:7000");
     }
 
     #[test]
