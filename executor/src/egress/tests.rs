@@ -601,3 +601,131 @@ async fn the_system_resolver_reads_the_hosts_file() {
     );
     assert!(resolver.resolve("localhost", 80).await.is_err());
 }
+
+/// Whether the decision on a CONNECT allowed it, by its record: the tunnel may still fail
+/// where the host has no IPv6 (502), which the decision does not depend on.
+async fn connect_decision(proxy: &Proxy, target: &str, host: &str, port: u16) -> (String, Value) {
+    let (head, _) = connect(proxy.addr, target).await;
+    (status(&head).to_string(), proxy.sink.find(host, port).await)
+}
+
+#[tokio::test]
+async fn ipv6_and_ipv4_mapped_literals_are_judged_like_the_addresses_they_reach() {
+    let (port, _) = web_server().await;
+    let v4 = proxy(&["web.test", "127.0.0.0/8"], false).await;
+    // IPv6 loopback: 127.0.0.0/8 does not cover it, and ::/0 does not name it.
+    let (status, record) = connect_decision(&v4, &format!("[::1]:{port}"), "::1", port).await;
+    assert_eq!(status, "HTTP/1.1 403 Forbidden");
+    assert_denied(&record, "not_allowed");
+    let all6 = proxy(&["::/0"], false).await;
+    let (status, record) = connect_decision(&all6, &format!("[::1]:{port}"), "::1", port).await;
+    assert_eq!(status, "HTTP/1.1 403 Forbidden");
+    assert_denied(&record, "special_address");
+    // An IPv6 address no rule covers.
+    let (status, record) =
+        connect_decision(&v4, &format!("[2001:db8::1]:{port}"), "2001:db8::1", port).await;
+    assert_eq!(status, "HTTP/1.1 403 Forbidden");
+    assert_denied(&record, "not_allowed");
+    // Control: a rule naming ::1 allows it.
+    let v6 = proxy(&["::1"], false).await;
+    let (_, record) = connect_decision(&v6, &format!("[::1]:{port}"), "::1", port).await;
+    assert_eq!(
+        (&record["allowed"], &record["rule"]),
+        (&true.into(), &"::1".into()),
+        "{record}"
+    );
+
+    // 127.0.0.1 written as IPv4-mapped IPv6 is loopback: refused under rules for every
+    // public address of both families ...
+    let mapped = "::ffff:127.0.0.1";
+    let bare = proxy(&["0.0.0.0/0", "::/0"], false).await;
+    let (status, record) =
+        connect_decision(&bare, &format!("[{mapped}]:{port}"), mapped, port).await;
+    assert_eq!(status, "HTTP/1.1 403 Forbidden");
+    assert_denied(&record, "special_address");
+    // ... and allowed by the rule naming loopback (control).
+    let (_, record) = connect_decision(&v4, &format!("[{mapped}]:{port}"), mapped, port).await;
+    assert_eq!(
+        (&record["allowed"], &record["rule"]),
+        (&true.into(), &"127.0.0.0/8".into()),
+        "{record}"
+    );
+}
+
+/// Answers 127.0.0.1 and 10.0.0.1 by turns, as a name that rebinds between lookups.
+struct Rebinding(std::sync::atomic::AtomicBool);
+
+impl Resolver for Rebinding {
+    fn resolve<'a>(&'a self, _: &'a str, _: u16) -> super::resolve::Lookup<'a> {
+        let second = self.0.fetch_xor(true, std::sync::atomic::Ordering::SeqCst);
+        let addr = if !second {
+            LOOPBACK
+        } else {
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))
+        };
+        Box::pin(async move { Ok(vec![addr]) })
+    }
+}
+
+#[tokio::test]
+async fn every_lookup_is_judged_so_a_name_that_rebinds_is_refused_at_its_new_address() {
+    let (port, heads) = web_server().await;
+    let sink = Arc::new(MemorySink::default());
+    let engine = Arc::new(Engine {
+        resolver: Arc::new(Rebinding(Default::default())),
+        sink: sink.clone(),
+        own_listeners: Vec::new(),
+        limits: Limits::default(),
+    });
+    let policy = Policy {
+        allow: vec!["web.test".parse().unwrap(), "127.0.0.0/8".parse().unwrap()],
+        deny: Vec::new(),
+    };
+    let ctx = Arc::new(context(Effective::combine([(
+        Layer::Profile,
+        &Mode::Policy(policy),
+    )])));
+    let request = get(
+        &format!("http://web.test:{port}/"),
+        &format!("web.test:{port}"),
+    );
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let (engine, ctx) = (engine.clone(), ctx.clone());
+        tokio::spawn(async move { engine.serve_proxy(ctx, theirs).await });
+        ours.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        ours.read_to_string(&mut answer).await.unwrap();
+        answers.push(status(&answer).to_string());
+    }
+    // The first lookup (loopback, named) is the control; the second (private) is refused.
+    assert_eq!(answers, ["HTTP/1.1 200 OK", "HTTP/1.1 403 Forbidden"]);
+    assert_eq!(heads.lock().unwrap().len(), 1);
+    for _ in 0..200 {
+        if sink.0.lock().unwrap().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let records = sink.0.lock().unwrap().clone();
+    assert_eq!(records.len(), 2, "{records:?}");
+    let refused = records.iter().find(|r| r["allowed"] == false).unwrap();
+    assert_eq!(refused["code"], "special_address", "{refused}");
+    assert_eq!(refused["address"], format!("10.0.0.1:{port}"));
+}
+
+#[tokio::test]
+async fn a_connect_whose_host_header_names_another_host_is_refused() {
+    let (port, _) = web_server().await;
+    let proxy = proxy(&["web.test", "127.0.0.0/8"], false).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!("CONNECT web.test:{port} HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    assert_denied(&proxy.sink.find("web.test", port).await, "host_mismatch");
+    // Control: the same CONNECT with its own Host.
+    let (head, _) = connect(proxy.addr, &format!("web.test:{port}")).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
