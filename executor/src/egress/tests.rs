@@ -729,3 +729,126 @@ async fn a_connect_whose_host_header_names_another_host_is_refused() {
     let (head, _) = connect(proxy.addr, &format!("web.test:{port}")).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }
+
+/// An engine for plain TCP by name to `banner.test` (127.0.0.1), with `limits`.
+fn tcp_engine(limits: Limits) -> (Arc<Engine>, Arc<CommandContext>, Arc<MemorySink>) {
+    let mut resolver = OverrideResolver::new(None);
+    resolver.set("banner.test", vec![LOOPBACK]);
+    let sink = Arc::new(MemorySink::default());
+    let engine = Arc::new(Engine {
+        resolver: Arc::new(resolver),
+        sink: sink.clone(),
+        own_listeners: Vec::new(),
+        limits,
+    });
+    let policy = Policy {
+        allow: vec![
+            "banner.test".parse().unwrap(),
+            "127.0.0.0/8".parse().unwrap(),
+        ],
+        deny: Vec::new(),
+    };
+    let ctx = Arc::new(context(Effective::combine([(
+        Layer::Profile,
+        &Mode::Policy(policy),
+    )])));
+    (engine, ctx, sink)
+}
+
+/// A server that speaks first (as SSH or SMTP do), then echoes one line.
+async fn banner_server() -> u16 {
+    let listener = TcpListener::bind((LOOPBACK, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = stream.write_all(b"220 banner\r\n").await;
+                let mut line = [0u8; 64];
+                if let Ok(n) = stream.read(&mut line).await {
+                    let _ = stream.write_all(&line[..n]).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_server_that_speaks_first_is_heard_while_the_first_message_is_awaited() {
+    let port = banner_server().await;
+    let (engine, ctx, sink) = tcp_engine(Limits::default());
+    let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+    tokio::spawn(async move { engine.serve_tcp(ctx, theirs, "banner.test", port).await });
+    let mut banner = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), ours.read_exact(&mut banner))
+        .await
+        .expect("the banner comes before the command says anything")
+        .unwrap();
+    assert_eq!(&banner, b"220 banner\r\n");
+    ours.write_all(b"EHLO me\r\n").await.unwrap();
+    let mut echo = String::new();
+    ours.read_to_string(&mut echo).await.unwrap();
+    assert_eq!(echo, "EHLO me\r\n");
+    // The record is written when both directions are done.
+    drop(ours);
+    let record = sink.find("banner.test", port).await;
+    assert_eq!(
+        (
+            &record["allowed"],
+            &record["bytes_up"],
+            &record["bytes_down"]
+        ),
+        (&true.into(), &9.into(), &21.into()),
+        "{record}"
+    );
+}
+
+#[tokio::test]
+async fn a_first_message_that_is_too_slow_or_too_long_is_refused() {
+    let port = banner_server().await;
+    let limits = Limits {
+        first_bytes: Duration::from_millis(300),
+        max_head: 8192,
+        ..Limits::default()
+    };
+    let (engine, ctx, sink) = tcp_engine(limits);
+    let run = |request: Vec<u8>| {
+        let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let (engine, ctx) = (engine.clone(), ctx.clone());
+        tokio::spawn(async move { engine.serve_tcp(ctx, theirs, "banner.test", port).await });
+        async move {
+            ours.write_all(&request).await.unwrap();
+            let mut got = Vec::new();
+            // Ends when the proxy closes (the stream is kept open by us meanwhile).
+            let _ = tokio::time::timeout(Duration::from_secs(10), ours.read_to_end(&mut got))
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&got).into_owned()
+        }
+    };
+    // A request head begun and never finished.
+    run(b"GET / HTTP/1.1\r\nHost: banner.test\r\n".to_vec()).await;
+    // A request head past the limit.
+    let mut long = b"GET / HTTP/1.1\r\nX-Pad: ".to_vec();
+    long.extend(std::iter::repeat_n(b'a', 9000));
+    run(long).await;
+    // Control: a whole, short head passes (the server echoes what it reads).
+    let answer = run(b"GET / HTTP/1.1\r\nHost: banner.test\r\n\r\n".to_vec()).await;
+    assert!(answer.contains("GET / HTTP/1.1"), "{answer}");
+    for _ in 0..200 {
+        if sink.0.lock().unwrap().len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let codes: Vec<Value> = sink
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r["code"].clone())
+        .collect();
+    for code in ["slow_first_message", "first_message_too_long", "allowed"] {
+        assert!(codes.contains(&code.into()), "{code} in {codes:?}");
+    }
+}

@@ -6,7 +6,8 @@
 //!   without answering), must carry no SNI or the target's name (an SNI that names another
 //!   host would let a server that hosts both, such as a CDN, serve a name the policy does not
 //!   allow: domain fronting);
-//! - an HTTP request line: its `Host`, when present, must name the target;
+//! - an HTTP/1 request line (`GET /path HTTP/1.1`): its `Host`, when present, must name the
+//!   target, and a head that does not parse is refused;
 //! - anything else passes (SSH, a database protocol): the target is the one the policy
 //!   allowed, dialed by the proxy itself.
 //!
@@ -177,8 +178,9 @@ where
                             _ => Ok(buf),
                         };
                     }
-                    // Not HTTP after all (or more headers than we judge): refused rather than
-                    // passed unjudged.
+                    // A request line of HTTP/1 with a head that does not parse (or more
+                    // headers than we judge): refused rather than passed unjudged, since the
+                    // server may read it more leniently.
                     Err(err) => {
                         return Err(End::Refused {
                             code: "bad_request",
@@ -212,18 +214,20 @@ fn too_long_or_cut(buf: &[u8], limits: &Limits, what: &str) -> End {
     }
 }
 
-/// Whether `buf` begins like an HTTP request (a method token of capitals and a space):
-/// `None` while too few bytes have come to tell.
+/// Whether `buf` begins with an HTTP/1 request line (a method token of capitals, a target,
+/// `HTTP/1.x`): `None` while too few bytes have come to tell. Text protocols whose commands
+/// look alike (SMTP's `EHLO host`, FTP's `USER name`) are not HTTP: their lines end otherwise.
 fn looks_like_http(buf: &[u8]) -> Option<bool> {
-    for (i, b) in buf.iter().enumerate() {
-        if *b == b' ' {
-            return Some(i > 0);
-        }
-        if !b.is_ascii_uppercase() || i >= 16 {
-            return Some(false);
-        }
+    let Some(space) = buf.iter().position(|b| *b == b' ') else {
+        let token = buf.len() <= 16 && buf.iter().all(u8::is_ascii_uppercase);
+        return if token { None } else { Some(false) };
+    };
+    if space == 0 || space > 16 || !buf[..space].iter().all(u8::is_ascii_uppercase) {
+        return Some(false);
     }
-    None
+    let end = buf.iter().position(|b| *b == b'\n')?;
+    let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
+    Some(line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0"))
 }
 
 /// Append what the reader has (at most up to `max` bytes in `buf`); 0 at its end or when full.
