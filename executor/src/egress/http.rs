@@ -155,10 +155,14 @@ async fn forward(
         }
     };
     strip_hop_by_hop(&mut parts.headers);
-    if let Some(a) = &authority {
-        if let Ok(value) = HeaderValue::from_str(a.as_str()) {
-            parts.headers.insert(header::HOST, value);
-        }
+    // The target as dialed, never user info (`http://user:secret@host/` keeps its secret
+    // out of the Host header).
+    let host_value = match authority.as_ref().and_then(|a| a.port()) {
+        Some(p) => format!("{host}:{p}"),
+        None => host.clone(),
+    };
+    if let Ok(value) = HeaderValue::from_str(&host_value) {
+        parts.headers.insert(header::HOST, value);
     }
     let (mut sender, conn) =
         match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
