@@ -121,9 +121,7 @@ impl Effective {
             }
         }
     }
-}
 
-impl Effective {
     /// Whether `target` may be resolved at all: the decision on the name and port alone (for
     /// an address literal, the whole decision). A name no layer allows is never looked up, so
     /// a command cannot carry data out in the names it asks for. Allowed here is provisional:
