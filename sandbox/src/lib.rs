@@ -22,11 +22,13 @@
 //! runs and calls [`helper_main`] for [`HELPER_ARG`] or [`spawner::main`] for
 //! [`spawner::FORK_SERVER_ARG`].
 //!
-//! Besides: [`files`] (the file operations a payload serves in place of its command, and
-//! their framing), [`homes`] (the home of one `executor run`), [`removal`] (removing a tree
-//! without reaching outside it), [`locale`], and [`sys`], the one module with `unsafe`, each
-//! block with a `// SAFETY:` line. Applying a plan (mounts, landlock, seccomp, identity,
-//! rlimits), the supervisors and the payload, the signals they send and the messages between
+//! Besides: [`network`] (network policies: rules, special addresses, layers and the decision
+//! on one connection, which the daemon's proxy applies), [`files`] (the file operations a
+//! payload serves in place of its command, and their framing), [`homes`] (the home of one
+//! `executor run`), [`removal`] (removing a tree without reaching outside it), [`locale`],
+//! and [`sys`], the one module with `unsafe`, each block with a `// SAFETY:` line. Applying a
+//! plan (mounts, landlock, seccomp, identity, rlimits), the supervisors and the payload, the
+//! signals they send and the messages between
 //! the fork server and the helpers are private.
 
 mod apply;
@@ -35,6 +37,7 @@ pub mod files;
 mod helper;
 pub mod homes;
 pub mod locale;
+pub mod network;
 pub mod plan;
 pub mod profile;
 pub mod removal;

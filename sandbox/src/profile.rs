@@ -11,6 +11,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::network::{self, Rule};
+
 /// Profiles shipped in the binary, by name.
 const BUILTIN: &[(&str, &str)] = &[
     ("strict", include_str!("../../sandbox-profiles/strict.json")),
@@ -233,6 +235,29 @@ pub enum Network {
     None,
     /// The host's network.
     Host { reason: String },
+    /// Only the connections the rules allow (see [`crate::network`]), through the daemon's
+    /// proxy. Not enforced yet: a profile with it is refused (see `check`), never run with
+    /// more or less network than it states.
+    Policy {
+        allow: Vec<Rule>,
+        #[serde(default)]
+        deny: Vec<Rule>,
+        reason: String,
+    },
+}
+
+impl Network {
+    /// What the profile says, as one layer of a command's policy ([`network::Effective`]).
+    pub fn mode(&self) -> network::Mode {
+        match self {
+            Self::None => network::Mode::None,
+            Self::Host { .. } => network::Mode::Host,
+            Self::Policy { allow, deny, .. } => network::Mode::Policy(network::Policy {
+                allow: allow.clone(),
+                deny: deny.clone(),
+            }),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -380,6 +405,18 @@ impl Profile {
         if self.landlock.enabled() && self.filesystem.is_none() {
             return Err(invalid(
                 "landlock needs a filesystem section to build rules from",
+            ));
+        }
+        if let Network::Policy { allow, .. } = &self.network {
+            if allow.is_empty() {
+                return Err(invalid(
+                    "network policy with no allow rule: write {\"mode\": \"none\"}",
+                ));
+            }
+            // Until the proxy and the namespace's only route to it are in place (issue 38),
+            // a policy could only be run as `none` (less than it states) or `host` (more).
+            return Err(invalid(
+                "network mode \"policy\" is not enforced yet; use \"none\" or \"host\"",
             ));
         }
         let mount_ns = self.namespaces.contains(&Namespace::Mount);
@@ -706,6 +743,54 @@ pub mod tests {
         value.as_object_mut().unwrap().remove("seccomp");
         let err = Profile::parse("trusted", &value.to_string()).unwrap_err();
         assert!(err.to_string().contains("seccomp"), "{err}");
+    }
+
+    #[test]
+    fn a_network_policy_parses_with_clear_errors_and_is_refused_until_enforced() {
+        let strict = include_str!("../../sandbox-profiles/strict.json");
+        let mut value: serde_json::Value = serde_json::from_str(strict).unwrap();
+        let with = |value: &mut serde_json::Value, network| {
+            value["network"] = network;
+            Profile::parse("strict", &value.to_string())
+                .unwrap_err()
+                .to_string()
+        };
+        let good = serde_json::json!({
+            "mode": "policy",
+            "allow": ["pypi.org:443", "*.pythonhosted.org:443", "10.0.0.0/8:80-90"],
+            "deny": ["[2001:db8::/32]:443"],
+            "reason": "pip installs from PyPI",
+        });
+        let network: Network = serde_json::from_value(good.clone()).unwrap();
+        let network::Mode::Policy(policy) = network.mode() else {
+            panic!("{network:?}");
+        };
+        assert_eq!(policy.allow.len(), 3);
+        assert_eq!(policy.deny[0].to_string(), "[2001:db8::/32]:443");
+        // Parsed, checked, and refused: not enforced yet.
+        let err = with(&mut value, good.clone());
+        assert!(err.contains("not enforced yet"), "{err}");
+        // A bad rule is named in the profile's error.
+        let mut bad = good.clone();
+        bad["allow"] = serde_json::json!(["pypi.org", "*"]);
+        let err = with(&mut value, bad);
+        assert!(err.contains("bare `*`"), "{err}");
+        // Unknown fields and a missing reason are errors, as everywhere in a profile.
+        let mut bad = good.clone();
+        bad["alow"] = serde_json::json!([]);
+        assert!(with(&mut value, bad).contains("alow"));
+        let mut bad = good.clone();
+        bad.as_object_mut().unwrap().remove("reason");
+        assert!(with(&mut value, bad).contains("reason"));
+        let mut bad = good;
+        bad["allow"] = serde_json::json!([]);
+        assert!(with(&mut value, bad).contains("no allow rule"));
+        // Controls: the shipped modes.
+        assert_eq!(builtin("strict").network.mode(), network::Mode::None);
+        assert_eq!(
+            builtin("task-container").network.mode(),
+            network::Mode::Host
+        );
     }
 
     #[test]

