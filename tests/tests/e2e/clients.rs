@@ -580,7 +580,8 @@ async fn an_abusive_client_cannot_starve_another() {
                         let mut n = 0u64;
                         while !stop.is_cancelled() {
                             n += 1;
-                            let mut r = req(&format!("f{c}-{n}"), "yes alice-flood | head -c 20000000");
+                            let mut r =
+                                req(&format!("f{c}-{n}"), "yes alice-flood | head -c 20000000");
                             r.stream = true;
                             match alice.exec(r).await.result {
                                 Ok(res) => {
