@@ -57,13 +57,13 @@ fn processes_where(matches: impl Fn(&str) -> bool) -> Vec<i32> {
     pids
 }
 
-/// State letter of a process (`R`, `S`, `T`, `Z`, ...) from /proc/<pid>/stat.
+/// State letter of a process (`R`, `S`, `T`, `Z`, ...) from `/proc/<pid>/stat`.
 pub fn process_state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat[stat.rfind(')')? + 2..].chars().next()
 }
 
-/// Resident set size of `pid` in KiB, from /proc/<pid>/status.
+/// Resident set size of `pid` in KiB, from `/proc/<pid>/status`.
 pub fn rss_kib(pid: u32) -> u64 {
     status_field(pid, "VmRSS:")
 }
@@ -82,7 +82,7 @@ fn status_field(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// A field of /proc/<pid>/status as text (`"Uid:"` -> `"65534\t65534\t65534\t65534"`).
+/// A field of `/proc/<pid>/status` as text (`"Uid:"` -> `"65534\t65534\t65534\t65534"`).
 pub fn proc_status(pid: i32, field: &str) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()?
@@ -91,7 +91,7 @@ pub fn proc_status(pid: i32, field: &str) -> Option<String> {
         .map(|v| v.trim().to_string())
 }
 
-/// Target of /proc/<pid>/ns/<kind> (e.g. `net:[4026531840]`).
+/// Target of `/proc/<pid>/ns/<kind>` (e.g. `net:[4026531840]`).
 pub fn namespace_of(pid: i32, kind: &str) -> Option<String> {
     std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
         .ok()
@@ -119,7 +119,7 @@ pub fn descendants(root: i32) -> Vec<i32> {
         .collect()
 }
 
-/// Field `field` (1-based, as proc(5) numbers them; 3 or later) of /proc/<pid>/stat. The
+/// Field `field` (1-based, as proc(5) numbers them; 3 or later) of `/proc/<pid>/stat`. The
 /// command name may hold spaces and parentheses: the fields resume after the last ')'.
 fn stat_field(pid: i32, field: usize) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -130,12 +130,12 @@ fn stat_field(pid: i32, field: usize) -> Option<i32> {
         .ok()
 }
 
-/// The parent pid of `pid`, from /proc/<pid>/stat.
+/// The parent pid of `pid`, from `/proc/<pid>/stat`.
 pub fn parent_of(pid: i32) -> Option<i32> {
     stat_field(pid, 4)
 }
 
-/// The nice value of `pid`, from /proc/<pid>/stat.
+/// The nice value of `pid`, from `/proc/<pid>/stat`.
 pub fn nice_of(pid: i32) -> Option<i32> {
     stat_field(pid, 19)
 }
