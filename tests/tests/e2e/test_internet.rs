@@ -1,0 +1,239 @@
+//! The test internet (`executor_tests::test_internet`) from the host, without the daemon: each
+//! server answers the real client it is for, and nothing of it is left after drop. The
+//! network-policy tests rely on both.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use executor_tests::test_internet::{self, TestInternet};
+use executor_tests::{is_root, require, TempDir, PATIENCE};
+
+fn started() -> Option<TestInternet> {
+    if !require("root (a network namespace and a veth)", is_root()) {
+        return None;
+    }
+    let net = TestInternet::start();
+    eprintln!("test internet started in {:?}", net.started_in);
+    Some(net)
+}
+
+fn succeeded(what: &str, out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn pip_installs_the_package_from_the_test_index() {
+    let Some(net) = started() else { return };
+    let target = TempDir::new().unwrap();
+    let out = net
+        .host_command("/usr/bin/python3")
+        .args(["-m", "pip", "install", "--isolated", "--no-cache-dir"])
+        .args(["--disable-pip-version-check", "--index-url", &net.index_url()])
+        .args(["--trusted-host", net.pypi().name, "--target"])
+        .arg(target.path())
+        .arg(test_internet::PACKAGE)
+        .output()
+        .unwrap();
+    succeeded("pip install from the test index", &out);
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", &format!("import {0}; print({0}.GREETING)", test_internet::PACKAGE_MODULE)])
+        .env("PYTHONPATH", target.path())
+        .output()
+        .unwrap();
+    let greeting = succeeded("importing the installed package", &out);
+    assert_eq!(greeting.trim(), test_internet::PACKAGE_GREETING);
+    assert!(
+        net.log("pypi").contains("GET /simple/testnet-hello/"),
+        "pip did not ask the index: {}",
+        net.log("pypi")
+    );
+}
+
+#[test]
+fn git_clones_the_repository_over_http() {
+    let Some(net) = started() else { return };
+    let work = TempDir::new().unwrap();
+    let clone = work.path().join("clone");
+    let out = net
+        .host_command("git")
+        .args(["clone", "--quiet", &net.repo_url()])
+        .arg(&clone)
+        .output()
+        .unwrap();
+    succeeded("git clone from the test internet", &out);
+    let content = std::fs::read_to_string(clone.join(test_internet::GIT_FILE)).unwrap();
+    assert_eq!(content, test_internet::GIT_CONTENT);
+}
+
+fn curl_tls(net: &TestInternet, ca: Option<&Path>, url: &str) -> Output {
+    let mut curl = Command::new("curl");
+    curl.args(["--silent", "--show-error", "--max-time", "20"])
+        .args(net.curl_resolve_args());
+    if let Some(ca) = ca {
+        curl.arg("--cacert").arg(ca);
+    }
+    curl.arg(url).output().unwrap()
+}
+
+#[test]
+fn curl_trusts_the_https_server_through_the_test_ca_only() {
+    let Some(net) = started() else { return };
+    let body = succeeded(
+        "curl with the test CA",
+        &curl_tls(&net, Some(&net.ca_pem()), &net.tls_url()),
+    );
+    assert_eq!(body, test_internet::TLS_BODY);
+    // By address too, IPv4 and IPv6: the certificate names both.
+    let tls = net.tls();
+    for url in [format!("https://{}/", tls.v4), format!("https://[{}]/", tls.v6)] {
+        let body = succeeded(&url, &curl_tls(&net, Some(&net.ca_pem()), &url));
+        assert_eq!(body, test_internet::TLS_BODY, "{url}");
+    }
+    // Without the CA, the same request is refused: the certificate is the test CA's, no other.
+    let out = curl_tls(&net, None, &net.tls_url());
+    assert!(
+        !out.status.success(),
+        "curl trusted the test server without its CA: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn tcp_and_udp_echo_answer_on_both_families() {
+    let Some(net) = started() else { return };
+    let echo = net.echo();
+    for ip in [IpAddr::V4(echo.v4), IpAddr::V6(echo.v6)] {
+        let addr = SocketAddr::new(ip, test_internet::ECHO_PORT);
+        let mut tcp = TcpStream::connect_timeout(&addr, PATIENCE).unwrap();
+        tcp.set_read_timeout(Some(PATIENCE)).unwrap();
+        tcp.write_all(b"over tcp\n").unwrap();
+        tcp.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut back = String::new();
+        tcp.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "over tcp\n", "TCP echo at {addr}");
+
+        let bind: SocketAddr = if ip.is_ipv4() {
+            "0.0.0.0:0".parse().unwrap()
+        } else {
+            "[::]:0".parse().unwrap()
+        };
+        let udp = UdpSocket::bind(bind).unwrap();
+        udp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        udp.send_to(b"over udp", addr).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = udp.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&b"over udp"[..], addr), "UDP echo at {addr}");
+    }
+}
+
+#[test]
+fn the_dns_server_answers_the_test_names_and_no_other() {
+    let Some(net) = started() else { return };
+    let dns = net.dns();
+    let timeout = Duration::from_secs(5);
+    for server in [IpAddr::V4(dns.v4), IpAddr::V6(dns.v6)] {
+        let server = SocketAddr::new(server, test_internet::DNS_PORT);
+        for site in net.sites() {
+            let a = test_internet::dns_query(server, site.name, false, timeout).unwrap();
+            assert_eq!(a, Some(vec![IpAddr::V4(site.v4)]), "A {} from {server}", site.name);
+            let aaaa = test_internet::dns_query(server, site.name, true, timeout).unwrap();
+            assert_eq!(aaaa, Some(vec![IpAddr::V6(site.v6)]), "AAAA {} from {server}", site.name);
+        }
+        let other = test_internet::dns_query(server, "example.org", false, timeout).unwrap();
+        assert_eq!(other, None, "a name that is not the test internet's is NXDOMAIN");
+    }
+}
+
+/// Inode of a namespace file, the namespace's identity.
+fn inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+#[test]
+fn dropping_it_leaves_no_namespace_link_or_process() {
+    let Some(net) = started() else { return };
+    let netns = inode(&net.netns()).expect("the namespace exists while it runs");
+    assert_ne!(Some(netns), inode(Path::new("/proc/self/ns/net")), "a namespace of its own");
+    let link = net.link_name().to_owned();
+    let pids = net.pids();
+    assert_eq!(pids.len(), 6, "the holder and five servers");
+    let ip_link = || {
+        String::from_utf8(Command::new("ip").args(["-o", "link"]).output().unwrap().stdout)
+            .unwrap()
+    };
+    assert!(ip_link().contains(&format!(" {link}@")), "{link} exists while it runs");
+    // The servers answer before the drop: the checks after it are not vacuous.
+    TcpStream::connect_timeout(&SocketAddr::new(IpAddr::V4(net.echo().v4), 7), PATIENCE).unwrap();
+
+    drop(net);
+
+    assert!(
+        !ip_link().contains(&format!(" {link}@")),
+        "{link} is left: {}",
+        ip_link()
+    );
+    for pid in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(
+            !cmdline.contains("servers.py") && !cmdline.contains("_ignored"),
+            "process {pid} is left: {cmdline}"
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| inode(&e.path().join("ns/net")) == Some(netns))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "processes still in the namespace: {left:?}");
+    // And nothing was ever named in /run/netns (no `ip netns add`).
+    let named = std::fs::read_dir("/run/netns")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    assert!(
+        named.iter().all(|n| !n.to_string_lossy().contains("tnet")),
+        "{named:?}"
+    );
+}
+
+#[test]
+fn several_start_at_once_each_with_its_own_addresses() {
+    if !require("root (a network namespace and a veth)", is_root()) {
+        return;
+    }
+    let nets: Vec<TestInternet> = std::thread::scope(|s| {
+        let starting: Vec<_> = (0..4).map(|_| s.spawn(TestInternet::start)).collect();
+        starting.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for net in &nets {
+        eprintln!("{} started in {:?}", net.link_name(), net.started_in);
+    }
+    let mut links: Vec<_> = nets.iter().map(|n| n.link_name().to_owned()).collect();
+    links.sort();
+    links.dedup();
+    assert_eq!(links.len(), nets.len(), "each its own veth: {links:?}");
+    let mut addrs: Vec<_> = nets.iter().map(|n| n.echo().v4).collect();
+    addrs.sort();
+    addrs.dedup();
+    assert_eq!(addrs.len(), nets.len(), "each its own subnet: {addrs:?}");
+    // Each answers at its own address.
+    for net in &nets {
+        let body = succeeded(
+            net.link_name(),
+            &curl_tls(net, Some(&net.ca_pem()), &net.tls_url()),
+        );
+        assert_eq!(body, test_internet::TLS_BODY);
+    }
+}
