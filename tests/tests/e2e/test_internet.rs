@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use executor_tests::test_internet::{self, TestInternet};
-use executor_tests::{is_root, require, TempDir, PATIENCE};
+use executor_tests::{is_root, require, TempDir, PATIENCE, PROMPTLY};
 
 fn started() -> Option<TestInternet> {
     if !require("root (a network namespace and a veth)", is_root()) {
@@ -160,52 +160,116 @@ fn inode(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
 }
 
-#[test]
-fn dropping_it_leaves_no_namespace_link_or_process() {
-    let Some(net) = started() else { return };
-    let netns = inode(&net.netns()).expect("the namespace exists while it runs");
-    assert_ne!(Some(netns), inode(Path::new("/proc/self/ns/net")), "a namespace of its own");
-    let link = net.link_name().to_owned();
-    let pids = net.pids();
-    assert_eq!(pids.len(), 6, "the holder and five servers");
-    let ip_link = || {
-        String::from_utf8(Command::new("ip").args(["-o", "link"]).output().unwrap().stdout)
-            .unwrap()
-    };
-    assert!(ip_link().contains(&format!(" {link}@")), "{link} exists while it runs");
-    // The servers answer before the drop: the checks after it are not vacuous.
-    TcpStream::connect_timeout(&SocketAddr::new(IpAddr::V4(net.echo().v4), 7), PATIENCE).unwrap();
+fn ip_link() -> String {
+    let out = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
 
-    drop(net);
-
-    assert!(
-        !ip_link().contains(&format!(" {link}@")),
-        "{link} is left: {}",
-        ip_link()
-    );
+/// What is left of a test internet whose host link, processes and namespace (by inode) were
+/// these: one line each, none when everything is gone.
+fn leftovers(link: &str, pids: &[u32], netns: u64) -> Vec<String> {
+    let mut left = Vec::new();
+    if ip_link().contains(&format!(" {link}@")) {
+        left.push(format!("the link {link}"));
+    }
     for pid in pids {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline);
-        assert!(
-            !cmdline.contains("servers.py") && !cmdline.contains("_ignored"),
-            "process {pid} is left: {cmdline}"
-        );
+        if cmdline.contains("servers.py") || cmdline.contains("_ignored") {
+            left.push(format!("process {pid}: {cmdline}"));
+        }
     }
-    let left: Vec<_> = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| inode(&e.path().join("ns/net")) == Some(netns))
-        .map(|e| e.file_name())
-        .collect();
-    assert!(left.is_empty(), "processes still in the namespace: {left:?}");
-    // And nothing was ever named in /run/netns (no `ip netns add`).
-    let named = std::fs::read_dir("/run/netns")
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect::<Vec<_>>())
-        .unwrap_or_default();
+    for entry in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+        if inode(&entry.path().join("ns/net")) == Some(netns) {
+            left.push(format!("process {:?} in the namespace", entry.file_name()));
+        }
+    }
+    // Nothing is ever named in /run/netns (no `ip netns add`).
+    for entry in std::fs::read_dir("/run/netns").into_iter().flatten().filter_map(|e| e.ok()) {
+        if inode(&entry.path()) == Some(netns) {
+            left.push(format!("/run/netns/{:?}", entry.file_name()));
+        }
+    }
+    left
+}
+
+/// The namespace's inode, checked to be a namespace of its own, and that the servers answer
+/// (so that the checks after the end are not vacuous).
+fn running(net: &TestInternet) -> u64 {
+    let netns = inode(&net.netns()).expect("the namespace exists while it runs");
+    assert_ne!(Some(netns), inode(Path::new("/proc/self/ns/net")), "a namespace of its own");
+    assert_eq!(net.pids().len(), 6, "the holder and five servers");
     assert!(
-        named.iter().all(|n| !n.to_string_lossy().contains("tnet")),
-        "{named:?}"
+        ip_link().contains(&format!(" {}@", net.link_name())),
+        "{} exists while it runs",
+        net.link_name()
     );
+    let echo = SocketAddr::new(IpAddr::V4(net.echo().v4), test_internet::ECHO_PORT);
+    TcpStream::connect_timeout(&echo, PATIENCE).unwrap();
+    netns
+}
+
+#[test]
+fn dropping_it_leaves_no_namespace_link_or_process() {
+    let Some(net) = started() else { return };
+    let netns = running(&net);
+    let (link, pids) = (net.link_name().to_owned(), net.pids());
+
+    drop(net);
+
+    let left = leftovers(&link, &pids, netns);
+    assert!(left.is_empty(), "left after drop: {left:?}");
+}
+
+/// Set in the copy of this test binary that `a_killed_test_process_leaves_nothing` starts and
+/// kills.
+const KILLED_CHILD_ENV: &str = "EXECUTOR_TESTS_INTERNET_KILLED_CHILD";
+
+#[test]
+fn a_killed_test_process_leaves_nothing() {
+    const NAME: &str = "test_internet::a_killed_test_process_leaves_nothing";
+    if std::env::var_os(KILLED_CHILD_ENV).is_some() {
+        // The child: start one, say what it is, and wait to be killed (never dropping it).
+        let net = TestInternet::start();
+        let netns = running(&net);
+        println!("holding {} {netns} {:?}", net.link_name(), net.pids());
+        std::thread::sleep(PATIENCE);
+        panic!("not killed within {PATIENCE:?}");
+    }
+    if !require("root (a network namespace and a veth)", is_root()) {
+        return;
+    }
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(KILLED_CHILD_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let holding = std::io::BufRead::lines(stdout)
+        .map(Result::unwrap)
+        .find_map(|line| line.split_once("holding ").map(|(_, rest)| rest.to_owned()));
+    child.kill().unwrap(); // SIGKILL: no unwinding, no Drop
+    child.wait().unwrap();
+    let holding = holding.expect("the child started a test internet");
+    let (link, rest) = holding.split_once(' ').unwrap();
+    let (netns, pids) = rest.split_once(' ').unwrap();
+    let netns: u64 = netns.parse().unwrap();
+    let pids: Vec<u32> = pids
+        .trim_matches(['[', ']'])
+        .split(", ")
+        .map(|p| p.parse().unwrap())
+        .collect();
+    // The children see their standard input end with the killed process, and exit; the kernel
+    // then frees the namespace and its veth, asynchronously: allow it a moment.
+    let began = std::time::Instant::now();
+    let mut left = leftovers(link, &pids, netns);
+    while !left.is_empty() && began.elapsed() < PROMPTLY {
+        std::thread::sleep(Duration::from_millis(20));
+        left = leftovers(link, &pids, netns);
+    }
+    assert!(left.is_empty(), "left {PROMPTLY:?} after SIGKILL: {left:?}");
+    eprintln!("all gone {:?} after SIGKILL", began.elapsed());
 }
 
 #[test]
