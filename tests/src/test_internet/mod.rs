@@ -248,7 +248,10 @@ impl TestInternet {
             bail!("configuring {link}: {stderr}");
         }
         let netns = format!("--net={}", self.netns().display());
-        if let Err(stderr) = run(Command::new("nsenter").args([&netns, "ip", "-batch", "-"]), &inner)? {
+        if let Err(stderr) = run(
+            Command::new("nsenter").args([&netns, "ip", "-batch", "-"]),
+            &inner,
+        )? {
             bail!("configuring the namespace's eth0: {stderr}");
         }
         Ok(())
@@ -281,7 +284,9 @@ impl TestInternet {
                 .arg(dir.join("config.json"))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
-                .stderr(std::fs::File::create(dir.join(format!("{}.log", site.role)))?)
+                .stderr(std::fs::File::create(
+                    dir.join(format!("{}.log", site.role)),
+                )?)
                 .spawn()
                 .context("cannot run nsenter(1)")?;
             self.servers.push((site.role, child));
@@ -378,7 +383,12 @@ impl TestInternet {
         self.sites
             .iter()
             .flat_map(|s| {
-                [80, 443].map(|port| ["--resolve".to_owned(), format!("{}:{port}:{}", s.name, s.v4)])
+                [80, 443].map(|port| {
+                    [
+                        "--resolve".to_owned(),
+                        format!("{}:{port}:{}", s.name, s.v4),
+                    ]
+                })
             })
             .flatten()
             .collect()
@@ -476,7 +486,9 @@ impl Drop for TestInternet {
         let began = Instant::now();
         while sys.exists() {
             if began.elapsed() > LINK_GONE {
-                eprintln!("executor-tests: {link} still exists {LINK_GONE:?} after its namespace ended");
+                eprintln!(
+                    "executor-tests: {link} still exists {LINK_GONE:?} after its namespace ended"
+                );
                 return;
             }
             std::thread::sleep(Duration::from_millis(5));

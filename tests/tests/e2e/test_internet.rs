@@ -38,7 +38,11 @@ fn pip_installs_the_package_from_the_test_index() {
     let out = net
         .host_command("/usr/bin/python3")
         .args(["-m", "pip", "install", "--isolated", "--no-cache-dir"])
-        .args(["--disable-pip-version-check", "--index-url", &net.index_url()])
+        .args([
+            "--disable-pip-version-check",
+            "--index-url",
+            &net.index_url(),
+        ])
         .args(["--trusted-host", net.pypi().name, "--target"])
         .arg(target.path())
         .arg(test_internet::PACKAGE)
@@ -46,12 +50,31 @@ fn pip_installs_the_package_from_the_test_index() {
         .unwrap();
     succeeded("pip install from the test index", &out);
     let out = Command::new("/usr/bin/python3")
-        .args(["-c", &format!("import {0}; print({0}.GREETING)", test_internet::PACKAGE_MODULE)])
+        .args([
+            "-c",
+            &format!(
+                "import {0}; print({0}.GREETING)",
+                test_internet::PACKAGE_MODULE
+            ),
+        ])
         .env("PYTHONPATH", target.path())
         .output()
         .unwrap();
     let greeting = succeeded("importing the installed package", &out);
     assert_eq!(greeting.trim(), test_internet::PACKAGE_GREETING);
+    // Plain curl by address reads the same index (no name, no proxy: the route of the veth).
+    let pypi = net.pypi();
+    for url in [
+        format!("http://{}/simple/", pypi.v4),
+        format!("http://[{}]/simple/", pypi.v6),
+    ] {
+        let out = Command::new("curl")
+            .args(["--silent", "--show-error", "--max-time", "20", &url])
+            .output()
+            .unwrap();
+        let page = succeeded(&url, &out);
+        assert!(page.contains(test_internet::PACKAGE), "{url}: {page}");
+    }
     assert!(
         net.log("pypi").contains("GET /simple/testnet-hello/"),
         "pip did not ask the index: {}",
@@ -95,7 +118,10 @@ fn curl_trusts_the_https_server_through_the_test_ca_only() {
     assert_eq!(body, test_internet::TLS_BODY);
     // By address too, IPv4 and IPv6: the certificate names both.
     let tls = net.tls();
-    for url in [format!("https://{}/", tls.v4), format!("https://[{}]/", tls.v6)] {
+    for url in [
+        format!("https://{}/", tls.v4),
+        format!("https://[{}]/", tls.v6),
+    ] {
         let body = succeeded(&url, &curl_tls(&net, Some(&net.ca_pem()), &url));
         assert_eq!(body, test_internet::TLS_BODY, "{url}");
     }
@@ -132,7 +158,11 @@ fn tcp_and_udp_echo_answer_on_both_families() {
         udp.send_to(b"over udp", addr).unwrap();
         let mut buf = [0u8; 64];
         let (n, from) = udp.recv_from(&mut buf).unwrap();
-        assert_eq!((&buf[..n], from), (&b"over udp"[..], addr), "UDP echo at {addr}");
+        assert_eq!(
+            (&buf[..n], from),
+            (&b"over udp"[..], addr),
+            "UDP echo at {addr}"
+        );
     }
 }
 
@@ -145,12 +175,25 @@ fn the_dns_server_answers_the_test_names_and_no_other() {
         let server = SocketAddr::new(server, test_internet::DNS_PORT);
         for site in net.sites() {
             let a = test_internet::dns_query(server, site.name, false, timeout).unwrap();
-            assert_eq!(a, Some(vec![IpAddr::V4(site.v4)]), "A {} from {server}", site.name);
+            assert_eq!(
+                a,
+                Some(vec![IpAddr::V4(site.v4)]),
+                "A {} from {server}",
+                site.name
+            );
             let aaaa = test_internet::dns_query(server, site.name, true, timeout).unwrap();
-            assert_eq!(aaaa, Some(vec![IpAddr::V6(site.v6)]), "AAAA {} from {server}", site.name);
+            assert_eq!(
+                aaaa,
+                Some(vec![IpAddr::V6(site.v6)]),
+                "AAAA {} from {server}",
+                site.name
+            );
         }
         let other = test_internet::dns_query(server, "example.org", false, timeout).unwrap();
-        assert_eq!(other, None, "a name that is not the test internet's is NXDOMAIN");
+        assert_eq!(
+            other, None,
+            "a name that is not the test internet's is NXDOMAIN"
+        );
     }
 }
 
@@ -185,7 +228,11 @@ fn leftovers(link: &str, pids: &[u32], netns: u64) -> Vec<String> {
         }
     }
     // Nothing is ever named in /run/netns (no `ip netns add`).
-    for entry in std::fs::read_dir("/run/netns").into_iter().flatten().filter_map(|e| e.ok()) {
+    for entry in std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+    {
         if inode(&entry.path()) == Some(netns) {
             left.push(format!("/run/netns/{:?}", entry.file_name()));
         }
@@ -197,7 +244,11 @@ fn leftovers(link: &str, pids: &[u32], netns: u64) -> Vec<String> {
 /// (so that the checks after the end are not vacuous).
 fn running(net: &TestInternet) -> u64 {
     let netns = inode(&net.netns()).expect("the namespace exists while it runs");
-    assert_ne!(Some(netns), inode(Path::new("/proc/self/ns/net")), "a namespace of its own");
+    assert_ne!(
+        Some(netns),
+        inode(Path::new("/proc/self/ns/net")),
+        "a namespace of its own"
+    );
     assert_eq!(net.pids().len(), 6, "the holder and five servers");
     assert!(
         ip_link().contains(&format!(" {}@", net.link_name())),
