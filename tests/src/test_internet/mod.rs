@@ -75,6 +75,9 @@ pub const DNS_PORT: u16 = 53;
 
 /// How many test internets can exist on the machine at once.
 const SLOTS: u32 = 32;
+/// How long starting may take at most, on a busy machine (a hung server fails the start
+/// instead of hanging the test).
+const STARTING: Duration = crate::PATIENCE;
 /// How long the host end of the veth may take to go once the namespace's processes are gone
 /// (the kernel frees a namespace asynchronously, in a work queue).
 const LINK_GONE: Duration = Duration::from_secs(10);
@@ -164,14 +167,14 @@ impl TestInternet {
         let dir = TempDir::with_prefix("executor-tests-internet-")?;
         // Readable by anyone: a sandboxed command may be given the CA's path.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
-        let mut holder = Command::new("unshare")
+        let holder = Command::new("unshare")
             .args(["--net", "--", "sh", "-c", "echo ready; read _ignored"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .context("cannot run unshare(1)")?;
-        let ready = first_line(&mut holder);
+        let deadline = began + STARTING;
         let mut net = Self {
             holder,
             servers: Vec::new(),
@@ -182,7 +185,8 @@ impl TestInternet {
             started_in: Duration::ZERO,
         };
         // `ready` only once unshare(2) has happened: before, /proc/PID/ns/net is the host's.
-        if ready.as_deref() != Some("ready") {
+        let ready = first_line(&mut net.holder, deadline);
+        if ready.as_deref() != Ok("ready") {
             bail!("unshare --net did not start: {ready:?}");
         }
         net.take_slot()?;
@@ -197,7 +201,7 @@ impl TestInternet {
             })
             .collect();
         net.configure_links()?;
-        net.start_servers()?;
+        net.start_servers(deadline)?;
         net.started_in = began.elapsed();
         Ok(net)
     }
@@ -258,7 +262,7 @@ impl TestInternet {
     }
 
     /// Starts every server at once, then waits for each to say `ready`.
-    fn start_servers(&mut self) -> anyhow::Result<()> {
+    fn start_servers(&mut self, deadline: Instant) -> anyhow::Result<()> {
         let dir = self.dir.path();
         std::fs::write(dir.join("servers.py"), SERVERS_PY)?;
         let sites: serde_json::Map<String, serde_json::Value> = self
@@ -292,8 +296,8 @@ impl TestInternet {
             self.servers.push((site.role, child));
         }
         for (role, child) in &mut self.servers {
-            let ready = first_line(child);
-            if ready.as_deref() != Some("ready") {
+            let ready = first_line(child, deadline);
+            if ready.as_deref() != Ok("ready") {
                 let log = std::fs::read_to_string(dir.join(format!("{role}.log")));
                 bail!(
                     "the {role} server did not start ({ready:?}): {}",
@@ -461,12 +465,22 @@ impl TestInternet {
     }
 }
 
-/// The first line of `child`'s standard output, without its newline; `None` at end of file.
-fn first_line(child: &mut Child) -> Option<String> {
-    let mut line = String::new();
-    let stdout = child.stdout.take()?;
-    BufReader::new(stdout).read_line(&mut line).ok()?;
-    (!line.is_empty()).then(|| line.trim_end().to_owned())
+/// The first line of `child`'s standard output, without its newline: an error at end of file
+/// or at `deadline` (read on a thread of its own, which ends with the child).
+fn first_line(child: &mut Child, deadline: Instant) -> Result<String, String> {
+    let stdout = child.stdout.take().ok_or("no standard output")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(read.map(|_| line));
+    });
+    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(Ok(line)) if line.is_empty() => Err("end of file".into()),
+        Ok(Ok(line)) => Ok(line.trim_end().to_owned()),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_) => Err(format!("no line within {STARTING:?}")),
+    }
 }
 
 fn end(child: &mut Child) {
