@@ -269,7 +269,8 @@ impl TestInternet {
             .sites
             .iter()
             .map(|s| {
-                let site = serde_json::json!({"name": s.name, "v4": s.v4.to_string(), "v6": s.v6.to_string()});
+                let (v4, v6) = (s.v4.to_string(), s.v6.to_string());
+                let site = serde_json::json!({ "name": s.name, "v4": v4, "v6": v6 });
                 (s.role.to_owned(), site)
             })
             .collect();

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import zipfile
+from pathlib import Path
 
 # What the servers serve, also spelled in mod.rs (the tests check them there).
 PACKAGE = "testnet_hello"
@@ -41,7 +42,7 @@ def v6(cls: type) -> type:
 class Quiet(http.server.SimpleHTTPRequestHandler):
     """Static files, one line per request on stderr (the harness keeps it in a log file)."""
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         sys.stderr.write(f"{self.client_address[0]} {format % args}\n")
 
 
@@ -56,12 +57,12 @@ class Threading(http.server.ThreadingHTTPServer):
         self.server_name, self.server_port = self.server_address[:2]
 
 
-def static_http(root: str) -> list:
+def static_http(root: Path) -> list:
     handler = lambda *a, **kw: Quiet(*a, directory=root, **kw)  # noqa: E731
     return [(Threading, handler, 80)]
 
 
-def wheel(directory: str) -> tuple[str, str]:
+def wheel(directory: Path) -> tuple[str, str]:
     """Writes the package's wheel by hand (a zip with a RECORD of sha256 digests, PEP 427);
     returns its file name and sha256."""
     info = f"{PACKAGE}-{VERSION}.dist-info"
@@ -72,9 +73,9 @@ def wheel(directory: str) -> tuple[str, str]:
             "Summary: the test internet's package\n"
         ).encode(),
         f"{info}/WHEEL": (
-            "Wheel-Version: 1.0\nGenerator: executor-tests\nRoot-Is-Purelib: true\n"
-            "Tag: py3-none-any\n"
-        ).encode(),
+            b"Wheel-Version: 1.0\nGenerator: executor-tests\nRoot-Is-Purelib: true\n"
+            b"Tag: py3-none-any\n"
+        ),
     }
     record = ""
     for path, data in files.items():
@@ -83,31 +84,30 @@ def wheel(directory: str) -> tuple[str, str]:
     record += f"{info}/RECORD,,\n"
     files[f"{info}/RECORD"] = record.encode()
     name = f"{PACKAGE}-{VERSION}-py3-none-any.whl"
-    path = os.path.join(directory, name)
+    path = directory / name
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for member, data in files.items():
             zf.writestr(member, data)
-    with open(path, "rb") as f:
-        return name, hashlib.sha256(f.read()).hexdigest()
+    return name, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def pypi(root: str, _config: dict) -> list:
+def pypi(root: Path, _config: dict) -> list:
     """A PEP 503 "simple" index of static files: /simple/, /simple/PROJECT/, /files/WHEEL."""
-    os.makedirs(os.path.join(root, "simple", PROJECT))
-    os.makedirs(os.path.join(root, "files"))
-    name, sha = wheel(os.path.join(root, "files"))
+    (root / "simple" / PROJECT).mkdir(parents=True)
+    (root / "files").mkdir()
+    name, sha = wheel(root / "files")
     page = "<!DOCTYPE html>\n<html><body>\n{}\n</body></html>\n"
-    with open(os.path.join(root, "simple", "index.html"), "w") as f:
-        f.write(page.format(f'<a href="{PROJECT}/">{PROJECT}</a>'))
-    with open(os.path.join(root, "simple", PROJECT, "index.html"), "w") as f:
-        f.write(page.format(f'<a href="../../files/{name}#sha256={sha}">{name}</a>'))
+    (root / "simple" / "index.html").write_text(page.format(f'<a href="{PROJECT}/">{PROJECT}</a>'))
+    (root / "simple" / PROJECT / "index.html").write_text(
+        page.format(f'<a href="../../files/{name}#sha256={sha}">{name}</a>')
+    )
     return static_http(root)
 
 
-def git(root: str, _config: dict) -> list:
+def git(root: Path, _config: dict) -> list:
     """A bare repository with one commit, served by git's dumb HTTP protocol: static files
     after `git update-server-info`."""
-    repo = os.path.join(root, "repo.git")
+    repo = str(root / "repo.git")
     env = dict(
         os.environ,
         GIT_AUTHOR_NAME="test internet",
@@ -122,7 +122,12 @@ def git(root: str, _config: dict) -> list:
 
     def run(*args: str, stdin: str = "") -> str:
         done = subprocess.run(
-            ["git", "-C", repo, *args], input=stdin, env=env, capture_output=True, text=True
+            ["git", "-C", repo, *args],
+            input=stdin,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if done.returncode != 0:
             raise RuntimeError(f"git {' '.join(args)}: {done.stderr}")
@@ -139,18 +144,18 @@ def git(root: str, _config: dict) -> list:
 
 
 class TlsHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(TLS_BODY)))
         self.end_headers()
         self.wfile.write(TLS_BODY)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         sys.stderr.write(f"{self.client_address[0]} {format % args}\n")
 
 
-def tls(root: str, config: dict) -> list:
+def tls(root: Path, config: dict) -> list:
     """HTTPS with a certificate for the TLS site's name and addresses, issued by a CA made
     here (ROOT/ca.pem, which the tests trust)."""
     site = config["sites"]["tls"]
@@ -174,16 +179,14 @@ def tls(root: str, config: dict) -> list:
         "-addext", "extendedKeyUsage=serverAuth",
     )  # fmt: skip
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(os.path.join(root, "server.pem"), os.path.join(root, "server.key"))
+    context.load_cert_chain(root / "server.pem", root / "server.key")
 
     class Tls(Threading):
         def get_request(self) -> tuple:
             # The handshake happens on the handler's thread (on its first read), so one slow
             # client does not hold up the accepting loop.
             sock, addr = self.socket.accept()
-            return context.wrap_socket(
-                sock, server_side=True, do_handshake_on_connect=False
-            ), addr
+            return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
     return [(Tls, TlsHandler, 443)]
 
@@ -209,12 +212,12 @@ class UdpServer(socketserver.UDPServer):
     allow_reuse_address = True
 
 
-def echo(_root: str, _config: dict) -> list:
+def echo(_root: Path, _config: dict) -> list:
     """TCP and UDP echo (RFC 862) on port 7."""
     return [(TcpServer, Echo, 7), (UdpServer, UdpEcho, 7)]
 
 
-def dns(_root: str, config: dict) -> list:
+def dns(_root: Path, config: dict) -> list:
     """A DNS server on UDP port 53 answering A and AAAA for the test names; NXDOMAIN for any
     other name."""
     answers: dict[str, dict[int, bytes]] = {}
@@ -259,11 +262,10 @@ ROLES = {"pypi": pypi, "git": git, "tls": tls, "echo": echo, "dns": dns}
 
 
 def main() -> None:
-    role, root, config_path = sys.argv[1:4]
-    with open(config_path) as f:
-        config = json.load(f)
+    role, root, config_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    config = json.loads(config_path.read_text())
     site = config["sites"][role]
-    os.makedirs(root, exist_ok=True)
+    root.mkdir(exist_ok=True)
     for cls, handler, port in ROLES[role](root, config):
         for family_cls, address in ((cls, site["v4"]), (v6(cls), site["v6"])):
             server = family_cls((address, port), handler)
