@@ -7,7 +7,7 @@
 //!  tnetN  203.0.113.16N+1/28              | eth0  .16N+2 pypi   HTTP :80   (PEP 503 index)
 //!         2001:db8:7e57:N::1/64           |       .16N+3 git    HTTP :80   (dumb protocol)
 //!                                         |       .16N+4 tls    HTTPS :443 (test CA)
-//!                                         |       .16N+5 echo   TCP+UDP :7 (RFC 862)
+//!                                         |       .16N+5 echo   TCP+UDP :7, :7007
 //!                                         |       .16N+6 dns    UDP :53    (the test names)
 //!                                         |       and 2001:db8:7e57:N::2..6 the same
 //! ```
@@ -72,8 +72,14 @@ pub const GIT_FILE: &str = "README";
 pub const GIT_CONTENT: &str = "hello from the test internet's git server\n";
 /// What the HTTPS server answers to any GET.
 pub const TLS_BODY: &str = "hello over TLS from the test internet\n";
-/// The echo server's port, TCP and UDP (RFC 862), and the DNS server's (UDP).
+/// The echo server's port, TCP and UDP (RFC 862); it echoes on [`ECHO_OTHER_PORT`] too, for
+/// a port-scoped rule's denial beside its allowed control.
 pub const ECHO_PORT: u16 = 7;
+pub const ECHO_OTHER_PORT: u16 = 7007;
+/// Every HTTP and HTTPS server answers `GET /bytes/N` with N zero bytes, streamed (for
+/// throughput measurements): this path, N appended.
+pub const BYTES_PATH: &str = "/bytes/";
+/// The DNS server's port (UDP).
 pub const DNS_PORT: u16 = 53;
 
 /// How many test internets can exist on the machine at once.
@@ -339,7 +345,7 @@ impl TestInternet {
         self.site("tls")
     }
 
-    /// The TCP and UDP echo server, on [`ECHO_PORT`].
+    /// The TCP and UDP echo server, on [`ECHO_PORT`] and [`ECHO_OTHER_PORT`].
     pub fn echo(&self) -> &Site {
         self.site("echo")
     }

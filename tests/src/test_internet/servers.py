@@ -39,8 +39,34 @@ def v6(cls: type) -> type:
     return type(cls.__name__ + "6", (cls,), {"address_family": socket.AF_INET6})
 
 
+BYTES = "/bytes/"
+CHUNK = bytes(1 << 16)
+
+
+def send_bytes(handler: http.server.BaseHTTPRequestHandler) -> bool:
+    """Answers GET /bytes/N with N zero bytes, streamed (for throughput measurements); False
+    for any other path."""
+    count = handler.path.removeprefix(BYTES)
+    if not handler.path.startswith(BYTES) or not count.isdigit():
+        return False
+    left = int(count)
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/octet-stream")
+    handler.send_header("Content-Length", str(left))
+    handler.end_headers()
+    while left > 0:
+        handler.wfile.write(CHUNK[: min(left, len(CHUNK))])
+        left -= len(CHUNK)
+    return True
+
+
 class Quiet(http.server.SimpleHTTPRequestHandler):
-    """Static files, one line per request on stderr (the harness keeps it in a log file)."""
+    """Static files (and /bytes/N), one line per request on stderr (the harness keeps it in a
+    log file)."""
+
+    def do_GET(self) -> None:
+        if not send_bytes(self):
+            super().do_GET()
 
     def log_message(self, format: str, *args: object) -> None:
         sys.stderr.write(f"{self.client_address[0]} {format % args}\n")
@@ -144,7 +170,11 @@ def git(root: Path, _config: dict) -> list:
 
 
 class TlsHandler(http.server.BaseHTTPRequestHandler):
+    """TLS_BODY for any path but /bytes/N."""
+
     def do_GET(self) -> None:
+        if send_bytes(self):
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(TLS_BODY)))
@@ -212,9 +242,13 @@ class UdpServer(socketserver.UDPServer):
     allow_reuse_address = True
 
 
+ECHOES = ((TcpServer, Echo), (UdpServer, UdpEcho))
+
+
 def echo(_root: Path, _config: dict) -> list:
-    """TCP and UDP echo (RFC 862) on port 7."""
-    return [(TcpServer, Echo, 7), (UdpServer, UdpEcho, 7)]
+    """TCP and UDP echo (RFC 862) on port 7, and the same on 7007 (for a port-scoped rule's
+    denial beside its allowed control)."""
+    return [(server, handler, port) for port in (7, 7007) for server, handler in ECHOES]
 
 
 def dns(_root: Path, config: dict) -> list:

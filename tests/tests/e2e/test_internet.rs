@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use executor_tests::test_internet::{self, TestInternet};
+use executor_tests::test_internet::{self, TestInternet, BYTES_PATH};
 use executor_tests::{is_root, require, TempDir, PATIENCE, PROMPTLY};
 
 fn started() -> Option<TestInternet> {
@@ -125,6 +125,17 @@ fn curl_trusts_the_https_server_through_the_test_ca_only() {
         let body = succeeded(&url, &curl_tls(&net, Some(&net.ca_pem()), &url));
         assert_eq!(body, test_internet::TLS_BODY, "{url}");
     }
+    // /bytes/N streams N bytes, over HTTPS and plain HTTP.
+    let bytes = 3_000_000;
+    for url in [
+        format!("https://{}{BYTES_PATH}{bytes}", net.tls().name),
+        format!("http://{}{BYTES_PATH}{bytes}", net.git().v4),
+    ] {
+        let out = curl_tls(&net, Some(&net.ca_pem()), &url);
+        succeeded(&url, &out);
+        assert_eq!(out.stdout.len(), bytes, "{url}");
+        assert!(out.stdout.iter().all(|&b| b == 0), "{url}");
+    }
     // Without the CA, the same request is refused: the certificate is the test CA's, no other.
     let out = curl_tls(&net, None, &net.tls_url());
     assert!(
@@ -135,11 +146,15 @@ fn curl_trusts_the_https_server_through_the_test_ca_only() {
 }
 
 #[test]
-fn tcp_and_udp_echo_answer_on_both_families() {
+fn tcp_and_udp_echo_answer_on_both_families_and_ports() {
     let Some(net) = started() else { return };
     let echo = net.echo();
-    for ip in [IpAddr::V4(echo.v4), IpAddr::V6(echo.v6)] {
-        let addr = SocketAddr::new(ip, test_internet::ECHO_PORT);
+    let ports = [test_internet::ECHO_PORT, test_internet::ECHO_OTHER_PORT];
+    for (ip, port) in [IpAddr::V4(echo.v4), IpAddr::V6(echo.v6)]
+        .into_iter()
+        .flat_map(|ip| ports.map(|port| (ip, port)))
+    {
+        let addr = SocketAddr::new(ip, port);
         let mut tcp = TcpStream::connect_timeout(&addr, PATIENCE).unwrap();
         tcp.set_read_timeout(Some(PATIENCE)).unwrap();
         tcp.write_all(b"over tcp\n").unwrap();
