@@ -171,6 +171,8 @@ impl TestInternet {
         Self::try_start().unwrap_or_else(|err| panic!("the test internet did not start: {err:#}"))
     }
 
+    /// Starts one: the namespace, a slot's veth, then the servers, each `ready` before this
+    /// returns. On an error, what was started ends (by [`Drop`]).
     pub fn try_start() -> anyhow::Result<Self> {
         let began = Instant::now();
         let dir = TempDir::with_prefix("executor-tests-internet-")?;
