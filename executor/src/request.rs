@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use protocol::{ExecRequest, Limits};
 
+use sandbox::network::{Mode, RuleError};
 use sandbox::plan::CommandSpec;
 
 /// Longest accepted `cwd`, as Linux's PATH_MAX.
@@ -22,6 +23,11 @@ pub struct ValidRequest {
     pub stream: bool,
     /// Keep a sandbox like this one ready for the client's next command.
     pub warm: bool,
+    /// The network the request asks for, parsed; `None`: the client's.
+    pub network: Option<Mode>,
+    /// The client's network ceiling (its clients-file entry, `executor run --allow-net`);
+    /// `host` (no filter of its own) unless the caller sets it.
+    pub client_network: Mode,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -44,6 +50,8 @@ pub enum RequestError {
     EnvValueNul(String),
     #[error("timeout must be a number of seconds greater than 0 and at most {max}, got {got}")]
     Timeout { got: f64, max: f64 },
+    #[error("network: {0}")]
+    Network(#[from] RuleError),
 }
 
 /// Check `req` against `limits`.
@@ -100,6 +108,11 @@ pub fn validate(req: ExecRequest, limits: &Limits) -> Result<ValidRequest, Reque
             max: limits.max_timeout,
         });
     }
+    let network = req
+        .network
+        .as_ref()
+        .map(crate::network_policy::parse)
+        .transpose()?;
     Ok(ValidRequest {
         id: req.id,
         spec: CommandSpec {
@@ -112,6 +125,8 @@ pub fn validate(req: ExecRequest, limits: &Limits) -> Result<ValidRequest, Reque
         profile: req.profile,
         stream: req.stream,
         warm: true,
+        network,
+        client_network: Mode::Host,
     })
 }
 
@@ -139,6 +154,7 @@ mod tests {
             timeout: None,
             profile: None,
             stream: false,
+            network: None,
         }
     }
 
@@ -162,6 +178,8 @@ mod tests {
                 profile: None,
                 stream: false,
                 warm: true,
+                network: None,
+                client_network: Mode::Host,
             }
         );
     }

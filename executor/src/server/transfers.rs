@@ -57,6 +57,9 @@ impl Connection {
             timeout: Some(timeout),
             profile,
             stream: false,
+            // A file operation needs no network, whatever its client is granted: run without,
+            // never refused for a policy it does not use.
+            network: Some(protocol::RequestNetwork::None {}),
         };
         self.admit_job(exec, draining).await
     }
