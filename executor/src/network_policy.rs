@@ -110,7 +110,8 @@ fn contained(profile: &Profile) -> Result<(), String> {
 }
 
 fn not_enforced() -> String {
-    "network policy is not enforced by this build (the proxy is not wired in); ask for none or host".into()
+    "network policy is not enforced by this build (the proxy is not wired in); ask for none or host"
+        .into()
 }
 
 /// The network a command gets under `profile`, for a client granted `client`, when the

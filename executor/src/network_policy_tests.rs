@@ -105,14 +105,19 @@ fn landlock_refuses_any_policy_with_the_reason_and_keeps_none() {
     let client = effective_network(&landlock, &Mode::Policy(pypi()), None).unwrap_err();
     assert_eq!(client.layer, Layer::Client);
     assert!(
-        client.message.contains("\"landlock\" has no network namespace"),
+        client
+            .message
+            .contains("\"landlock\" has no network namespace"),
         "{client}"
     );
     assert_eq!(ExecError::from(client).code, ErrorCode::EnvironmentError);
     let request =
         effective_network(&landlock, &Mode::Host, Some(&Mode::Policy(pypi()))).unwrap_err();
     assert_eq!(request.layer, Layer::Request);
-    assert!(request.message.contains("without a way around it"), "{request}");
+    assert!(
+        request.message.contains("without a way around it"),
+        "{request}"
+    );
     assert_eq!(ExecError::from(request).code, ErrorCode::BadRequest);
 }
 

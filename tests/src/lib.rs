@@ -497,6 +497,7 @@ pub fn req(id: &str, command: &str) -> ExecRequest {
         timeout: None,
         profile: None,
         stream: false,
+        network: None,
     }
 }
 
