@@ -241,7 +241,10 @@ fn a_network_entry_is_the_clients_ceiling_and_a_bad_one_is_refused_naming_the_ru
             "client \"a\": network: rule \"pypi.org:70000\"",
         ),
         (r#"{"mode":"policy","allow":[]}"#, "allows nothing"),
-        (r#"{"mode":"policy","allow":["a.org"],"deny":["*"]}"#, "\"*\""),
+        (
+            r#"{"mode":"policy","allow":["a.org"],"deny":["*"]}"#,
+            "\"*\"",
+        ),
     ] {
         let err = table(&format!(
             r#"{{"clients":[{{"name":"a","token":"{A}","network":{entry}}}]}}"#

@@ -130,6 +130,8 @@ impl Engine {
             req.network.as_ref(),
         )?;
         crate::network_policy::enforce(&network)?;
+        let narrowed = crate::network_policy::narrowed_profile(profile, &network)?;
+        let profile = narrowed.as_ref().unwrap_or(profile);
         let plan = plan_command(&req.spec, profile, &self.plan_settings)
             .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
         let outcome = self

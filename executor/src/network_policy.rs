@@ -17,7 +17,7 @@
 
 use protocol::{ErrorCode, NetworkLayer, NetworkReport, ProfileNetwork, RequestNetwork};
 use sandbox::network::{Effective, Layer, Mode, Policy, Rule, RuleError};
-use sandbox::profile::{Namespace, Profile};
+use sandbox::profile::{Namespace, Network, Profile};
 
 use crate::engine::ExecError;
 
@@ -197,6 +197,32 @@ pub fn enforce(granted: &Granted) -> Result<(), ExecError> {
         }
         _ => Ok(()),
     }
+}
+
+/// The profile a command runs under once its network is decided. A command granted no
+/// network under a profile that gives one (`task-container`: a client granted `none`, a
+/// request asking for `none`) gets a network namespace of its own with only loopback, as
+/// strict's commands do: never the host's network while its result says none. Where the
+/// profile has no namespaces to hold it (`trusted`), the command is refused.
+pub fn narrowed_profile(
+    profile: &Profile,
+    granted: &Granted,
+) -> Result<Option<Profile>, ExecError> {
+    if granted.effective != Effective::None || profile.network == Network::None {
+        return Ok(None);
+    }
+    contained(profile).map_err(|why| {
+        ExecError::new(
+            ErrorCode::EnvironmentError,
+            format!("the command is granted no network, but {why}"),
+        )
+    })?;
+    let mut narrowed = profile.clone();
+    narrowed.network = Network::None;
+    if !narrowed.namespaces.contains(&Namespace::Net) {
+        narrowed.namespaces.push(Namespace::Net);
+    }
+    Ok(Some(narrowed))
 }
 
 fn mode_name(effective: &Effective) -> &'static str {

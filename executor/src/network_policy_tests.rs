@@ -226,3 +226,28 @@ fn reports_name_the_mode_and_every_layers_rules() {
     assert!(landlock.policy_reason.contains("no network namespace"));
     assert_eq!(profile_report(&profile("task-container")).mode, "host");
 }
+
+#[test]
+fn a_command_granted_none_under_a_host_profile_gets_a_namespace_of_its_own() {
+    let task = profile("task-container");
+    // The control: the host's network, the profile as it is.
+    let host = get(&task, &Mode::Host, None);
+    assert_eq!(narrowed_profile(&task, &host).unwrap(), None);
+    let none = get(&task, &Mode::None, None);
+    let narrowed = narrowed_profile(&task, &none).unwrap().unwrap();
+    assert_eq!(narrowed.network, Network::None);
+    assert!(narrowed.namespaces.contains(&Namespace::Net));
+    // Strict and landlock already have none: unchanged.
+    for name in ["strict", "landlock"] {
+        let p = profile(name);
+        assert_eq!(
+            narrowed_profile(&p, &get(&p, &Mode::None, None)).unwrap(),
+            None
+        );
+    }
+    // Trusted has no namespace to hold the command: refused rather than run with the host's.
+    let trusted = profile("trusted");
+    let err = narrowed_profile(&trusted, &get(&trusted, &Mode::None, None)).unwrap_err();
+    assert_eq!(err.code, ErrorCode::EnvironmentError);
+    assert!(err.message.contains("\"trusted\""), "{err:?}");
+}
