@@ -356,6 +356,17 @@ async fn a_policy_is_refused_as_not_enforced_by_this_build_and_never_run_with_an
     assert_eq!(ok.returncode, 0, "{ok:?}");
     assert_eq!(ok.extra.isolation.network.unwrap().mode, "none");
     assert!(planted.exists());
+    // A file operation runs no command of bob's: his policy does not refuse it.
+    bob.send(&ClientMessage::Stat(protocol::StatRequest {
+        id: "stat".into(),
+        path: planted.display().to_string(),
+        profile: Some("strict".into()),
+    }))
+    .await;
+    match bob.reply_for("stat").await {
+        protocol::ServerMessage::FileInfo(_) => {}
+        other => panic!("expected file_info, got {other:?}"),
+    }
 }
 
 #[tokio::test]
