@@ -62,6 +62,16 @@ impl From<RunError> for ExecError {
     }
 }
 
+impl From<crate::network_policy::Refusal> for ExecError {
+    fn from(refusal: crate::network_policy::Refusal) -> Self {
+        let code = match refusal.layer {
+            Some(sandbox::network::Layer::Request) => ErrorCode::BadRequest,
+            _ => ErrorCode::EnvironmentError,
+        };
+        Self::new(code, refusal.message)
+    }
+}
+
 /// What a probe found a profile applies on this host.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Probed {

@@ -15,11 +15,9 @@
 //! command refuses the command, naming why; it never runs with more or less network than its
 //! result states.
 
-use protocol::{ErrorCode, NetworkLayer, NetworkReport, ProfileNetwork, RequestNetwork};
+use protocol::{NetworkLayer, NetworkReport, ProfileNetwork, RequestNetwork};
 use sandbox::network::{Effective, Layer, Mode, Policy, Rule, RuleError};
 use sandbox::profile::{Namespace, Network, Profile};
-
-use crate::engine::ExecError;
 
 /// Whether this build can enforce a policy (the daemon's proxy as the only way out of the
 /// command's network namespace). Until it can, a command whose network is a policy is
@@ -34,26 +32,17 @@ pub struct Granted {
     pub note: String,
 }
 
-/// Why a command cannot run with the network its layers give it.
+/// Why a command cannot run with the network its layers give it (the engine maps it to an
+/// error code: `bad_request` when the request's own policy cannot be had, the client's to
+/// fix; `environment_error` otherwise, where every such command would be refused the same
+/// and an agent should stop rather than retry).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Refusal {
-    /// The layer whose policy cannot be had: the request's is the client's to fix, the
-    /// client's (or the profile's) the operator's.
-    pub layer: Layer,
+    /// The layer whose policy cannot be had; `None`: none in particular (this build, the
+    /// profile).
+    pub layer: Option<Layer>,
     pub message: String,
-}
-
-impl From<Refusal> for ExecError {
-    fn from(refusal: Refusal) -> Self {
-        let code = match refusal.layer {
-            Layer::Request => ErrorCode::BadRequest,
-            // Every command of this client under this profile would be refused the same: an
-            // agent should stop rather than retry.
-            Layer::Client | Layer::Profile => ErrorCode::EnvironmentError,
-        };
-        ExecError::new(code, refusal.message)
-    }
 }
 
 /// Parse a network as a request (or a clients-file entry) writes it. The error names the rule.
@@ -148,7 +137,7 @@ pub fn effective_network(
     };
     if let (Some(layer), Err(why)) = (policy_layer, contained(profile)) {
         return Err(Refusal {
-            layer,
+            layer: Some(layer),
             message: format!("network policy of the {layer}: {why}"),
         });
     }
@@ -190,11 +179,12 @@ pub fn effective_network(
 
 /// The last check before a command runs with `granted`: the seam where enforcement plugs in.
 /// Until this build enforces a policy, a command with one is refused (fail closed).
-pub fn enforce(granted: &Granted) -> Result<(), ExecError> {
+pub fn enforce(granted: &Granted) -> Result<(), Refusal> {
     match &granted.effective {
-        Effective::Policy(_) if !POLICY_ENFORCED => {
-            Err(ExecError::new(ErrorCode::EnvironmentError, not_enforced()))
-        }
+        Effective::Policy(_) if !POLICY_ENFORCED => Err(Refusal {
+            layer: None,
+            message: not_enforced(),
+        }),
         _ => Ok(()),
     }
 }
@@ -204,18 +194,13 @@ pub fn enforce(granted: &Granted) -> Result<(), ExecError> {
 /// request asking for `none`) gets a network namespace of its own with only loopback, as
 /// strict's commands do: never the host's network while its result says none. Where the
 /// profile has no namespaces to hold it (`trusted`), the command is refused.
-pub fn narrowed_profile(
-    profile: &Profile,
-    granted: &Granted,
-) -> Result<Option<Profile>, ExecError> {
+pub fn narrowed_profile(profile: &Profile, granted: &Granted) -> Result<Option<Profile>, Refusal> {
     if granted.effective != Effective::None || profile.network == Network::None {
         return Ok(None);
     }
-    contained(profile).map_err(|why| {
-        ExecError::new(
-            ErrorCode::EnvironmentError,
-            format!("the command is granted no network, but {why}"),
-        )
+    contained(profile).map_err(|why| Refusal {
+        layer: None,
+        message: format!("the command is granted no network, but {why}"),
     })?;
     let mut narrowed = profile.clone();
     narrowed.network = Network::None;

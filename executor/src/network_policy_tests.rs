@@ -2,6 +2,8 @@
 //! differs from.
 
 use super::*;
+use crate::engine::ExecError;
+use protocol::ErrorCode;
 use sandbox::profile::Network;
 
 fn profile(name: &str) -> Profile {
@@ -103,7 +105,7 @@ fn landlock_refuses_any_policy_with_the_reason_and_keeps_none() {
     none(true)(get(&landlock, &Mode::Host, Some(&Mode::Host)));
     none(false)(get(&landlock, &Mode::Policy(pypi()), Some(&Mode::None)));
     let client = effective_network(&landlock, &Mode::Policy(pypi()), None).unwrap_err();
-    assert_eq!(client.layer, Layer::Client);
+    assert_eq!(client.layer, Some(Layer::Client));
     assert!(
         client
             .message
@@ -113,7 +115,7 @@ fn landlock_refuses_any_policy_with_the_reason_and_keeps_none() {
     assert_eq!(ExecError::from(client).code, ErrorCode::EnvironmentError);
     let request =
         effective_network(&landlock, &Mode::Host, Some(&Mode::Policy(pypi()))).unwrap_err();
-    assert_eq!(request.layer, Layer::Request);
+    assert_eq!(request.layer, Some(Layer::Request));
     assert!(
         request.message.contains("without a way around it"),
         "{request}"
@@ -163,7 +165,7 @@ fn a_policy_is_refused_before_it_runs_until_this_build_enforces_one() {
         assert!(enforce(&ok).is_ok(), "{ok:?}");
     }
     let policy = get(&strict, &Mode::Policy(pypi()), None);
-    let err = enforce(&policy).unwrap_err();
+    let err = ExecError::from(enforce(&policy).unwrap_err());
     assert_eq!(err.code, ErrorCode::EnvironmentError);
     assert!(
         err.message
@@ -247,7 +249,8 @@ fn a_command_granted_none_under_a_host_profile_gets_a_namespace_of_its_own() {
     }
     // Trusted has no namespace to hold the command: refused rather than run with the host's.
     let trusted = profile("trusted");
-    let err = narrowed_profile(&trusted, &get(&trusted, &Mode::None, None)).unwrap_err();
+    let err =
+        ExecError::from(narrowed_profile(&trusted, &get(&trusted, &Mode::None, None)).unwrap_err());
     assert_eq!(err.code, ErrorCode::EnvironmentError);
     assert!(err.message.contains("\"trusted\""), "{err:?}");
 }
