@@ -52,6 +52,8 @@ pub enum RequestError {
     Timeout { got: f64, max: f64 },
     #[error("network: {0}")]
     Network(#[from] RuleError),
+    #[error("network: a policy with no allow rule allows nothing; write {{\"mode\": \"none\"}}")]
+    EmptyPolicy,
 }
 
 /// Check `req` against `limits`.
@@ -113,6 +115,9 @@ pub fn validate(req: ExecRequest, limits: &Limits) -> Result<ValidRequest, Reque
         .as_ref()
         .map(crate::network_policy::parse)
         .transpose()?;
+    if matches!(&network, Some(Mode::Policy(p)) if p.allow.is_empty()) {
+        return Err(RequestError::EmptyPolicy);
+    }
     Ok(ValidRequest {
         id: req.id,
         spec: CommandSpec {
@@ -245,5 +250,30 @@ mod tests {
         assert!(!is_env_name("1A"));
         assert!(!is_env_name(""));
         assert!(!is_env_name("A-B"));
+    }
+
+    #[test]
+    fn a_network_is_parsed_and_a_bad_rule_or_an_empty_policy_refused() {
+        use protocol::RequestNetwork;
+        let mut r = req("true");
+        r.network = Some(RequestNetwork::Policy {
+            allow: vec!["pypi.org:443".into()],
+            deny: vec!["evil.pypi.org".into()],
+        });
+        let Some(Mode::Policy(policy)) = validate(r.clone(), &limits()).unwrap().network else {
+            panic!("no policy");
+        };
+        assert_eq!(policy.allow[0].to_string(), "pypi.org:443");
+        r.network = Some(RequestNetwork::Policy {
+            allow: vec!["pypi.org:443".into(), "*.org".into()],
+            deny: Vec::new(),
+        });
+        let err = validate(r.clone(), &limits()).unwrap_err().to_string();
+        assert!(err.starts_with("network: rule \"*.org\""), "{err}");
+        r.network = Some(RequestNetwork::Policy {
+            allow: Vec::new(),
+            deny: Vec::new(),
+        });
+        assert_eq!(validate(r, &limits()), Err(RequestError::EmptyPolicy));
     }
 }
