@@ -104,6 +104,7 @@ pub async fn exec_with_stdin(
                 timeout: Some(args.timeout),
                 profile,
                 pty: None,
+                network: None,
             })
             .await
             .map_err(|e| anyhow::anyhow!("the executor refused the command: {e}"))?;
@@ -170,6 +171,7 @@ async fn shell_with(
                 timeout: args.timeout,
                 profile,
                 pty: Some(crate::terminal::size().unwrap_or(crate::terminal::DEFAULT_SIZE)),
+                network: None,
             })
             .await
             .map_err(|e| anyhow::anyhow!("the executor refused the shell: {e}"))?;

@@ -67,6 +67,7 @@ async fn exec_with(
         timeout: Some(args.timeout),
         profile,
         stream: true,
+        network: None,
     };
     let text = serde_json::to_string(&ClientMessage::Exec(request))?;
     let outcome = run_command(&mut ws, text, args.timeout, interrupts).await;

@@ -129,5 +129,6 @@ pub fn request(id: String, command: &str, profile: &str) -> ExecRequest {
         timeout: None,
         profile: Some(profile.to_string()),
         stream: false,
+        network: None,
     }
 }

@@ -539,6 +539,7 @@ impl Transfers<'_> {
                 timeout: None,
                 profile: Some(self.profile.to_string()),
                 pty: None,
+                network: None,
             }))
             .await?;
         match self.next_for(&id).await? {

@@ -52,6 +52,7 @@ async fn fill(daemon: &Daemon, session: usize, processes: usize) -> anyhow::Resu
                 timeout: None,
                 profile: None,
                 pty: None,
+                network: None,
             }))
             .await?;
         match client.recv().await? {

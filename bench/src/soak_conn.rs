@@ -110,6 +110,7 @@ impl Conn {
                 timeout: Some(120.0),
                 profile: None,
                 pty: pty.then_some(PtySize { rows: 24, cols: 80 }),
+                network: None,
             }))
             .await?;
         match self.next_for(&id).await? {

@@ -189,6 +189,14 @@ pub(crate) struct RunArgs {
     /// Extra environment variable, NAME=VALUE; repeatable.
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub(crate) env: Vec<String>,
+    /// Let the command connect to what RULE names and nothing else (repeatable): `pypi.org`,
+    /// `*.github.com:443`, `10.0.0.0/8:5432`. The run's network becomes a policy, enforced
+    /// through the profile's network namespace (docs/profiles.md, "network").
+    #[arg(long = "allow-net", value_name = "RULE")]
+    pub(crate) allow_net: Vec<String>,
+    /// Refuse what RULE names even where an --allow-net rule covers it (repeatable; deny wins).
+    #[arg(long = "deny-net", value_name = "RULE")]
+    pub(crate) deny_net: Vec<String>,
     #[command(flatten)]
     pub(crate) common: CommonArgs,
     /// The command; several words are joined with spaces, as ssh does.

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use sandbox::network::Mode;
 use sandbox::profile::Profile;
 
 /// Name of the one client of single-token mode.
@@ -82,6 +83,10 @@ struct ClientEntry {
     /// private workspace, none (the profile's) when it shares the daemon's.
     #[serde(default)]
     uid: Option<u32>,
+    /// The most network this client's commands get (docs/profiles.md, "network"); requests
+    /// narrow it. Absent: `host`, no filter of its own (each profile's default).
+    #[serde(default)]
+    network: Option<protocol::RequestNetwork>,
 }
 
 /// One authenticated identity and its policy.
@@ -98,6 +103,8 @@ pub struct Client {
     /// Identity of its commands in profiles that run as an unprivileged uid (see
     /// [`ClientEntry::uid`]); `None`: the profile's.
     pub uid: Option<u32>,
+    /// Its network ceiling: `host` (no filter of its own), `none` or a policy.
+    pub network: Mode,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -158,6 +165,7 @@ impl ClientTable {
                 resume_grace: None,
                 metrics: true,
                 uid: None,
+                network: Mode::Host,
             })],
         }
     }
@@ -301,6 +309,19 @@ impl ClientTable {
                     }
                     Some(Ok(quota)) => Some(quota),
                 };
+            // Checked here, whatever the profiles: a policy no profile of this daemon can
+            // enforce still loads (the hello says where it cannot be), and its commands are
+            // refused there, never run with another network.
+            let network = match &entry.network {
+                None => Mode::Host,
+                Some(network) => crate::network_policy::parse(network)
+                    .map_err(|err| format!("client {name:?}: network: {err}"))?,
+            };
+            if matches!(&network, Mode::Policy(p) if p.allow.is_empty()) {
+                return Err(format!(
+                    "client {name:?}: network: a policy with no allow rule allows nothing; write {{\"mode\": \"none\"}}"
+                ));
+            }
             let uid = match entry.uid {
                 Some(uid) => Some(uid),
                 None if entry.workspace != WorkspacePolicy::Shared => Some(derived_uid(&name)),
@@ -321,6 +342,7 @@ impl ClientTable {
                 resume_grace,
                 metrics: entry.metrics,
                 uid,
+                network,
             }));
         }
         check_isolation(&clients, profiles)?;

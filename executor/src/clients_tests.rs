@@ -211,3 +211,50 @@ fn a_disk_quota_is_a_private_workspace_clients_own_and_large_enough_for_ext4() {
     assert!(err(quota(r#","disk_quota_bytes":1024"#, "per_client")).contains("smallest"));
     assert!(err(quota(r#","disk_quota_files":100"#, "per_connection")).contains("byte quota"));
 }
+
+#[test]
+fn a_network_entry_is_the_clients_ceiling_and_a_bad_one_is_refused_naming_the_rule() {
+    let t = table(&format!(
+        r#"{{"clients":[
+            {{"name":"open","token":"{A}"}},
+            {{"name":"pypi","token":"{B}","network":{{"mode":"policy","allow":["pypi.org:443","files.pythonhosted.org:443"],"deny":["evil.pypi.org"]}}}}
+        ]}}"#
+    ))
+    .unwrap();
+    let network = |name: &str| {
+        t.clients
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.network.clone())
+            .unwrap()
+    };
+    // The control: no entry, no filter of the client's own.
+    assert_eq!(network("open"), Mode::Host);
+    let Mode::Policy(policy) = network("pypi") else {
+        panic!("{:?}", network("pypi"));
+    };
+    assert_eq!(policy.allow.len(), 2);
+    assert_eq!(policy.deny[0].to_string(), "evil.pypi.org");
+    for (entry, expected) in [
+        (
+            r#"{"mode":"policy","allow":["pypi.org:70000"]}"#,
+            "client \"a\": network: rule \"pypi.org:70000\"",
+        ),
+        (r#"{"mode":"policy","allow":[]}"#, "allows nothing"),
+        (
+            r#"{"mode":"policy","allow":["a.org"],"deny":["*"]}"#,
+            "\"*\"",
+        ),
+    ] {
+        let err = table(&format!(
+            r#"{{"clients":[{{"name":"a","token":"{A}","network":{entry}}}]}}"#
+        ))
+        .unwrap_err();
+        assert!(err.contains(expected), "{entry}: {err}");
+    }
+    // A policy landlock can never enforce still loads: its commands are refused there.
+    assert!(table(&format!(
+        r#"{{"clients":[{{"name":"a","token":"{A}","profiles":["landlock"],"network":{{"mode":"policy","allow":["pypi.org"]}}}}]}}"#
+    ))
+    .is_ok());
+}

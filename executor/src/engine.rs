@@ -62,6 +62,16 @@ impl From<RunError> for ExecError {
     }
 }
 
+impl From<crate::network_policy::Refusal> for ExecError {
+    fn from(refusal: crate::network_policy::Refusal) -> Self {
+        let code = match refusal.layer {
+            Some(sandbox::network::Layer::Request) => ErrorCode::BadRequest,
+            _ => ErrorCode::EnvironmentError,
+        };
+        Self::new(code, refusal.message)
+    }
+}
+
 /// What a probe found a profile applies on this host.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Probed {
@@ -124,6 +134,14 @@ impl Engine {
         stop: impl Future<Output = StopReason>,
     ) -> Result<ExecResult, ExecError> {
         let profile = self.profile(req.profile.as_deref())?;
+        let network = crate::network_policy::effective_network(
+            profile,
+            &req.client_network,
+            req.network.as_ref(),
+        )?;
+        crate::network_policy::enforce(&network)?;
+        let narrowed = crate::network_policy::narrowed_profile(profile, &network)?;
+        let profile = narrowed.as_ref().unwrap_or(profile);
         let plan = plan_command(&req.spec, profile, &self.plan_settings)
             .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
         let outcome = self
@@ -155,6 +173,7 @@ impl Engine {
                     profile: profile.name.clone(),
                     layers: outcome.layers,
                     missing: plan.template.missing.clone(),
+                    network: Some(crate::network_policy::report(&network)),
                 },
             },
         })
@@ -203,6 +222,8 @@ impl Engine {
                 stream: false,
                 // A probe's sandbox is no client's: keeping one warm would only waste it.
                 warm: false,
+                network: None,
+                client_network: sandbox::network::Mode::Host,
             };
             let outcome = match self
                 .execute(&req, Io::Capture(None), std::future::pending())

@@ -65,8 +65,20 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         timeout: Some(args.timeout),
         profile: Some(first),
         stream: true,
+        network: None,
     };
     let mut valid = request::validate(request, &limits)?;
+    // The run's client layer: the operator's own grant, as a clients-file entry's would be.
+    if !args.allow_net.is_empty() || !args.deny_net.is_empty() {
+        if args.allow_net.is_empty() {
+            bail!("--deny-net narrows what --allow-net allows; give at least one --allow-net");
+        }
+        let policy = crate::network_policy::parse_policy(&args.allow_net, &args.deny_net)?;
+        valid.client_network = sandbox::network::Mode::Policy(policy);
+    }
+    // A policy holds only where a network namespace does: no stepping down to a profile
+    // without one (landlock), which would refuse it anyway, with a less useful reason.
+    let by_name = by_name || matches!(valid.client_network, sandbox::network::Mode::Policy(_));
     let interpreter = interpreter(&args.common.interpreter)?;
     // Before the runtime's threads exist: a fork server forked from us spares the run an
     // exec of our binary as its helper. Where it cannot be made, the helper is exec'd.

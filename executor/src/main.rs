@@ -17,6 +17,7 @@ mod egress;
 mod engine;
 mod local;
 mod metrics;
+mod network_policy;
 mod request;
 mod runner;
 mod runtimes;

@@ -395,6 +395,7 @@ mod tests {
                     profile: "strict".into(),
                     layers: Vec::new(),
                     missing: Vec::new(),
+                    network: None,
                 },
             },
         }

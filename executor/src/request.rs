@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use protocol::{ExecRequest, Limits};
 
+use sandbox::network::{Mode, RuleError};
 use sandbox::plan::CommandSpec;
 
 /// Longest accepted `cwd`, as Linux's PATH_MAX.
@@ -22,6 +23,11 @@ pub struct ValidRequest {
     pub stream: bool,
     /// Keep a sandbox like this one ready for the client's next command.
     pub warm: bool,
+    /// The network the request asks for, parsed; `None`: the client's.
+    pub network: Option<Mode>,
+    /// The client's network ceiling (its clients-file entry, `executor run --allow-net`);
+    /// `host` (no filter of its own) unless the caller sets it.
+    pub client_network: Mode,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -44,6 +50,10 @@ pub enum RequestError {
     EnvValueNul(String),
     #[error("timeout must be a number of seconds greater than 0 and at most {max}, got {got}")]
     Timeout { got: f64, max: f64 },
+    #[error("network: {0}")]
+    Network(#[from] RuleError),
+    #[error("network: a policy with no allow rule allows nothing; write {{\"mode\": \"none\"}}")]
+    EmptyPolicy,
 }
 
 /// Check `req` against `limits`.
@@ -100,6 +110,14 @@ pub fn validate(req: ExecRequest, limits: &Limits) -> Result<ValidRequest, Reque
             max: limits.max_timeout,
         });
     }
+    let network = req
+        .network
+        .as_ref()
+        .map(crate::network_policy::parse)
+        .transpose()?;
+    if matches!(&network, Some(Mode::Policy(p)) if p.allow.is_empty()) {
+        return Err(RequestError::EmptyPolicy);
+    }
     Ok(ValidRequest {
         id: req.id,
         spec: CommandSpec {
@@ -112,6 +130,8 @@ pub fn validate(req: ExecRequest, limits: &Limits) -> Result<ValidRequest, Reque
         profile: req.profile,
         stream: req.stream,
         warm: true,
+        network,
+        client_network: Mode::Host,
     })
 }
 
@@ -139,6 +159,7 @@ mod tests {
             timeout: None,
             profile: None,
             stream: false,
+            network: None,
         }
     }
 
@@ -162,6 +183,8 @@ mod tests {
                 profile: None,
                 stream: false,
                 warm: true,
+                network: None,
+                client_network: Mode::Host,
             }
         );
     }
@@ -227,5 +250,30 @@ mod tests {
         assert!(!is_env_name("1A"));
         assert!(!is_env_name(""));
         assert!(!is_env_name("A-B"));
+    }
+
+    #[test]
+    fn a_network_is_parsed_and_a_bad_rule_or_an_empty_policy_refused() {
+        use protocol::RequestNetwork;
+        let mut r = req("true");
+        r.network = Some(RequestNetwork::Policy {
+            allow: vec!["pypi.org:443".into()],
+            deny: vec!["evil.pypi.org".into()],
+        });
+        let Some(Mode::Policy(policy)) = validate(r.clone(), &limits()).unwrap().network else {
+            panic!("no policy");
+        };
+        assert_eq!(policy.allow[0].to_string(), "pypi.org:443");
+        r.network = Some(RequestNetwork::Policy {
+            allow: vec!["pypi.org:443".into(), "*.org".into()],
+            deny: Vec::new(),
+        });
+        let err = validate(r.clone(), &limits()).unwrap_err().to_string();
+        assert!(err.starts_with("network: rule \"*.org\""), "{err}");
+        r.network = Some(RequestNetwork::Policy {
+            allow: Vec::new(),
+            deny: Vec::new(),
+        });
+        assert_eq!(validate(r, &limits()), Err(RequestError::EmptyPolicy));
     }
 }

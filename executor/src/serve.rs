@@ -260,6 +260,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                         layers: probed.map(|p| p.layers.clone()).unwrap_or_default(),
                         missing: probed.map(|p| p.missing.clone()).unwrap_or_default(),
                         unavailable_reason: outcome.and_then(|o| o.as_ref().err()).cloned(),
+                        network: Some(crate::network_policy::profile_report(p)),
                     }
                 })
                 .collect(),

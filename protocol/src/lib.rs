@@ -11,9 +11,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 mod files;
+mod network;
 mod processes;
 
 pub use files::*;
+pub use network::*;
 pub use processes::*;
 
 /// What this daemon adds to version 1 (protocol 1.1), listed in [`Hello::capabilities`]: a
@@ -76,6 +78,9 @@ pub struct ExecRequest {
     /// Send `output` messages while the command runs, in addition to the final result.
     #[serde(default, skip_serializing_if = "is_false")]
     pub stream: bool,
+    /// Narrows the network the client is granted (never widens it); absent: the client's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<RequestNetwork>,
 }
 
 pub(crate) fn is_false(value: &bool) -> bool {
@@ -161,6 +166,10 @@ pub struct Hello {
     /// This client's disk quota and the mechanism enforcing it (absent from older daemons).
     #[serde(default)]
     pub disk_quota: DiskQuotaInfo,
+    /// This client's network ceiling (its clients-file entry, or `executor run --allow-net`):
+    /// requests may narrow it, never widen it. Absent from older daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkReport>,
 }
 
 /// A client's disk quota, as the hello states it.
@@ -243,6 +252,10 @@ pub struct ProfileSummary {
     /// Why the profile cannot run here, naming the layer that failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable_reason: Option<String>,
+    /// The network it gives by default, and whether it can enforce a policy. Absent from
+    /// older daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<ProfileNetwork>,
 }
 
 /// Bounds the daemon enforces; requests beyond them get a `bad_request` or `busy` error.
@@ -359,6 +372,10 @@ pub struct Isolation {
     /// e.g. `["landlock_scope"]` on a kernel before 6.12 (see docs/profiles.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+    /// The network the command ran with, every layer's rules included. Absent from older
+    /// daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkReport>,
 }
 
 /// A request could not be served. `id` names the request when it could be read.
@@ -456,6 +473,26 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("timout"), "{err}");
+    }
+
+    #[test]
+    fn a_request_network_round_trips_and_rejects_unknown_fields() {
+        for text in [
+            r#"{"type":"exec","id":"c1","command":"x","network":{"mode":"none"}}"#,
+            r#"{"type":"exec","id":"c1","command":"x","network":{"mode":"host"}}"#,
+            r#"{"type":"exec","id":"c1","command":"x","network":{"mode":"policy","allow":["pypi.org:443"],"deny":["evil.pypi.org"]}}"#,
+            r#"{"type":"spawn","id":"p1","command":"x","network":{"mode":"policy","allow":["*.npmjs.org:443"]}}"#,
+        ] {
+            let msg: ClientMessage = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&msg).unwrap(), text);
+        }
+        for bad in [
+            r#"{"type":"exec","id":"c1","command":"x","network":{"mode":"open"}}"#,
+            r#"{"type":"exec","id":"c1","command":"x","network":{"mode":"none","allow":["a.org"]}}"#,
+            r#"{"type":"exec","id":"c1","command":"x","network":{"mode":"policy","alow":["a.org"]}}"#,
+        ] {
+            assert!(serde_json::from_str::<ClientMessage>(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{is_false, ResultExtra};
+use crate::{is_false, RequestNetwork, ResultExtra};
 
 /// Start a program and keep it: its output goes into a bounded buffer that `read` takes from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,6 +31,9 @@ pub struct SpawnRequest {
     /// without it stdin is a socket the client writes and stdout+stderr one stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty: Option<PtySize>,
+    /// As [`crate::ExecRequest::network`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<RequestNetwork>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -499,6 +499,7 @@ pub fn req(id: &str, command: &str) -> ExecRequest {
         timeout: None,
         profile: None,
         stream: false,
+        network: None,
     }
 }
 

@@ -367,6 +367,7 @@ async fn process_requests_carry_their_fields_and_answers_are_decoded() {
             timeout: None,
             profile: None,
             pty: Some(PtySize { rows: 24, cols: 80 }),
+            network: None,
         })
         .await
         .unwrap();

@@ -270,6 +270,7 @@ impl Environment {
                 timeout,
                 profile: self.profile.clone(),
                 stream: false,
+                network: None,
             };
             match self.exec_once(&request).await? {
                 Attempt::Done(output) => return Ok(output),

@@ -43,6 +43,7 @@ fn hello(session: &str, resume_grace: f64) -> Step {
             layers: vec!["session".into()],
             missing: vec![],
             unavailable_reason: None,
+            network: None,
         }],
         default_profile: "trusted".into(),
         limits: Limits {
@@ -79,6 +80,7 @@ fn result(id: &str, output: &str) -> ServerMessage {
                 profile: "trusted".into(),
                 layers: Vec::new(),
                 missing: Vec::new(),
+                network: None,
             },
         },
     })

@@ -207,6 +207,7 @@ impl Connection {
             timeout: Some(req.timeout.unwrap_or(limits.max_timeout)),
             profile: req.profile,
             stream: false,
+            network: req.network,
         };
         let buffer = limits.max_process_buffer_bytes;
         // The process's entry is kept (until forgotten) on the client's behalf, and counted:

@@ -721,6 +721,7 @@ impl Connection {
             .engine
             .profile(Some(&profile).filter(|p| !p.is_empty()).map(String::as_str))?;
         valid.profile = Some(profile).filter(|p| !p.is_empty());
+        valid.client_network = client.network.clone();
         if self.session.running.contains_key(&valid.id) {
             return Err(ExecError::new(
                 ErrorCode::DuplicateId,

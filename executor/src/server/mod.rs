@@ -207,6 +207,7 @@ impl Daemon {
         };
         hello.disk_quota = self.workspaces.disk_quota_info(client);
         hello.client = client.name.clone();
+        hello.network = Some(crate::network_policy::client_report(&client.network));
         hello.session = session.id.clone();
         hello.resume_grace = session.grace.as_secs_f64();
         hello

@@ -57,8 +57,14 @@ impl Connection {
             timeout: Some(timeout),
             profile,
             stream: false,
+            network: None,
         };
-        self.admit_job(exec, draining).await
+        let (mut valid, job, held) = self.admit_job(exec, draining).await?;
+        // The daemon's own helper runs a file operation, no command of the client's: it runs
+        // under the profile as it is (as before network policies), never refused for a client
+        // policy it has no use for, nor given a network namespace it does not need.
+        valid.client_network = sandbox::network::Mode::Host;
+        Some((valid, job, held))
     }
 
     pub(super) async fn upload(

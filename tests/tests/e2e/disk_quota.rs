@@ -792,6 +792,7 @@ async fn spawn_and_wait(client: &mut Client, id: &str, command: &str) -> protoco
             timeout: Some(60.0),
             profile: Some("strict".into()),
             pty: None,
+            network: None,
         }))
         .await;
     match client.reply_for(id).await {

@@ -79,6 +79,7 @@ async fn a_pid_freed_during_the_signal_walk_and_taken_by_a_host_process_is_not_s
             timeout: Some(600.0),
             profile: Some(LANDLOCK.into()),
             pty: None,
+            network: None,
         }))
         .await;
     assert!(matches!(

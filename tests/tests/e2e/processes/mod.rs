@@ -24,6 +24,7 @@ fn spawn_req(id: &str, command: &str) -> SpawnRequest {
         timeout: None,
         profile: None,
         pty: None,
+        network: None,
     }
 }
 
