@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use protocol::{ErrorCode, ExecResult, Isolation, Limits, ResultExtra};
 
@@ -75,6 +76,9 @@ pub struct Engine {
     pub runner: Runner,
     pub profiles: BTreeMap<String, Profile>,
     pub default_profile: String,
+    /// Network policy enforcement (`crate::enforce`); a daemon without one refuses every
+    /// command whose network is a policy.
+    pub enforcer: Option<crate::enforce::Enforcer>,
 }
 
 impl Engine {
@@ -92,6 +96,7 @@ impl Engine {
             runner,
             profiles,
             default_profile,
+            enforcer: None,
         }
     }
 
@@ -124,11 +129,39 @@ impl Engine {
         stop: impl Future<Output = StopReason>,
     ) -> Result<ExecResult, ExecError> {
         let profile = self.profile(req.profile.as_deref())?;
-        let plan = plan_command(&req.spec, profile, &self.plan_settings)
+        let mut plan = plan_command(&req.spec, profile, &self.plan_settings)
             .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
+        let network = crate::enforce::effective(profile);
+        let net = match (&*network, &self.enforcer) {
+            (sandbox::network::Effective::Policy(_), None) => {
+                return Err(ExecError::new(
+                    ErrorCode::EnvironmentError,
+                    crate::enforce::EnforceError::NoEngine.to_string(),
+                ))
+            }
+            (sandbox::network::Effective::Policy(_), Some(enforcer)) => {
+                crate::enforce::shape_plan(
+                    &mut plan,
+                    &profile.name,
+                    &network,
+                    &enforcer.resolv_conf,
+                )
+                .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
+                Some(crate::runner::NetAttach {
+                    enforcer,
+                    ctx: Arc::new(crate::egress::CommandContext {
+                        client: String::new(),
+                        session: String::new(),
+                        command: req.id.clone(),
+                        policy: network.clone(),
+                    }),
+                })
+            }
+            _ => None,
+        };
         let outcome = self
             .runner
-            .run(&plan, req.warm, req.timeout, io, stop)
+            .run(&plan, req.warm, req.timeout, io, stop, net)
             .await?;
         let captured = outcome.captured;
         let mut limits_hit = outcome.limits_hit;
@@ -155,6 +188,7 @@ impl Engine {
                     profile: profile.name.clone(),
                     layers: outcome.layers,
                     missing: plan.template.missing.clone(),
+                    network: outcome.network,
                 },
             },
         })

@@ -156,6 +156,8 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| state_dir.join("audit.jsonl"));
     let audit = audit::Audit::open(&audit_path)?;
+    // The network policy's decisions, one JSON line per attempt, beside the audit log.
+    let network_log = crate::enforce::log::path_beside(&audit_path);
     let interpreter = interpreter(&args.common.interpreter)?;
 
     let rt = runtime()?;
@@ -180,6 +182,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                 daemon_files: [
                     Some(credentials.clone()),
                     Some(audit_path.clone()),
+                    Some(network_log.clone()),
                     Some(workspaces_root.clone()),
                     // Clients' images: one written from outside would be another client's files.
                     Some(volumes.images().to_path_buf()),
@@ -207,6 +210,17 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         .await?;
         let mut engine = engine;
         engine.runner.warm_workers = !args.no_warm_workers;
+        // Bound here, served at the end: the egress engine must know the daemon's own
+        // address (a command's policy never reaches it).
+        let listener = listen(args.listen, args.max_connections)
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        engine.enforcer = Some(crate::enforce::Enforcer::new(
+            &state_dir,
+            &network_log,
+            &args.egress_resolve,
+            vec![addr],
+        )?);
         if workspace_created {
             hand_workspace_to(&engine, &workspace)?;
         }
@@ -297,9 +311,6 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                     .map(|mb| mb.saturating_mul(1 << 20)),
             },
         ));
-        let listener = listen(args.listen, args.max_connections)
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let addr = listener.local_addr()?;
         let (scheme, fingerprint) = match &tls {
             Some(identity) => ("wss", Some(identity.fingerprint.as_str())),
             None => ("ws", None),

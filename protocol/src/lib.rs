@@ -359,6 +359,24 @@ pub struct Isolation {
     /// e.g. `["landlock_scope"]` on a kernel before 6.12 (see docs/profiles.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+    /// The command's network when a policy filtered it (absent under `none` and `host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkUse>,
+}
+
+/// What a network policy let through for one command, and what it refused.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NetworkUse {
+    /// Connection attempts (and name lookups) the policy allowed, and refused.
+    pub allowed: u64,
+    pub denied: u64,
+    /// The first refused targets, `host:port (code)`, in the order they came (at most 8).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied_first: Vec<String>,
+    /// Ports reachable by a plain connection to a resolved name (captured in the command's
+    /// namespace); every other allowed port is reachable through the proxy only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub captured_ports: Vec<u16>,
 }
 
 /// A request could not be served. `id` names the request when it could be read.

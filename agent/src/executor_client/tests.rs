@@ -79,6 +79,7 @@ fn result(id: &str, output: &str) -> ServerMessage {
                 profile: "trusted".into(),
                 layers: Vec::new(),
                 missing: Vec::new(),
+                network: None,
             },
         },
     })

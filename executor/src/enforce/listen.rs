@@ -1,0 +1,241 @@
+//! The daemon's listeners inside a command's network namespace.
+//!
+//! **Why a thread may enter the namespace.** `setns(CLONE_NEWNET)` changes the network
+//! namespace of the calling thread only, and a socket belongs for good to the namespace it
+//! was created in. So a short-lived std thread of ours (never a tokio worker, whose later
+//! tasks would all run in the command's namespace) enters it, creates and binds the
+//! listeners, and ends; the sockets stay in the command's namespace while the daemon's
+//! runtime serves them from its own (Go's netns pattern). This is neither an unshare nor a
+//! fork in the tokio process (style.md, practice 3): no process-wide state changes, and the
+//! thread that changed is gone before its sockets are used.
+//!
+//! **When.** The fork server's answer names the command's init; it makes the namespace (and
+//! brings its loopback up) while it builds the sandbox, and its payload execs nothing until
+//! the daemon writes the command line. So the daemon opens `/proc/<init>/ns/net` until it is
+//! no longer its own namespace, binds there (retrying while loopback is not up yet), and only
+//! then writes the command line: the command never runs without its listeners.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sched::CloneFlags;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::dns::{Resolver, Synthetic};
+use super::log::Tally;
+use super::{Enforcer, PROXY_PORT};
+use crate::egress::record::DecisionRecord;
+use crate::egress::CommandContext;
+
+/// How long the sandbox may take to make its namespace and bring loopback up.
+const NAMESPACE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest DNS message over UDP we read.
+const MAX_DNS_MESSAGE: usize = 4096;
+
+/// The sockets bound in the command's namespace, not yet served.
+struct Bound {
+    proxy: std::net::TcpListener,
+    dns: std::net::UdpSocket,
+    captures: Vec<(u16, std::net::TcpListener)>,
+}
+
+/// Wait for `pid`'s network namespace to be another than ours, then bind the listeners in it
+/// from a thread of their own.
+async fn bind_in(pid: u32, ports: Vec<u16>) -> io::Result<Bound> {
+    let ours = std::fs::metadata("/proc/self/ns/net")?.ino();
+    let start = Instant::now();
+    let path = format!("/proc/{pid}/ns/net");
+    let ns = loop {
+        // Opened first, then compared: the descriptor holds the namespace it was opened on.
+        let file = std::fs::File::open(&path)?;
+        if file.metadata()?.ino() != ours {
+            break file;
+        }
+        if start.elapsed() > NAMESPACE_TIMEOUT {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the sandbox made no network namespace in time",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("egress-bind".into())
+        .spawn(move || {
+            let _ = tx.send(bind_here(&ns, &ports, start));
+        })?;
+    rx.await
+        .unwrap_or_else(|_| Err(io::Error::other("the binding thread ended without a word")))
+}
+
+/// On the binding thread: enter `ns` and bind. The thread ends right after.
+fn bind_here(ns: &std::fs::File, ports: &[u16], start: Instant) -> io::Result<Bound> {
+    nix::sched::setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+    let localhost = |port| SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
+    // Loopback's address exists once the sandbox brought it up: retry until then.
+    let proxy = loop {
+        match std::net::TcpListener::bind(localhost(PROXY_PORT)) {
+            Ok(listener) => break listener,
+            Err(err)
+                if err.kind() == io::ErrorKind::AddrNotAvailable
+                    && start.elapsed() < NAMESPACE_TIMEOUT =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(err) => return Err(err),
+        }
+    };
+    let dns = std::net::UdpSocket::bind(localhost(53))?;
+    let mut captures = Vec::new();
+    for port in ports {
+        let any = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, *port));
+        captures.push((*port, std::net::TcpListener::bind(any)?));
+    }
+    Ok(Bound {
+        proxy,
+        dns,
+        captures,
+    })
+}
+
+/// A command's listeners being served; dropping it closes them and every connection they
+/// accepted (so nothing of ours keeps the command's namespace alive).
+pub struct Attached {
+    stop: CancellationToken,
+    loops: Vec<JoinHandle<()>>,
+    pub tally: Tally,
+    pub captured: Vec<u16>,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for task in &self.loops {
+            task.abort();
+        }
+    }
+}
+
+impl Enforcer {
+    /// Bind the listeners of the command whose init is `pid` in its namespace and serve them.
+    pub async fn attach(&self, pid: u32, ctx: Arc<CommandContext>) -> io::Result<Attached> {
+        let ports = super::captured_ports(&ctx.policy);
+        let tally = self.log.tally(&ctx.client, &ctx.session, &ctx.command);
+        let bound = bind_in(pid, ports.clone()).await?;
+        let stop = CancellationToken::new();
+        let names = Arc::new(Mutex::new(Synthetic::default()));
+        let mut loops = Vec::new();
+
+        let proxy = listener(bound.proxy)?;
+        let (engine, c, token) = (self.engine.clone(), ctx.clone(), stop.clone());
+        loops.push(tokio::spawn(async move {
+            while let Ok((stream, _)) = proxy.accept().await {
+                let (engine, c, token) = (engine.clone(), c.clone(), token.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = engine.serve_proxy(c, stream) => {}
+                        () = token.cancelled() => {}
+                    }
+                });
+            }
+        }));
+
+        bound.dns.set_nonblocking(true)?;
+        let dns = tokio::net::UdpSocket::from_std(bound.dns)?;
+        let resolver = Resolver {
+            ctx: ctx.clone(),
+            names: names.clone(),
+            ports: super::candidate_ports(&ctx.policy),
+            own: self.engine.own_listeners.clone(),
+            sink: self.engine.sink.clone(),
+        };
+        loops.push(tokio::spawn(async move {
+            let mut buf = vec![0u8; MAX_DNS_MESSAGE];
+            while let Ok((n, from)) = dns.recv_from(&mut buf).await {
+                if let Some(reply) = buf.get(..n).and_then(|q| resolver.answer(q)) {
+                    let _ = dns.send_to(&reply, from).await;
+                }
+            }
+        }));
+
+        for (port, capture) in bound.captures {
+            let capture = listener(capture)?;
+            let (engine, c, token, names) = (
+                self.engine.clone(),
+                ctx.clone(),
+                stop.clone(),
+                names.clone(),
+            );
+            loops.push(tokio::spawn(async move {
+                while let Ok((stream, _)) = capture.accept().await {
+                    let name = match stream.local_addr() {
+                        Ok(SocketAddr::V4(local)) => match names.lock() {
+                            Ok(names) => names.name_of(*local.ip()),
+                            Err(poisoned) => poisoned.into_inner().name_of(*local.ip()),
+                        },
+                        _ => None,
+                    };
+                    let Some(name) = name else {
+                        // Not an address our resolver gave: no name to judge. Closed.
+                        let to = stream.local_addr().map(|a| a.ip().to_string());
+                        unresolved(&engine, &c, to.unwrap_or_default(), port);
+                        continue;
+                    };
+                    let (engine, c, token) = (engine.clone(), c.clone(), token.clone());
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            () = engine.serve_tcp(c, stream, &name, port) => {}
+                            () = token.cancelled() => {}
+                        }
+                    });
+                }
+            }));
+        }
+        Ok(Attached {
+            stop,
+            loops,
+            tally,
+            captured: ports,
+        })
+    }
+}
+
+fn listener(std: std::net::TcpListener) -> io::Result<tokio::net::TcpListener> {
+    std.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(std)
+}
+
+/// Record a plain connection to an address the resolver never gave (an address literal):
+/// refused, since no name stands behind it to judge.
+fn unresolved(engine: &crate::egress::Engine, ctx: &CommandContext, host: String, port: u16) {
+    let record = DecisionRecord {
+        ts: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        client: ctx.client.clone(),
+        session: ctx.session.clone(),
+        command: ctx.command.clone(),
+        kind: "tcp",
+        address: Some(
+            SocketAddr::new(host.parse().unwrap_or(Ipv4Addr::UNSPECIFIED.into()), port).to_string(),
+        ),
+        host,
+        port,
+        layer: None,
+        rule: None,
+        allowed: false,
+        code: "not_a_resolved_name",
+        reason: "a plain connection reaches only names the namespace's resolver answered; \
+                 use the proxy (HTTP_PROXY) for an address"
+            .into(),
+        error: None,
+        bytes_up: 0,
+        bytes_down: 0,
+        duration_ms: 0.0,
+    };
+    engine.sink.record(&record);
+}
