@@ -184,7 +184,7 @@ impl Resolver {
 mod tests {
     use super::*;
     use crate::egress::record::DecisionRecord;
-    use sandbox::network::{Layer, Mode, Policy};
+    use sandbox::network::{Effective, Layer, Mode, Policy};
     use simple_dns::{Name, Question, QCLASS};
 
     #[derive(Default)]
@@ -215,7 +215,7 @@ mod tests {
         }
     }
 
-    fn ask(resolver: &Resolver, name: &str, qtype: TYPE) -> Packet<'static> {
+    fn ask(resolver: &Resolver, name: &str, qtype: TYPE) -> Vec<u8> {
         let mut query = Packet::new_query(7);
         query.set_flags(PacketFlag::RECURSION_DESIRED);
         query.questions.push(Question::new(
@@ -225,15 +225,15 @@ mod tests {
             false,
         ));
         let bytes = query.build_bytes_vec().unwrap();
-        let reply = resolver.answer(&bytes).unwrap();
-        Packet::parse(&reply).unwrap().into_owned()
+        resolver.answer(&bytes).unwrap()
     }
 
     #[test]
     fn an_allowed_name_gets_a_stable_synthetic_address_and_others_nothing() {
         let sink = Arc::new(Kept::default());
         let resolver = resolver(sink.clone());
-        let reply = ask(&resolver, "PyPI.org", TYPE::A);
+        let reply_bytes = ask(&resolver, "PyPI.org", TYPE::A);
+        let reply = Packet::parse(&reply_bytes).unwrap();
         assert_eq!(reply.id(), 7);
         assert_eq!(reply.rcode(), RCODE::NoError);
         let RData::A(a) = &reply.answers[0].rdata else {
@@ -246,14 +246,17 @@ mod tests {
             Some("pypi.org")
         );
         // The same name, the same address.
-        let again = ask(&resolver, "pypi.org", TYPE::A);
+        let again_bytes = ask(&resolver, "pypi.org", TYPE::A);
+        let again = Packet::parse(&again_bytes).unwrap();
         assert_eq!(again.answers[0].rdata, reply.answers[0].rdata);
         // AAAA: no record, no error.
-        let v6 = ask(&resolver, "pypi.org", TYPE::AAAA);
+        let v6_bytes = ask(&resolver, "pypi.org", TYPE::AAAA);
+        let v6 = Packet::parse(&v6_bytes).unwrap();
         assert_eq!(v6.rcode(), RCODE::NoError);
         assert!(v6.answers.is_empty());
         // Another name: NXDOMAIN, recorded.
-        let other = ask(&resolver, "evil.example", TYPE::A);
+        let other_bytes = ask(&resolver, "evil.example", TYPE::A);
+        let other = Packet::parse(&other_bytes).unwrap();
         assert_eq!(other.rcode(), RCODE::NameError);
         assert!(other.answers.is_empty());
         let kept = sink.0.lock().unwrap();
@@ -264,7 +267,8 @@ mod tests {
         assert_eq!(denied[0].code, "not_allowed");
         drop(kept);
         // Other types are refused.
-        let mx = ask(&resolver, "pypi.org", TYPE::MX);
+        let mx_bytes = ask(&resolver, "pypi.org", TYPE::MX);
+        let mx = Packet::parse(&mx_bytes).unwrap();
         assert_eq!(mx.rcode(), RCODE::Refused);
     }
 }

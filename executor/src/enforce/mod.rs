@@ -128,12 +128,12 @@ pub enum EnforceError {
         "the network policy cannot be enforced under profile {profile}: it has no pid \
          namespace, so no network namespace can be made for the command"
     )]
-    NoNamespace { profile: String },
+    NamespaceImpossible { profile: String },
     #[error(
         "the network policy cannot be enforced under profile {profile}: it has no mount \
          namespace to point /etc/resolv.conf at the command's resolver"
     )]
-    NoMountNamespace { profile: String },
+    ResolverUnreachable { profile: String },
     #[error("the network policy cannot be enforced: this daemon has no egress engine")]
     NoEngine,
 }
@@ -153,12 +153,12 @@ pub fn shape_plan(
     }
     let sandbox = &mut plan.template.sandbox;
     if !sandbox.namespaces.contains(&Namespace::Pid) {
-        return Err(EnforceError::NoNamespace {
+        return Err(EnforceError::NamespaceImpossible {
             profile: profile.to_string(),
         });
     }
     let Some(mounts) = sandbox.mounts.as_mut() else {
-        return Err(EnforceError::NoMountNamespace {
+        return Err(EnforceError::ResolverUnreachable {
             profile: profile.to_string(),
         });
     };
