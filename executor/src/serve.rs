@@ -162,6 +162,17 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
 
     let rt = runtime()?;
     rt.block_on(async move {
+        // Bound here, served at the end: the egress engine must know the daemon's own
+        // address (a command's policy never reaches it).
+        let listener = listen(args.listen, args.max_connections)
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        let enforcer = crate::enforce::Enforcer::new(
+            &state_dir,
+            &network_log,
+            &args.egress_resolve,
+            vec![addr],
+        )?;
         let Setup {
             engine,
             probe,
@@ -194,6 +205,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                 .flatten()
                 .map(|path| resolved(&path))
                 .collect(),
+                enforcer: Some(enforcer),
             },
             cgroups,
             ProfileChoice {
@@ -210,17 +222,6 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         .await?;
         let mut engine = engine;
         engine.runner.warm_workers = !args.no_warm_workers;
-        // Bound here, served at the end: the egress engine must know the daemon's own
-        // address (a command's policy never reaches it).
-        let listener = listen(args.listen, args.max_connections)
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let addr = listener.local_addr()?;
-        engine.enforcer = Some(crate::enforce::Enforcer::new(
-            &state_dir,
-            &network_log,
-            &args.egress_resolve,
-            vec![addr],
-        )?);
         if workspace_created {
             hand_workspace_to(&engine, &workspace)?;
         }
