@@ -377,6 +377,10 @@ pub struct NetworkUse {
     /// namespace); every other allowed port is reachable through the proxy only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub captured_ports: Vec<u16>,
+    /// Allow rules whose ports were not all captured (a range too wide): what they allow is
+    /// reachable through the proxy (`HTTP_PROXY`, `CONNECT`) only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proxy_only: Vec<String>,
 }
 
 /// A request could not be served. `id` names the request when it could be read.

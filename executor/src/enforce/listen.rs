@@ -111,6 +111,8 @@ pub struct Attached {
     loops: Vec<JoinHandle<()>>,
     pub tally: Tally,
     pub captured: Vec<u16>,
+    /// Allow rules reachable through the proxy only (`super::proxy_only`).
+    pub proxy_only: Vec<String>,
 }
 
 impl Drop for Attached {
@@ -201,6 +203,7 @@ impl Enforcer {
             stop,
             loops,
             tally,
+            proxy_only: super::proxy_only(&ctx.policy, &ports),
             captured: ports,
         })
     }

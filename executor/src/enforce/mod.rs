@@ -229,6 +229,23 @@ pub fn captured_ports(effective: &Effective) -> Vec<u16> {
     ports
 }
 
+/// The allow rules of `effective` some of whose ports `captured` lacks: reachable through the
+/// proxy only.
+pub fn proxy_only(effective: &Effective, captured: &[u16]) -> Vec<String> {
+    let Effective::Policy(layers) = effective else {
+        return Vec::new();
+    };
+    layers
+        .iter()
+        .flat_map(|(_, policy)| &policy.allow)
+        .filter(|rule| {
+            let range = rule.ports.unwrap_or(PortRange::ALL);
+            (range.low..=range.high).any(|p| !captured.contains(&p))
+        })
+        .map(ToString::to_string)
+        .collect()
+}
+
 /// Ports a name may be asked for (the resolver's decision): the ends of every allow rule's
 /// range.
 pub fn candidate_ports(effective: &Effective) -> Vec<u16> {
@@ -268,6 +285,8 @@ mod tests {
         assert_eq!(ports, vec![80, 81, 82, 443]);
         let ports = captured_ports(&policy(&["a.example:8000-8100", "b.example:22"]));
         assert_eq!(ports, vec![22]);
+        let wide = policy(&["a.example:8000-8100", "b.example:22"]);
+        assert_eq!(proxy_only(&wide, &ports), vec!["a.example:8000-8100"]);
         // The proxy's and the resolver's ports are never captured.
         assert!(captured_ports(&policy(&["a.example:3128", "b.example:53"])).is_empty());
         assert!(captured_ports(&Effective::Host).is_empty());

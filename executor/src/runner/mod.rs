@@ -497,6 +497,7 @@ impl Runner {
             // The command has ended: its tally is complete, and its listeners close here.
             network: listening.map(|l| protocol::NetworkUse {
                 captured_ports: l.captured.clone(),
+                proxy_only: l.proxy_only.clone(),
                 ..l.tally.snapshot()
             }),
         };

@@ -44,7 +44,9 @@ fn tcp_server(greeting: &'static str) -> u16 {
 }
 
 fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 /// Every process on the host holding the network namespace `ns` (`net:[N]`), by its
@@ -56,7 +58,11 @@ fn holders_of(ns: &str) -> Vec<String> {
         if std::fs::read_link(dir.join("ns/net")).is_ok_and(|l| l.to_string_lossy() == ns) {
             found.push(dir.display().to_string());
         }
-        for fd in std::fs::read_dir(dir.join("fd")).into_iter().flatten().flatten() {
+        for fd in std::fs::read_dir(dir.join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == ns) {
                 found.push(fd.path().display().to_string());
             }
@@ -168,12 +174,22 @@ echo "ns: $(readlink /proc/self/ns/net)"
     assert!(line("route-seconds").parse::<u64>().unwrap() < 8, "{out}");
 
     // The result names the refusals.
-    let network = result.extra.isolation.network.clone().expect("isolation.network");
+    let network = result
+        .extra
+        .isolation
+        .network
+        .clone()
+        .expect("isolation.network");
     assert!(network.denied >= 6, "{network:?}");
     assert!(network.allowed >= 4, "{network:?}");
     assert!(network.captured_ports.contains(&web), "{network:?}");
+    // Every port of 127.0.0.0/8 is too many to capture: through the proxy only, and said so.
+    assert_eq!(network.proxy_only, vec!["127.0.0.0/8".to_string()]);
     assert!(
-        network.denied_first.iter().any(|d| d.starts_with("denied.test:")),
+        network
+            .denied_first
+            .iter()
+            .any(|d| d.starts_with("denied.test:")),
         "{network:?}"
     );
 
@@ -199,7 +215,10 @@ echo "ns: $(readlink /proc/self/ns/net)"
     let ok = find("http", "allowed.test", web, true);
     assert_eq!(ok["code"], "allowed");
     assert!(ok["bytes_down"].as_u64().unwrap() > 0, "{ok}");
-    assert_eq!(find("http", "denied.test", web, false)["code"], "not_allowed");
+    assert_eq!(
+        find("http", "denied.test", web, false)["code"],
+        "not_allowed"
+    );
     assert_eq!(find("http", "192.0.2.1", web, false)["code"], "not_allowed");
     assert_eq!(
         find("http", "allowed.test", elsewhere, false)["code"],
@@ -234,7 +253,9 @@ echo "ns: $(readlink /proc/self/ns/net)"
     let ns = line("ns");
     assert!(ns.starts_with("net:["), "{out}");
     assert!(
-        eventually(Duration::from_secs(10), || fd_count(daemon.pid()) <= fds_before).await,
+        eventually(Duration::from_secs(10), || fd_count(daemon.pid())
+            <= fds_before)
+        .await,
         "daemon fds: {} before, {} after",
         fds_before,
         fd_count(daemon.pid())
@@ -258,4 +279,73 @@ async fn client_metrics(daemon: &Daemon) -> String {
     let mut body = String::new();
     stream.read_to_string(&mut body).await.unwrap();
     body
+}
+
+#[tokio::test]
+async fn a_task_container_policy_gets_a_network_namespace_of_its_own() {
+    if !require("root (network namespaces)", is_root()) {
+        return;
+    }
+    let web = http_server("hello from the allowed web server\n");
+    let dir = TempDir::new().unwrap();
+    let container = include_str!("../../../sandbox-profiles/task-container.json");
+    let mut profile: serde_json::Value = serde_json::from_str(container).unwrap();
+    profile["name"] = "container-policy".into();
+    profile["network"] = serde_json::json!({
+        "mode": "policy",
+        "allow": [format!("allowed.test:{web}"), "127.0.0.0/8"],
+        "reason": "the test's server on the host's loopback",
+    });
+    std::fs::write(
+        dir.path().join("container-policy.json"),
+        profile.to_string(),
+    )
+    .unwrap();
+    let daemon = Daemon::start_with(&[
+        "--profiles-dir",
+        dir.path().to_str().unwrap(),
+        "--allow-profile",
+        "container-policy",
+        "--egress-resolve",
+        "allowed.test=127.0.0.1",
+    ]);
+    let mut client = daemon.connect().await;
+    let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap();
+    let script = format!(
+        r#"
+echo "proxy-allowed: $(curl -s -m 10 http://allowed.test:{web}/)"
+echo "proxy-other-name: $(curl -s -o /dev/null -m 10 -w '%{{http_code}}' http://denied.test:{web}/)"
+echo "capture-allowed: $(curl -s -m 10 --noproxy '*' http://allowed.test:{web}/)"
+echo "route-10: $(curl -s -m 10 --noproxy '*' -o /dev/null -w '%{{http_code}}' http://10.0.0.1:{web}/; echo " rc=$?")"
+echo "resolver: $(grep '^nameserver' /etc/resolv.conf)"
+echo "interfaces: $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ' ')"
+"#
+    );
+    let mut r = req("container", &script);
+    r.profile = Some("container-policy".into());
+    r.timeout = Some(60.0);
+    let result = client.exec(r).await.result.unwrap();
+    let out = result.output.clone();
+    let line = |key: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}: ")))
+            .unwrap_or_else(|| panic!("no {key} in {out}\n{}", daemon.log()))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(line("proxy-allowed"), "hello from the allowed web server");
+    assert_eq!(line("proxy-other-name"), "403");
+    assert_eq!(line("capture-allowed"), "hello from the allowed web server");
+    assert!(line("route-10").ends_with("rc=7"), "{out}");
+    assert_eq!(line("resolver"), "nameserver 127.0.0.1");
+    // The host's network (the profile's own mode is host) is not there: loopback only (the
+    // command's /proc shows its own namespace; the host's /sys, bound read-only, would not).
+    assert_eq!(line("interfaces"), "lo", "{out}");
+    // The host's file is untouched: the command saw a bind in its own mount namespace.
+    assert_eq!(
+        std::fs::read_to_string("/etc/resolv.conf").unwrap(),
+        host_resolv
+    );
+    let network = result.extra.isolation.network.expect("isolation.network");
+    assert!(network.denied >= 1 && network.allowed >= 2, "{network:?}");
 }
