@@ -335,8 +335,13 @@ impl Runner {
             Some(net) => match net.enforcer.attach(process.pid(), net.ctx).await {
                 Ok(listening) => Some(listening),
                 Err(err) => {
-                    // Closing the lifeline before any command line ends the sandbox.
+                    // Closing the lifeline before any command line ends the sandbox. A
+                    // sandbox whose set-up failed (so it made no namespace) says why.
                     drop(lifeline);
+                    let report = tokio::time::timeout(STOP_GRACE, read_status(status_pipe, None));
+                    if let Ok(Some(HelperReport::SetupFailed { stage, message })) = report.await {
+                        return Err(RunError::Setup { stage, message });
+                    }
                     return Err(RunError::Setup {
                         stage: "network".into(),
                         message: format!(
