@@ -36,11 +36,14 @@ use crate::egress::CommandContext;
 const NAMESPACE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest DNS message over UDP we read.
 const MAX_DNS_MESSAGE: usize = 4096;
+/// How long a DNS-over-TCP connection may wait for its next query (RFC 7766 suggests seconds).
+const DNS_TCP_IDLE: Duration = Duration::from_secs(10);
 
 /// The sockets bound in the command's namespace, not yet served.
 struct Bound {
     proxy: std::net::TcpListener,
     dns: std::net::UdpSocket,
+    dns_tcp: std::net::TcpListener,
     captures: Vec<(u16, std::net::TcpListener)>,
 }
 
@@ -92,6 +95,7 @@ fn bind_here(ns: &std::fs::File, ports: &[u16], start: Instant) -> io::Result<Bo
         }
     };
     let dns = std::net::UdpSocket::bind(localhost(53))?;
+    let dns_tcp = std::net::TcpListener::bind(localhost(53))?;
     let mut captures = Vec::new();
     for port in ports {
         let any = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, *port));
@@ -100,6 +104,7 @@ fn bind_here(ns: &std::fs::File, ports: &[u16], start: Instant) -> io::Result<Bo
     Ok(Bound {
         proxy,
         dns,
+        dns_tcp,
         captures,
     })
 }
@@ -150,13 +155,26 @@ impl Enforcer {
 
         bound.dns.set_nonblocking(true)?;
         let dns = tokio::net::UdpSocket::from_std(bound.dns)?;
-        let resolver = Resolver {
+        let resolver = Arc::new(Resolver {
             ctx: ctx.clone(),
             names: names.clone(),
             ports: super::candidate_ports(&ctx.policy),
             own: self.engine.own_listeners.clone(),
             sink: self.engine.sink.clone(),
-        };
+        });
+        let dns_tcp = listener(bound.dns_tcp)?;
+        let (r, token) = (resolver.clone(), stop.clone());
+        loops.push(tokio::spawn(async move {
+            while let Ok((stream, _)) = dns_tcp.accept().await {
+                let (r, token) = (r.clone(), token.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = dns_over_tcp(stream, &r) => {}
+                        () = token.cancelled() => {}
+                    }
+                });
+            }
+        }));
         loops.push(tokio::spawn(async move {
             let mut buf = vec![0u8; MAX_DNS_MESSAGE];
             while let Ok((n, from)) = dns.recv_from(&mut buf).await {
@@ -206,6 +224,39 @@ impl Enforcer {
             proxy_only: super::proxy_only(&ctx.policy, &ports),
             captured: ports,
         })
+    }
+}
+
+/// DNS over TCP (RFC 1035 4.2.2: each message after its length in two bytes), for resolvers
+/// that retry there; every wait bounded.
+async fn dns_over_tcp(mut stream: tokio::net::TcpStream, resolver: &Resolver) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let mut len = [0u8; 2];
+        let read = tokio::time::timeout(DNS_TCP_IDLE, stream.read_exact(&mut len)).await;
+        if !matches!(read, Ok(Ok(_))) {
+            return;
+        }
+        let len = usize::from(u16::from_be_bytes(len));
+        if len > MAX_DNS_MESSAGE {
+            return;
+        }
+        let mut query = vec![0u8; len];
+        let read = tokio::time::timeout(DNS_TCP_IDLE, stream.read_exact(&mut query)).await;
+        if !matches!(read, Ok(Ok(_))) {
+            return;
+        }
+        let Some(reply) = resolver.answer(&query) else {
+            return;
+        };
+        let Ok(reply_len) = u16::try_from(reply.len()) else {
+            return;
+        };
+        let mut framed = reply_len.to_be_bytes().to_vec();
+        framed.extend_from_slice(&reply);
+        if stream.write_all(&framed).await.is_err() {
+            return;
+        }
     }
 }
 

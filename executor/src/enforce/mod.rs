@@ -5,7 +5,7 @@
 //! before the command starts ([`listen::bind_in`]):
 //! - an HTTP proxy on `127.0.0.1:3128` ([`crate::egress::Engine::serve_proxy`]), named by
 //!   the command's `HTTP_PROXY` and friends;
-//! - a resolver on `127.0.0.1:53` (UDP; `/etc/resolv.conf` in the sandbox names it) that
+//! - a resolver on `127.0.0.1:53` (UDP and TCP; `/etc/resolv.conf` in the sandbox names it) that
 //!   answers an `A` query for a name the policy may allow with a synthetic address of
 //!   127.1.0.0/16, one per name for this command ([`dns`]), and nothing else;
 //! - capture listeners on `0.0.0.0:PORT` for the ports the policy's allow rules name (at most

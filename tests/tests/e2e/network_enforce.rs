@@ -129,6 +129,15 @@ echo "proxy-other-port: $(code http://allowed.test:{elsewhere}/)"
 echo "proxy-own-listener: $(curl -s -o /dev/null -m 10 -p -x http://127.0.0.1:3128 --noproxy '' -w '%{{http_connect}}' http://127.0.0.1:{own}/)"
 echo "dns-allowed: $(getent ahosts allowed.test | awk '{{print $1; exit}}')"
 echo "dns-other-name: $(getent ahosts denied.test || echo none)"
+echo "dns-tcp: $(python3 -c '
+import socket, struct
+q = struct.pack(">HHHHHH", 9, 0x100, 1, 0, 0, 0) + b"\x07allowed\x04test\x00" + struct.pack(">HH", 1, 1)
+s = socket.create_connection(("127.0.0.1", 53), timeout=10)
+s.sendall(struct.pack(">H", len(q)) + q)
+n = struct.unpack(">H", s.recv(2))[0]
+r = s.recv(n)
+print(socket.inet_ntoa(r[-4:]))
+')"
 echo "capture-allowed: $(curl -s -m 10 --noproxy '*' http://allowed.test:{web}/)"
 echo "tcp-allowed: $(timeout 10 bash -c 'exec 3<>/dev/tcp/allowed.test/{echo}; head -1 <&3')"
 literal=$(timeout 10 bash -c 'exec 3<>/dev/tcp/127.0.0.1/{echo}; head -1 <&3' 2>/dev/null)
@@ -163,6 +172,8 @@ echo "ns: $(readlink /proc/self/ns/net)"
     // The resolver: a synthetic address for the allowed name, nothing for another.
     assert!(line("dns-allowed").starts_with("127.1."), "{out}");
     assert_eq!(line("dns-other-name"), "none");
+    // Over TCP too (resolvers retry there), the same answer.
+    assert_eq!(line("dns-tcp"), line("dns-allowed"), "{out}");
     // Without the proxy: the resolver's address is captured and relayed, for HTTP and for
     // plain TCP; an address the resolver never gave reaches nothing.
     assert_eq!(line("capture-allowed"), "hello from the allowed web server");
