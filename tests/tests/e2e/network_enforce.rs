@@ -125,7 +125,9 @@ code() {{ curl -s -o /dev/null -m 10 -w '%{{http_code}}' "$@"; }}
 echo "proxy-allowed: $(curl -s -m 10 http://allowed.test:{web}/)"
 echo "proxy-other-name: $(code http://denied.test:{web}/)"
 echo "proxy-ip-literal: $(code http://192.0.2.1:{web}/)"
+echo "proxy-ip-allowed: $(curl -s -m 10 -x http://127.0.0.1:3128 --noproxy '' http://127.0.0.1:{web}/)"
 echo "proxy-other-port: $(code http://allowed.test:{elsewhere}/)"
+echo "proxy-connect-allowed: $(curl -s -o /dev/null -m 10 -p -x http://127.0.0.1:3128 --noproxy '' -w '%{{http_connect}}' http://allowed.test:{web}/)"
 echo "proxy-own-listener: $(curl -s -o /dev/null -m 10 -p -x http://127.0.0.1:3128 --noproxy '' -w '%{{http_connect}}' http://127.0.0.1:{own}/)"
 echo "dns-allowed: $(getent ahosts allowed.test | awk '{{print $1; exit}}')"
 echo "dns-other-name: $(getent ahosts denied.test || echo none)"
@@ -167,7 +169,11 @@ echo "ns: $(readlink /proc/self/ns/net)"
     assert_eq!(line("proxy-allowed"), "hello from the allowed web server");
     assert_eq!(line("proxy-other-name"), "403");
     assert_eq!(line("proxy-ip-literal"), "403");
+    // (an address literal a CIDR rule names gets through)
+    assert_eq!(line("proxy-ip-allowed"), "hello from the allowed web server");
     assert_eq!(line("proxy-other-port"), "403");
+    // CONNECT to an allowed target is answered 200; to the daemon's own listener, 403.
+    assert_eq!(line("proxy-connect-allowed"), "200");
     assert_eq!(line("proxy-own-listener"), "403");
     // The resolver: a synthetic address for the allowed name, nothing for another.
     assert!(line("dns-allowed").starts_with("127.1."), "{out}");
@@ -259,9 +265,26 @@ echo "ns: $(readlink /proc/self/ns/net)"
         "{metrics}"
     );
 
+    // The next command (handed to the worker built ahead for it) gets its listeners too, in a
+    // namespace of its own: one made for a policy is never lent again.
+    let mut r = req(
+        "again",
+        &format!("curl -s -m 10 http://allowed.test:{web}/; readlink /proc/self/ns/net"),
+    );
+    r.profile = Some("strict-policy".into());
+    let again = client.exec(r).await.result.unwrap();
+    let mut again_lines = again.output.lines();
+    assert_eq!(
+        again_lines.next(),
+        Some("hello from the allowed web server"),
+        "{}",
+        again.output
+    );
+    let ns = line("ns");
+    assert_ne!(again_lines.next(), Some(ns.as_str()), "{}", again.output);
+
     // On the host: none of the command's listeners is left in the daemon, and nothing holds
     // its namespace.
-    let ns = line("ns");
     assert!(ns.starts_with("net:["), "{out}");
     assert!(
         eventually(Duration::from_secs(10), || fd_count(daemon.pid())
