@@ -134,7 +134,10 @@ pub enum EnforceError {
          namespace to point /etc/resolv.conf at the command's resolver"
     )]
     ResolverUnreachable { profile: String },
-    #[error("the network policy cannot be enforced: this daemon has no egress engine")]
+    #[error(
+        "the network policy cannot be enforced here: only `executor serve` runs the egress \
+         proxy a policy needs, so this command was not started"
+    )]
     NoEngine,
 }
 
@@ -167,6 +170,13 @@ pub fn shape_plan(
         .push((PathBuf::from("/etc/resolv.conf"), resolv_conf.to_path_buf()));
     if !sandbox.namespaces.contains(&Namespace::Net) {
         sandbox.namespaces.push(Namespace::Net);
+        // Reported with the other namespaces (before the new root's pivot_root).
+        let layers = &mut plan.template.layers;
+        let at = layers
+            .iter()
+            .position(|l| l == "pivot_root")
+            .unwrap_or(layers.len());
+        layers.insert(at, Namespace::Net.layer().to_string());
     }
     sandbox.egress = true;
     sandbox.deny_inet = false;

@@ -170,7 +170,10 @@ echo "ns: $(readlink /proc/self/ns/net)"
     assert_eq!(line("proxy-other-name"), "403");
     assert_eq!(line("proxy-ip-literal"), "403");
     // (an address literal a CIDR rule names gets through)
-    assert_eq!(line("proxy-ip-allowed"), "hello from the allowed web server");
+    assert_eq!(
+        line("proxy-ip-allowed"),
+        "hello from the allowed web server"
+    );
     assert_eq!(line("proxy-other-port"), "403");
     // CONNECT to an allowed target is answered 200; to the daemon's own listener, 403.
     assert_eq!(line("proxy-connect-allowed"), "200");
@@ -379,6 +382,12 @@ echo "interfaces: $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n'
     assert_eq!(
         std::fs::read_to_string("/etc/resolv.conf").unwrap(),
         host_resolv
+    );
+    // The layers say so: a network namespace the profile itself does not list.
+    assert!(
+        result.extra.isolation.layers.iter().any(|l| l == "net_ns"),
+        "{:?}",
+        result.extra.isolation.layers
     );
     let network = result.extra.isolation.network.expect("isolation.network");
     assert!(network.denied >= 1 && network.allowed >= 2, "{network:?}");
