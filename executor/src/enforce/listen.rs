@@ -15,6 +15,7 @@
 //! no longer its own namespace, binds there (retrying while loopback is not up yet), and only
 //! then writes the command line: the command never runs without its listeners.
 
+use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsFd;
@@ -23,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sched::CloneFlags;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +36,10 @@ use crate::egress::CommandContext;
 
 /// How long the sandbox may take to make its namespace and bring loopback up.
 const NAMESPACE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections one command may have open through its listeners at once.
+const MAX_CONNECTIONS: usize = 256;
+/// How long to wait before accepting again after an error.
+const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 /// Largest DNS message over UDP we read.
 const MAX_DNS_MESSAGE: usize = 4096;
 /// How long a DNS-over-TCP connection may wait for its next query (RFC 7766 suggests seconds).
@@ -135,26 +141,29 @@ impl Enforcer {
         let ports = super::captured_ports(&ctx.policy);
         let tally = self.log.tally(&ctx.client, &ctx.session, &ctx.command);
         let bound = bind_in(pid, ports.clone()).await?;
-        let stop = CancellationToken::new();
         let names = Arc::new(Mutex::new(Synthetic::default()));
-        let mut loops = Vec::new();
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        // Built first: an error below drops it, which ends what was started.
+        let mut attached = Attached {
+            stop: CancellationToken::new(),
+            loops: Vec::new(),
+            tally,
+            proxy_only: super::proxy_only(&ctx.policy, &ports),
+            captured: ports,
+        };
+        let stop = attached.stop.clone();
 
-        let proxy = listener(bound.proxy)?;
-        let (engine, c, token) = (self.engine.clone(), ctx.clone(), stop.clone());
-        loops.push(tokio::spawn(async move {
-            while let Ok((stream, _)) = proxy.accept().await {
-                let (engine, c, token) = (engine.clone(), c.clone(), token.clone());
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = engine.serve_proxy(c, stream) => {}
-                        () = token.cancelled() => {}
-                    }
-                });
-            }
-        }));
+        let (engine, c) = (self.engine.clone(), ctx.clone());
+        attached.loops.push(accept_loop(
+            listener(bound.proxy)?,
+            slots.clone(),
+            stop.clone(),
+            move |stream| {
+                let (engine, c) = (engine.clone(), c.clone());
+                Some(async move { engine.serve_proxy(c, stream).await })
+            },
+        ));
 
-        bound.dns.set_nonblocking(true)?;
-        let dns = tokio::net::UdpSocket::from_std(bound.dns)?;
         let resolver = Arc::new(Resolver {
             ctx: ctx.clone(),
             names: names.clone(),
@@ -162,40 +171,44 @@ impl Enforcer {
             own: self.engine.own_listeners.clone(),
             sink: self.engine.sink.clone(),
         });
-        let dns_tcp = listener(bound.dns_tcp)?;
-        let (r, token) = (resolver.clone(), stop.clone());
-        loops.push(tokio::spawn(async move {
-            while let Ok((stream, _)) = dns_tcp.accept().await {
-                let (r, token) = (r.clone(), token.clone());
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = dns_over_tcp(stream, &r) => {}
-                        () = token.cancelled() => {}
-                    }
-                });
-            }
-        }));
-        loops.push(tokio::spawn(async move {
+        let r = resolver.clone();
+        attached.loops.push(accept_loop(
+            listener(bound.dns_tcp)?,
+            slots.clone(),
+            stop.clone(),
+            move |stream| {
+                let r = r.clone();
+                Some(async move { dns_over_tcp(stream, &r).await })
+            },
+        ));
+        bound.dns.set_nonblocking(true)?;
+        let dns = tokio::net::UdpSocket::from_std(bound.dns)?;
+        attached.loops.push(tokio::spawn(async move {
             let mut buf = vec![0u8; MAX_DNS_MESSAGE];
-            while let Ok((n, from)) = dns.recv_from(&mut buf).await {
-                if let Some(reply) = buf.get(..n).and_then(|q| resolver.answer(q)) {
-                    let _ = dns.send_to(&reply, from).await;
+            loop {
+                match dns.recv_from(&mut buf).await {
+                    Ok((n, from)) => {
+                        if let Some(reply) = buf.get(..n).and_then(|q| resolver.answer(q)) {
+                            let _ = dns.send_to(&reply, from).await;
+                        }
+                    }
+                    // An error on a datagram socket concerns one datagram (an ICMP error for
+                    // an earlier reply, say): never a reason to stop answering.
+                    Err(_) => tokio::time::sleep(ACCEPT_RETRY).await,
                 }
             }
         }));
 
         for (port, capture) in bound.captures {
-            let capture = listener(capture)?;
-            let (engine, c, token, names) = (
-                self.engine.clone(),
-                ctx.clone(),
+            let (engine, c, names) = (self.engine.clone(), ctx.clone(), names.clone());
+            attached.loops.push(accept_loop(
+                listener(capture)?,
+                slots.clone(),
                 stop.clone(),
-                names.clone(),
-            );
-            loops.push(tokio::spawn(async move {
-                while let Ok((stream, _)) = capture.accept().await {
-                    let name = match stream.local_addr() {
-                        Ok(SocketAddr::V4(local)) => match names.lock() {
+                move |stream| {
+                    let local = stream.local_addr().ok();
+                    let name = match local {
+                        Some(SocketAddr::V4(local)) => match names.lock() {
                             Ok(names) => names.name_of(*local.ip()),
                             Err(poisoned) => poisoned.into_inner().name_of(*local.ip()),
                         },
@@ -203,28 +216,59 @@ impl Enforcer {
                     };
                     let Some(name) = name else {
                         // Not an address our resolver gave: no name to judge. Closed.
-                        let to = stream.local_addr().map(|a| a.ip().to_string());
-                        unresolved(&engine, &c, to.unwrap_or_default(), port);
-                        continue;
+                        let to = local.map(|a| a.ip().to_string()).unwrap_or_default();
+                        unresolved(&engine, &c, to, port);
+                        return None;
                     };
-                    let (engine, c, token) = (engine.clone(), c.clone(), token.clone());
-                    tokio::spawn(async move {
-                        tokio::select! {
-                            () = engine.serve_tcp(c, stream, &name, port) => {}
-                            () = token.cancelled() => {}
-                        }
-                    });
-                }
-            }));
+                    let (engine, c) = (engine.clone(), c.clone());
+                    Some(async move { engine.serve_tcp(c, stream, &name, port).await })
+                },
+            ));
         }
-        Ok(Attached {
-            stop,
-            loops,
-            tally,
-            proxy_only: super::proxy_only(&ctx.policy, &ports),
-            captured: ports,
-        })
+        Ok(attached)
     }
+}
+
+/// Accept connections on `listener` for as long as the command runs, each served by what
+/// `serve` makes of it (`None`: closed at once) in a task that ends with the command, at most
+/// [`MAX_CONNECTIONS`] at once over the command's listeners (past that a connection is
+/// closed at once). An accept error (out of descriptors, a connection reset while queued) is
+/// waited out, never the end of the listener.
+fn accept_loop<F, Fut>(
+    listener: tokio::net::TcpListener,
+    slots: Arc<Semaphore>,
+    stop: CancellationToken,
+    serve: F,
+) -> JoinHandle<()>
+where
+    F: Fn(tokio::net::TcpStream) -> Option<Fut> + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                continue;
+            };
+            let Some(work) = serve(stream) else {
+                continue;
+            };
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                tokio::select! {
+                    () = work => {}
+                    () = stop.cancelled() => {}
+                }
+            });
+        }
+    })
 }
 
 /// DNS over TCP (RFC 1035 4.2.2: each message after its length in two bytes), for resolvers
