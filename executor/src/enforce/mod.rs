@@ -306,6 +306,91 @@ mod tests {
         );
     }
 
+    fn plan(namespaces: Vec<Namespace>, root: Option<sandbox::profile::RootMode>) -> Plan {
+        use sandbox::plan::{CommandPlan, LandlockPlan, MountPlan, SandboxPlan, Template};
+        Plan {
+            template: Template {
+                cgroups: vec![],
+                sandbox: SandboxPlan {
+                    namespaces,
+                    mounts: root.map(|root| MountPlan {
+                        root,
+                        read_only: vec![],
+                        writable: vec![],
+                        hidden: vec![],
+                        pins: vec![],
+                        tmpfs: vec![],
+                        files: vec![],
+                    }),
+                    landlock: Some(LandlockPlan {
+                        read: vec![],
+                        write: vec![],
+                        list: vec![],
+                        deny_tcp: true,
+                        scope: true,
+                        abi: 6,
+                    }),
+                    ..SandboxPlan::default()
+                },
+                layers: vec!["mount_ns".into(), "pid_ns".into(), "pivot_root".into()],
+                missing: vec![],
+            },
+            command: CommandPlan {
+                argv: vec!["bash".into(), "-c".into(), "true".into()],
+                cwd: "/".into(),
+                env: BTreeMap::from([("HTTP_PROXY".to_string(), "http://elsewhere".to_string())]),
+                stdin: Default::default(),
+                builtin: None,
+            },
+        }
+    }
+
+    #[test]
+    fn a_policy_shapes_the_plan_and_none_or_host_leave_it_alone() {
+        use sandbox::profile::RootMode;
+        let resolv = Path::new("/state/egress/resolv.conf");
+        let filtered = policy(&["pypi.org:443"]);
+        // Strict-like: its own namespace, never pooled; TCP open to the listeners inside; the
+        // resolver's file; the proxy wins over the request's variable.
+        let ns = vec![Namespace::Mount, Namespace::Pid, Namespace::Net];
+        let mut strict = plan(ns.clone(), Some(RootMode::Empty));
+        shape_plan(&mut strict, "strict", &filtered, resolv).unwrap();
+        let sandbox = &strict.template.sandbox;
+        assert!(sandbox.egress);
+        assert_eq!(sandbox.namespaces, ns);
+        assert!(!sandbox.landlock.as_ref().unwrap().deny_tcp);
+        assert_eq!(
+            sandbox.mounts.as_ref().unwrap().files,
+            vec![("/etc/resolv.conf".into(), resolv.to_path_buf())]
+        );
+        assert_eq!(strict.command.env["HTTP_PROXY"], "http://127.0.0.1:3128");
+        assert_eq!(strict.template.layers.len(), 3);
+        // Task-container-like: a network namespace made for it, and reported.
+        let mut container = plan(vec![Namespace::Mount, Namespace::Pid], Some(RootMode::Host));
+        shape_plan(&mut container, "task-container", &filtered, resolv).unwrap();
+        assert!(container
+            .template
+            .sandbox
+            .namespaces
+            .contains(&Namespace::Net));
+        assert_eq!(
+            container.template.layers,
+            vec!["mount_ns", "pid_ns", "net_ns", "pivot_root"]
+        );
+        // No pid namespace (landlock-like): refused, never run unfiltered.
+        let mut bare = plan(vec![], None);
+        let err = shape_plan(&mut bare, "landlock", &filtered, resolv).unwrap_err();
+        assert!(err.to_string().contains("cannot be enforced"), "{err}");
+        assert!(!bare.template.sandbox.egress);
+        // Controls: `none` and `host` change nothing.
+        for effective in [Effective::None, Effective::Host] {
+            let mut untouched = plan(ns.clone(), Some(RootMode::Empty));
+            let before = untouched.clone();
+            shape_plan(&mut untouched, "strict", &effective, resolv).unwrap();
+            assert_eq!(untouched, before);
+        }
+    }
+
     #[test]
     fn the_proxy_is_in_every_variable_programs_read() {
         let env = proxy_env();
