@@ -30,7 +30,9 @@ pub struct DecisionLog {
     file: Option<JsonLinesFile>,
     /// Set once the daemon's metrics exist.
     counters: OnceLock<Counters>,
-    running: Mutex<HashMap<String, Arc<Mutex<NetworkUse>>>>,
+    /// The tallies of running commands by [`key`] (two at once under one key, a client's
+    /// command ids reused across its connections, both count what either does).
+    running: Mutex<HashMap<String, Vec<Arc<Mutex<NetworkUse>>>>>,
 }
 
 /// The key of a command's tally: who ran it, and its id.
@@ -64,7 +66,10 @@ impl DecisionLog {
     pub fn tally(self: &Arc<Self>, client: &str, session: &str, command: &str) -> Tally {
         let key = key(client, session, command);
         let usage = Arc::new(Mutex::new(NetworkUse::default()));
-        lock(&self.running).insert(key.clone(), usage.clone());
+        lock(&self.running)
+            .entry(key.clone())
+            .or_default()
+            .push(usage.clone());
         Tally {
             log: self.clone(),
             key,
@@ -85,10 +90,11 @@ impl DecisionSink for DecisionLog {
                 counters.denied.inc();
             }
         }
-        let usage = lock(&self.running)
+        let tallies = lock(&self.running)
             .get(&key(&record.client, &record.session, &record.command))
-            .cloned();
-        if let Some(usage) = usage {
+            .cloned()
+            .unwrap_or_default();
+        for usage in tallies {
             let mut usage = lock(&usage);
             if record.allowed {
                 usage.allowed += 1;
@@ -119,6 +125,71 @@ impl Tally {
 
 impl Drop for Tally {
     fn drop(&mut self) {
-        lock(&self.log.running).remove(&self.key);
+        let mut running = lock(&self.log.running);
+        if let Some(tallies) = running.get_mut(&self.key) {
+            tallies.retain(|t| !Arc::ptr_eq(t, &self.usage));
+            if tallies.is_empty() {
+                running.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(command: &str, host: &str, allowed: bool) -> DecisionRecord {
+        DecisionRecord {
+            ts: String::new(),
+            client: "c".into(),
+            session: "s".into(),
+            command: command.into(),
+            kind: "http",
+            host: host.into(),
+            port: 443,
+            address: None,
+            layer: None,
+            rule: None,
+            allowed,
+            code: if allowed { "allowed" } else { "not_allowed" },
+            reason: String::new(),
+            error: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0.0,
+        }
+    }
+
+    #[test]
+    fn each_command_counts_its_own_decisions_and_the_file_and_counters_get_all() {
+        let dir = std::env::temp_dir().join(format!("enforce-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = path_beside(&dir.join("audit.jsonl"));
+        assert_eq!(path, dir.join("audit.network.jsonl"));
+        let _ = std::fs::remove_file(&path);
+        let log = Arc::new(DecisionLog::open(Some(&path)).unwrap());
+        let counters = Counters::default();
+        log.count_in(counters.clone());
+        let one = log.tally("c", "s", "one");
+        let two = log.tally("c", "s", "two");
+        log.record(&record("one", "pypi.org", true));
+        for n in 0..10 {
+            log.record(&record("one", &format!("evil{n}.example"), false));
+        }
+        log.record(&record("other", "x.example", false));
+        let used = one.snapshot();
+        assert_eq!((used.allowed, used.denied), (1, 10));
+        assert_eq!(used.denied_first.len(), DENIED_NAMED);
+        assert_eq!(used.denied_first[0], "evil0.example:443 (not_allowed)");
+        assert_eq!(two.snapshot(), NetworkUse::default());
+        assert_eq!((counters.allowed.get(), counters.denied.get()), (1, 11));
+        let lines = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(lines.lines().count(), 12);
+        // A tally ends with its command; the other stays.
+        drop(one);
+        assert!(!lock(&log.running).contains_key(&key("c", "s", "one")));
+        assert!(lock(&log.running).contains_key(&key("c", "s", "two")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
