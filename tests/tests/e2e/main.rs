@@ -12,6 +12,7 @@ mod files;
 mod host_cgroups;
 mod kill;
 mod metrics;
+mod network_enforce;
 mod network_policy;
 mod output;
 mod processes;
