@@ -104,7 +104,7 @@ pub async fn exec_with_stdin(
                 timeout: Some(args.timeout),
                 profile,
                 pty: None,
-                network: None,
+                network: args.place.network.network()?,
             })
             .await
             .map_err(|e| anyhow::anyhow!("the executor refused the command: {e}"))?;
@@ -120,6 +120,11 @@ pub async fn exec_with_stdin(
 
 pub async fn shell(args: ShellArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
+    // A bad flag is said before an executor is started or reached.
+    if let Err(e) = args.place.network.network() {
+        eprintln!("agent shell: {e:#}");
+        return Ok(EXEC_FAILED);
+    }
     let reached = match crate::target::reach(&args.executor, "shell", &mut interrupts).await {
         Ok(reached) => reached,
         Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
@@ -171,7 +176,7 @@ async fn shell_with(
                 timeout: args.timeout,
                 profile,
                 pty: Some(crate::terminal::size().unwrap_or(crate::terminal::DEFAULT_SIZE)),
-                network: None,
+                network: args.place.network.network()?,
             })
             .await
             .map_err(|e| anyhow::anyhow!("the executor refused the shell: {e}"))?;

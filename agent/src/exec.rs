@@ -14,6 +14,11 @@ use crate::target::{Reached, Unreached};
 
 pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
+    // A bad flag is said before an executor is started or reached.
+    if let Err(e) = args.place.network.network() {
+        eprintln!("agent exec: {e:#}");
+        return Ok(EXEC_FAILED);
+    }
     let reached = match crate::target::reach(&args.executor, "exec", &mut interrupts).await {
         Ok(reached) => reached,
         Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
@@ -67,7 +72,7 @@ async fn exec_with(
         timeout: Some(args.timeout),
         profile,
         stream: true,
-        network: None,
+        network: args.place.network.network()?,
     };
     let text = serde_json::to_string(&ClientMessage::Exec(request))?;
     let outcome = run_command(&mut ws, text, args.timeout, interrupts).await;
