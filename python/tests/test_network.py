@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+from conftest import Daemon
 from minisweagent.environments import get_environment
 from pydantic import ValidationError
 
@@ -23,6 +25,7 @@ from executor_client import (
     ExecutorEnvironmentError,
     Network,
     NetworkReport,
+    NetworkSpec,
 )
 from executor_client.mini import ExecutorEnvironment
 from executor_client.protocol import exec_request
@@ -38,17 +41,18 @@ RECIPE = [
 ]
 
 
-def connect(daemon) -> Client:
+def connect(daemon: Daemon) -> Client:
     return Client.connect(daemon.url, token_file=daemon.token_file)
 
 
 def enforceable(client: Client, profile: str) -> bool:
     summary = client.hello.profile(profile)
-    assert summary is not None and summary.network is not None, client.hello.profiles
+    assert summary is not None, client.hello.profiles
+    assert summary.network is not None, summary
     return summary.network.policy_enforceable
 
 
-def planted(daemon) -> tuple[str, Path]:
+def planted(daemon: Daemon) -> tuple[str, Path]:
     """A command that plants a file in the daemon's workspace, and the file."""
     name = f"ran-{uuid.uuid4().hex}"
     return f"touch {name}", Path(daemon.workspace) / name
@@ -60,8 +64,8 @@ def request_layer(report: NetworkReport) -> list[str]:
     return layers[0].allow
 
 
-def test_a_network_is_sent_in_the_protocols_shape_and_a_bad_shape_never_leaves():
-    def sent(network):
+def test_a_network_is_sent_in_the_protocols_shape_and_a_bad_shape_never_leaves() -> None:
+    def sent(network: Any) -> Any:
         return exec_request(
             "c1", "true", cwd=None, env=None, timeout=None, profile=None, stream=False,
             network=network,
@@ -78,7 +82,7 @@ def test_a_network_is_sent_in_the_protocols_shape_and_a_bad_shape_never_leaves()
     assert "network" not in exec_request(
         "c1", "true", cwd=None, env=None, timeout=None, profile=None, stream=False
     )
-    for bad, error, says in [
+    bad_ones: list[tuple[Any, type[Exception], str]] = [
         ("open", ValueError, "none, host or policy, not 'open'"),
         ("policy", ValueError, "needs its allow rules"),
         ({"mode": "policy"}, ValueError, "allows nothing"),
@@ -89,7 +93,8 @@ def test_a_network_is_sent_in_the_protocols_shape_and_a_bad_shape_never_leaves()
         ({"mode": "policy", "allow": [443]}, TypeError, "must be a list of rules"),
         ({"mode": "policy", "allow": [" "]}, ValueError, "empty rule"),
         (["pypi.org"], TypeError, "not list"),
-    ]:
+    ]
+    for bad, error, says in bad_ones:
         with pytest.raises(error, match=None) as raised:
             sent(bad)
         assert says in str(raised.value), (bad, raised.value)
@@ -97,31 +102,35 @@ def test_a_network_is_sent_in_the_protocols_shape_and_a_bad_shape_never_leaves()
         Network.policy("pypi.org:443")
 
 
-def test_the_hello_states_each_profiles_network_and_this_clients_ceiling(daemon):
+def test_the_hello_states_each_profiles_network_and_this_clients_ceiling(daemon: Daemon) -> None:
     with connect(daemon) as client:
         hello = client.hello
         assert hello.network == NetworkReport(mode="host")
         networks = {p.name: p.network for p in hello.profiles}
-        assert networks["strict"] is not None and networks["strict"].mode == "none"
+        assert networks["strict"] is not None
+        assert networks["strict"].mode == "none"
         assert networks["task-container"] is not None
         assert networks["task-container"].mode == "host"
         landlock = networks["landlock"]
-        assert landlock is not None and not landlock.policy_enforceable
+        assert landlock is not None
+        assert not landlock.policy_enforceable
         assert "no network namespace" in landlock.policy_reason
 
 
-def test_a_policy_reaches_the_daemon_beside_none_which_runs(daemon):
+def test_a_policy_reaches_the_daemon_beside_none_which_runs(daemon: Daemon) -> None:
     with connect(daemon) as client:
         enforced = enforceable(client, "task-container")
-        for network in [
+        networks: list[NetworkSpec] = [
             Network.policy(allow=RECIPE, deny=["evil.pypi.org"]),
             {"mode": "policy", "allow": RECIPE},
-        ]:
+        ]
+        for network in networks:
             command, file = planted(daemon)
             if enforced:
                 result = client.exec(command, profile="task-container", network=network)
                 report = result.isolation.network
-                assert report is not None and report.mode == "policy", result.extra
+                assert report is not None, result.extra
+                assert report.mode == "policy", report
                 assert request_layer(report) == RECIPE
                 assert file.exists()
             else:
@@ -135,7 +144,8 @@ def test_a_policy_reaches_the_daemon_beside_none_which_runs(daemon):
         result = client.exec(command, profile="strict", network=Network.policy(RECIPE))
         assert result.returncode == 0, result
         report = result.isolation.network
-        assert report is not None and report.mode == "none", result.extra
+        assert report is not None, result.extra
+        assert report.mode == "none", report
         assert "cannot widen" in report.note, report
         assert file.exists()
         # Control: none under task-container runs, and the report says none.
@@ -147,7 +157,7 @@ def test_a_policy_reaches_the_daemon_beside_none_which_runs(daemon):
         assert file.exists(), "the control did not run"
 
 
-def test_a_bad_rule_raises_bad_request_naming_the_rule_and_nothing_runs(daemon):
+def test_a_bad_rule_raises_bad_request_naming_the_rule_and_nothing_runs(daemon: Daemon) -> None:
     with connect(daemon) as client:
         command, file = planted(daemon)
         bad = Network.policy(allow=["pypi.org:443", "*"])
@@ -163,11 +173,12 @@ def test_a_bad_rule_raises_bad_request_naming_the_rule_and_nothing_runs(daemon):
         assert file.exists()
 
 
-def test_spawn_and_the_asyncio_client_carry_the_network(daemon):
+def test_spawn_and_the_asyncio_client_carry_the_network(daemon: Daemon) -> None:
     async def main() -> None:
         async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
             summary = client.hello.profile("task-container")
-            assert summary is not None and summary.network is not None
+            assert summary is not None
+            assert summary.network is not None
             command, file = planted(daemon)
             if not summary.network.policy_enforceable:
                 with pytest.raises(ExecutorEnvironmentError, match="not enforced"):
@@ -193,7 +204,7 @@ def test_spawn_and_the_asyncio_client_carry_the_network(daemon):
     asyncio.run(main())
 
 
-def test_the_mini_environment_asks_for_its_network_on_every_command(daemon):
+def test_the_mini_environment_asks_for_its_network_on_every_command(daemon: Daemon) -> None:
     policy = {"mode": "policy", "allow": RECIPE, "deny": ["evil.pypi.org"]}
     environment = get_environment(
         {
@@ -245,7 +256,9 @@ def test_the_mini_environment_asks_for_its_network_on_every_command(daemon):
         environment.close()
 
 
-def test_the_mini_environment_refuses_a_network_of_the_wrong_shape_naming_it(daemon):
+def test_the_mini_environment_refuses_a_bad_network_shape_naming_it(
+    daemon: Daemon,
+) -> None:
     with pytest.raises(ValidationError, match="unknown key 'alow'"):
         ExecutorEnvironment(
             url=daemon.url,
