@@ -397,3 +397,43 @@ async fn every_command_asks_for_the_configured_network_and_a_resent_one_too() {
     // The first try, the one sent again after the resume, and the next command.
     assert_eq!(networks, vec![Some(policy); 3], "{seen:?}");
 }
+
+#[tokio::test]
+async fn the_profile_line_names_the_network_asked_and_why_the_profile_cannot_hold_a_policy() {
+    let mut held = hello("s1", 0.0);
+    if let Step::Send(message) = &mut held {
+        if let ServerMessage::Hello(h) = message.as_mut() {
+            h.profiles[0].network = Some(protocol::ProfileNetwork {
+                mode: "host".into(),
+                policy_enforceable: false,
+                policy_reason: "no network namespace here".into(),
+                ..Default::default()
+            });
+        }
+    }
+    let (url, _) = fake_executor(vec![vec![held]]).await;
+    let config = EnvironmentConfig {
+        network: Some(protocol::RequestNetwork::Policy {
+            allow: vec!["pypi.org:443".into()],
+            deny: vec!["evil.pypi.org".into()],
+        }),
+        ..Default::default()
+    };
+    let mut env = Environment::open(&url, None, config, Choice::Default)
+        .await
+        .unwrap();
+    let line = env.profile_line();
+    assert!(
+        line.ends_with(
+            "; network asked: policy allow pypi.org:443 deny evil.pypi.org \
+             (the executor says: no network namespace here)"
+        ),
+        "{line}"
+    );
+    // Control: `none` asked needs no policy, so no reason is given; nothing asked, nothing said.
+    env.config.network = Some(protocol::RequestNetwork::None {});
+    assert!(env.profile_line().ends_with("; network asked: none"));
+    env.config.network = None;
+    assert!(!env.profile_line().contains("network"));
+    env.close().await;
+}
