@@ -89,7 +89,12 @@ pub async fn exec_with_stdin(
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<u8> {
     let env = env_pairs(&args.place.env)?;
-    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    let profile = reached
+        .profile(
+            args.executor.profile.as_deref(),
+            args.place.network.network()?,
+        )
+        .await?;
     let mut client = reached.client().await?;
     crate::target::say_default_profile(&profile, client.hello());
     let outcome = async {
@@ -160,7 +165,12 @@ async fn shell_with(
     } else {
         args.command.join(" ")
     };
-    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    let profile = reached
+        .profile(
+            args.executor.profile.as_deref(),
+            args.place.network.network()?,
+        )
+        .await?;
     let mut client = reached.client().await?;
     crate::target::say_default_profile(&profile, client.hello());
     let outcome = async {

@@ -49,7 +49,12 @@ async fn exec_with(
 ) -> anyhow::Result<u8> {
     let env = env_pairs(&args.place.env)?;
     // A local executor: the strongest profile whose commands can write here, as `run` does.
-    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    let profile = reached
+        .profile(
+            args.executor.profile.as_deref(),
+            args.place.network.network()?,
+        )
+        .await?;
     let target = &reached.target;
     let (mut ws, hello) = executor_client::connect(
         &target.endpoint.url,
@@ -125,6 +130,13 @@ async fn run_command(
                 let _ = stdout.flush();
             }
             ServerMessage::Result(result) => {
+                // The network it ran with, when it is not what was asked (a policy under a
+                // profile and client granting none): said, as the command's output cannot.
+                if let Some(network) = &result.extra.isolation.network {
+                    if !network.note.is_empty() {
+                        eprintln!("agent exec: network {}: {}", network.mode, network.note);
+                    }
+                }
                 if !result.exception_info.is_empty() {
                     eprintln!("agent exec: {}", result.exception_info);
                 }

@@ -370,6 +370,31 @@ async fn agent_exec_sends_its_network_flags_and_no_net_runs() {
     .await;
     assert_eq!(none.code, 0, "{}", none.stderr);
     assert!(planted.exists(), "the control did not run");
+    // Under strict this client is granted no network: the policy asked for cannot widen it.
+    // The command runs with none, and the agent says so (the executor read the policy).
+    let strict = agent_against(
+        &daemon,
+        "exec",
+        &[
+            "--profile",
+            "strict",
+            "--cwd",
+            &ws,
+            "--allow-net",
+            "pypi.org:443",
+            "--",
+            "echo ran",
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(strict.code, 0, "{}", strict.stderr);
+    assert_eq!(String::from_utf8_lossy(&strict.stdout), "ran\n");
+    assert!(
+        strict.stderr.contains("network none: ") && strict.stderr.contains("cannot widen"),
+        "{}",
+        strict.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
