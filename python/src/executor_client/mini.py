@@ -332,6 +332,15 @@ class ExecutorEnvironment:
             why,
             ", ".join(self._profile_layers()),
         )
+        if config.network is not None:
+            summary = hello.profile(self._effective_profile())
+            held = summary.network if summary is not None else None
+            reason = (
+                f" (the executor says: {held.policy_reason})"
+                if config.network.mode == "policy" and held and not held.policy_enforceable
+                else ""
+            )
+            self.logger.info("commands ask for network %s%s", config.network.to_json(), reason)
 
     def _strongest_usable_profile(self, choices: tuple[str, ...]) -> tuple[str, str]:
         """The first of `choices` (strongest first) the executor reports available and under
