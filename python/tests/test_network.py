@@ -19,7 +19,6 @@ from minisweagent.environments import get_environment
 from pydantic import ValidationError
 
 from executor_client import (
-    AsyncClient,
     BadRequestError,
     Client,
     ExecutorEnvironmentError,
@@ -39,10 +38,6 @@ RECIPE = [
     "codeload.github.com:443",
     "objects.githubusercontent.com:443",
 ]
-
-
-def connect(daemon: Daemon) -> Client:
-    return Client.connect(daemon.url, token_file=daemon.token_file)
 
 
 def enforceable(client: Client, profile: str) -> bool:
@@ -103,7 +98,7 @@ def test_a_network_is_sent_in_the_protocols_shape_and_a_bad_shape_never_leaves()
 
 
 def test_the_hello_states_each_profiles_network_and_this_clients_ceiling(daemon: Daemon) -> None:
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         hello = client.hello
         assert hello.network == NetworkReport(mode="host")
         networks = {p.name: p.network for p in hello.profiles}
@@ -118,7 +113,7 @@ def test_the_hello_states_each_profiles_network_and_this_clients_ceiling(daemon:
 
 
 def test_a_policy_reaches_the_daemon_beside_none_which_runs(daemon: Daemon) -> None:
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         enforced = enforceable(client, "task-container")
         networks: list[NetworkSpec] = [
             Network.policy(allow=RECIPE, deny=["evil.pypi.org"]),
@@ -158,7 +153,7 @@ def test_a_policy_reaches_the_daemon_beside_none_which_runs(daemon: Daemon) -> N
 
 
 def test_a_bad_rule_raises_bad_request_naming_the_rule_and_nothing_runs(daemon: Daemon) -> None:
-    with connect(daemon) as client:
+    with daemon.connect() as client:
         command, file = planted(daemon)
         bad = Network.policy(allow=["pypi.org:443", "*"])
         with pytest.raises(BadRequestError, match='rule "\\*"'):
@@ -175,7 +170,7 @@ def test_a_bad_rule_raises_bad_request_naming_the_rule_and_nothing_runs(daemon: 
 
 def test_spawn_and_the_asyncio_client_carry_the_network(daemon: Daemon) -> None:
     async def main() -> None:
-        async with await AsyncClient.connect(daemon.url, token_file=daemon.token_file) as client:
+        async with await daemon.connect_async() as client:
             summary = client.hello.profile("task-container")
             assert summary is not None
             assert summary.network is not None
