@@ -21,6 +21,7 @@ pub mod skips;
 pub mod sshd;
 pub mod static_build;
 pub mod target;
+pub mod test_internet;
 mod transfer;
 pub mod vm;
 

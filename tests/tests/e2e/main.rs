@@ -19,5 +19,6 @@ mod profiles;
 mod protocol_errors;
 mod resume;
 mod run_local;
+mod test_internet;
 mod tls;
 mod warm;
