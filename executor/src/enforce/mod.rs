@@ -84,7 +84,10 @@ impl Enforcer {
                 let addr: std::net::IpAddr = addr
                     .parse()
                     .with_context(|| format!("--egress-resolve {entry:?}: not an address"))?;
-                match by_name.iter_mut().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+                match by_name
+                    .iter_mut()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                {
                     Some((_, addrs)) => addrs.push(addr),
                     None => by_name.push((name, vec![addr])),
                 }
@@ -408,13 +411,24 @@ mod tests {
             "b.test=203.0.113.3".to_string(),
             "A.test=2001:db8::2".to_string(),
         ];
-        let enforcer =
-            Enforcer::new(&dir, &dir.join("network.jsonl"), &overrides, vec![]).unwrap();
-        let a = enforcer.engine.resolver.resolve("a.test", 80).await.unwrap();
-        let want: Vec<std::net::IpAddr> =
-            vec!["203.0.113.2".parse().unwrap(), "2001:db8::2".parse().unwrap()];
+        let enforcer = Enforcer::new(&dir, &dir.join("network.jsonl"), &overrides, vec![]).unwrap();
+        let a = enforcer
+            .engine
+            .resolver
+            .resolve("a.test", 80)
+            .await
+            .unwrap();
+        let want: Vec<std::net::IpAddr> = vec![
+            "203.0.113.2".parse().unwrap(),
+            "2001:db8::2".parse().unwrap(),
+        ];
         assert_eq!(a, want);
-        let b = enforcer.engine.resolver.resolve("b.test", 80).await.unwrap();
+        let b = enforcer
+            .engine
+            .resolver
+            .resolve("b.test", 80)
+            .await
+            .unwrap();
         assert_eq!(b, vec!["203.0.113.3".parse::<std::net::IpAddr>().unwrap()]);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -13,6 +13,7 @@ mod host_cgroups;
 mod kill;
 mod metrics;
 mod network_enforce;
+mod network_matrix;
 mod output;
 mod processes;
 mod profiles;
