@@ -577,7 +577,7 @@ async fn run_matrix(base: &str) {
     let all = cases(&net, daemon.addr.port(), loopback.port);
     for case in &all {
         let before = requests_seen(&net);
-        let out = run_case(&mut client, &name, ws, case).await;
+        let (out, denied) = run_case(&mut client, &name, ws, case).await;
         let after = requests_seen(&net);
         let ok = match &case.expect {
             Expect::Is(want) => out == *want,
@@ -596,6 +596,19 @@ async fn run_matrix(base: &str) {
                 },
                 err.unwrap_or_default().trim()
             ));
+        }
+        // The result names each refusal too, as `host:port (code)`.
+        for want in case.log.iter().filter(|l| l.code != "allowed") {
+            let (host, code) = (format!("{}:", want.host), format!(" ({})", want.code));
+            if !denied
+                .iter()
+                .any(|d| d.starts_with(&host) && d.ends_with(&code))
+            {
+                failures.push(format!(
+                    "{}: the result's denied_first {denied:?} does not name {host}{}{code}",
+                    case.id, want.port
+                ));
+            }
         }
         for ((role, was), (_, now)) in before.iter().zip(after) {
             let should = case.served.contains(role);
@@ -653,8 +666,14 @@ async fn run_matrix(base: &str) {
     );
 }
 
-/// Runs one case as a command of its own (its id the case's): its output, trimmed.
-async fn run_case(client: &mut Client, profile: &str, ws: &Path, case: &Case) -> String {
+/// Runs one case as a command of its own (its id the case's): its output, trimmed, and the
+/// refusals its result names (`isolation.network.denied_first`).
+async fn run_case(
+    client: &mut Client,
+    profile: &str,
+    ws: &Path,
+    case: &Case,
+) -> (String, Vec<String>) {
     let script = format!("{PRELUDE}\n{{\n{}\n}} 2>{}.err\n", case.shell, case.id);
     let mut r = req(case.id, &script);
     r.profile = Some(profile.to_string());
@@ -671,7 +690,12 @@ async fn run_case(client: &mut Client, profile: &str, ws: &Path, case: &Case) ->
         case.id,
         result.exception_info
     );
-    result.output.trim().to_string()
+    let network = result
+        .extra
+        .isolation
+        .network
+        .unwrap_or_else(|| panic!("{}: no isolation.network in the result", case.id));
+    (result.output.trim().to_string(), network.denied_first)
 }
 
 fn tail(text: &str, lines: usize) -> String {
