@@ -25,6 +25,7 @@ use serde_json::Value;
 const EVIL: &str = "evil.test.example"; // 127.0.0.1: allowed by name, refused by address
 const OTHER: &str = "other.test.example"; // the index's address: no rule names it
 const BLOCKED: &str = "blocked.test.example"; // the index's address: allowed, and denied
+const MIXED: &str = "mixed.test.example"; // 127.0.0.1 and the index's address: allowed by name
 
 /// What a case's output (trimmed) must be.
 enum Expect {
@@ -245,6 +246,14 @@ fn cases(net: &TestInternet, own_port: u16, loopback_port: u16) -> Vec<Case> {
             shell: format!("code http://{EVIL}:{loopback_port}/"),
             expect: is("403 rc=0"),
             log: vec![logged("http", EVIL, loopback_port, "special_address")],
+            served: &[],
+        },
+        // One of its addresses is the index's, one loopback: the one refuses the other too.
+        Case {
+            id: "loopback-among-addresses",
+            shell: format!("code http://{MIXED}/simple/"),
+            expect: is("403 rc=0"),
+            log: vec![logged("http", MIXED, 80, "special_address")],
             served: &[],
         },
         // The same without the proxy: the sandbox's resolver and the capture listeners.
@@ -491,6 +500,7 @@ fn policy(net: &TestInternet) -> Value {
             format!("{}:{ECHO_PORT}", net.echo().name),
             format!("{BLOCKED}:80"),
             EVIL,
+            format!("{MIXED}:80"),
         ],
         "deny": [BLOCKED],
         "reason": "the test internet's servers",
@@ -546,6 +556,9 @@ async fn run_matrix(base: &str) {
     resolve.push(format!("{EVIL}=127.0.0.1"));
     resolve.push(format!("{OTHER}={pypi_v4}"));
     resolve.push(format!("{BLOCKED}={pypi_v4}"));
+    // (Loopback first: the index's address, given last, must not replace it.)
+    resolve.push(format!("{MIXED}=127.0.0.1"));
+    resolve.push(format!("{MIXED}={pypi_v4}"));
     let mut args = vec![
         "--profiles-dir".to_string(),
         profiles.path().display().to_string(),
@@ -658,7 +671,7 @@ async fn run_matrix(base: &str) {
     }
     assert!(
         failures.is_empty(),
-        "{} of {} cases under {name} failed:\n{}\n\ndaemon log:\n{}",
+        "{} failures in {} cases under {name}:\n{}\n\ndaemon log:\n{}",
         failures.len(),
         all.len(),
         failures.join("\n"),
