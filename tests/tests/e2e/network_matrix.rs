@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use executor_tests::test_internet::{self, TestInternet, ECHO_OTHER_PORT, ECHO_PORT};
-use executor_tests::{eventually, is_root, req, require, Client, Daemon, TempDir};
+use executor_tests::{eventually, is_root, req, require, Client, Daemon, DaemonOptions, TempDir};
 use serde_json::Value;
 
 /// Names the daemon resolves besides the test internet's own, and what to.
@@ -507,6 +507,21 @@ fn policy(net: &TestInternet) -> Value {
     })
 }
 
+/// Writes a copy of `base` (a profile of `sandbox-profiles/`) with `network` into `dir`, named
+/// `<base>-matrix`; its name.
+fn write_profile(dir: &Path, base: &str, network: Value) -> String {
+    let name = format!("{base}-matrix");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../sandbox-profiles/{base}.json")),
+    )
+    .unwrap();
+    let mut profile: Value = serde_json::from_str(&text).unwrap();
+    profile["name"] = name.clone().into();
+    profile["network"] = network;
+    std::fs::write(dir.join(format!("{name}.json")), profile.to_string()).unwrap();
+    name
+}
+
 /// Requests seen by each HTTP server of the test internet so far (its log's request lines).
 fn requests_seen(net: &TestInternet) -> [(&'static str, usize); 3] {
     ["pypi", "git", "tls"].map(|role| (role, net.log(role).matches("\"GET ").count()))
@@ -537,19 +552,7 @@ async fn run_matrix(base: &str) {
     let net = TestInternet::start();
     let loopback = Loopback::start();
     let profiles = TempDir::new().unwrap();
-    let name = format!("{base}-matrix");
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../sandbox-profiles/{base}.json")),
-    )
-    .unwrap();
-    let mut profile: Value = serde_json::from_str(&text).unwrap();
-    profile["name"] = name.clone().into();
-    profile["network"] = policy(&net);
-    std::fs::write(
-        profiles.path().join(format!("{name}.json")),
-        profile.to_string(),
-    )
-    .unwrap();
+    let name = write_profile(profiles.path(), base, policy(&net));
 
     let pypi_v4 = net.pypi().v4.to_string();
     let mut resolve = net.resolve_pairs();
@@ -724,4 +727,51 @@ async fn real_programs_under_a_strict_policy_reach_what_it_allows_and_nothing_el
 #[tokio::test]
 async fn real_programs_under_a_task_container_policy_reach_what_it_allows_and_nothing_else() {
     run_matrix("task-container").await;
+}
+
+/// Under `landlock` (no namespaces) a command could connect around the daemon's proxy, so a
+/// policy is never offered there: the daemon refuses the profile when it starts, naming why.
+/// The control: the same profile with its shipped `none` starts and is offered.
+#[tokio::test]
+async fn a_landlock_policy_is_refused_when_the_daemon_starts() {
+    let start = |network: Value| {
+        let profiles = TempDir::new().unwrap();
+        let name = write_profile(profiles.path(), "landlock", network);
+        let extra = ["--profiles-dir", profiles.path().to_str().unwrap()]
+            .into_iter()
+            .chain(["--allow-profile", &name])
+            .map(String::from)
+            .collect();
+        Daemon::try_start_opts(DaemonOptions {
+            extra,
+            ..DaemonOptions::default()
+        })
+    };
+    let refused = start(serde_json::json!({
+        "mode": "policy",
+        "allow": ["pypi.test.example:80"],
+        "reason": "the test internet's index",
+    }));
+    let log = refused
+        .err()
+        .expect("the daemon started with a landlock policy");
+    assert!(
+        log.contains("landlock-matrix")
+            && log.contains("needs the network namespace")
+            && log.contains("could not be enforced"),
+        "{log}"
+    );
+    let control = start(serde_json::json!({ "mode": "none" }))
+        .unwrap_or_else(|log| panic!("the control did not start: {log}"));
+    let client = control.connect().await;
+    let offered = client
+        .hello
+        .profiles
+        .iter()
+        .find(|p| p.name == "landlock-matrix");
+    assert!(
+        offered.is_some_and(|p| p.available),
+        "{:?}",
+        client.hello.profiles
+    );
 }
