@@ -507,19 +507,17 @@ fn policy(net: &TestInternet) -> Value {
     })
 }
 
-/// Writes a copy of `base` (a profile of `sandbox-profiles/`) with `network` into `dir`, named
-/// `<base>-matrix`; its name.
-fn write_profile(dir: &Path, base: &str, network: Value) -> String {
-    let name = format!("{base}-matrix");
+/// Writes a copy of `base` (a profile of `sandbox-profiles/`) named `name`, its `network`
+/// replaced, into `dir`.
+fn write_profile(dir: &Path, base: &str, name: &str, network: Value) {
     let text = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../sandbox-profiles/{base}.json")),
     )
     .unwrap();
     let mut profile: Value = serde_json::from_str(&text).unwrap();
-    profile["name"] = name.clone().into();
+    profile["name"] = name.into();
     profile["network"] = network;
     std::fs::write(dir.join(format!("{name}.json")), profile.to_string()).unwrap();
-    name
 }
 
 /// Requests seen by each HTTP server of the test internet so far (its log's request lines).
@@ -552,7 +550,8 @@ async fn run_matrix(base: &str) {
     let net = TestInternet::start();
     let loopback = Loopback::start();
     let profiles = TempDir::new().unwrap();
-    let name = write_profile(profiles.path(), base, policy(&net));
+    let name = format!("{base}-matrix");
+    write_profile(profiles.path(), base, &name, policy(&net));
 
     let pypi_v4 = net.pypi().v4.to_string();
     let mut resolve = net.resolve_pairs();
@@ -736,10 +735,10 @@ async fn real_programs_under_a_task_container_policy_reach_what_it_allows_and_no
 async fn a_landlock_policy_is_refused_when_the_daemon_starts() {
     let start = |network: Value| {
         let profiles = TempDir::new().unwrap();
-        let name = write_profile(profiles.path(), "landlock", network);
+        write_profile(profiles.path(), "landlock", "landlock-matrix", network);
         let extra = ["--profiles-dir", profiles.path().to_str().unwrap()]
             .into_iter()
-            .chain(["--allow-profile", &name])
+            .chain(["--allow-profile", "landlock-matrix"])
             .map(String::from)
             .collect();
         Daemon::try_start_opts(DaemonOptions {
@@ -774,4 +773,86 @@ async fn a_landlock_policy_is_refused_when_the_daemon_starts() {
         "{:?}",
         client.hello.profiles
     );
+}
+
+/// Two commands at once on one daemon, under two profiles whose policies differ (the index
+/// only, the git server only), each in its namespace with its own listeners: each reaches what
+/// its own policy allows and is refused the other's, and the decision log says which command
+/// asked. (Two clients with policies of their own come with the clients file's `network`.)
+#[tokio::test]
+async fn two_commands_under_different_policies_at_once_stay_apart() {
+    if !require("root (network namespaces, the test internet)", is_root()) {
+        return;
+    }
+    let net = TestInternet::start();
+    let profiles = TempDir::new().unwrap();
+    let (pypi, git) = (net.pypi().name, net.git().name);
+    let only = |name: &str| {
+        serde_json::json!({
+            "mode": "policy",
+            "allow": [format!("{name}:80")],
+            "reason": "one server of the test internet",
+        })
+    };
+    write_profile(profiles.path(), "strict", "strict-pypi", only(pypi));
+    write_profile(profiles.path(), "strict", "strict-git", only(git));
+    let mut args = vec![
+        "--profiles-dir".to_string(),
+        profiles.path().display().to_string(),
+    ];
+    for name in ["strict-pypi", "strict-git"] {
+        args.extend(["--allow-profile".to_string(), name.to_string()]);
+    }
+    for pair in net.resolve_pairs() {
+        args.extend(["--egress-resolve".to_string(), pair]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = Daemon::start_with(&args);
+    let (mut a, mut b) = (daemon.connect().await, daemon.connect().await);
+    let ws = daemon.workspace.display().to_string();
+    // Each says it is running, then waits for the other: the two overlap.
+    let script = |me: &str, other: &str| {
+        format!(
+            r#"touch {me}.running
+for _ in $(seq 200); do [ -e {other}.running ] && break; sleep 0.05; done
+[ -e {other}.running ] || echo "{other} never ran beside {me}"
+echo "pypi: $(curl -s -o /dev/null -m 20 -w '%{{http_code}}' http://{pypi}/simple/)"
+echo "git: $(curl -s -o /dev/null -m 20 -w '%{{http_code}}' {repo}/HEAD)"
+"#,
+            repo = net.repo_url()
+        )
+    };
+    let request = |id: &str, profile: &str, other: &str| {
+        let mut r = req(id, &script(id, other));
+        r.profile = Some(profile.to_string());
+        r.cwd = Some(ws.clone());
+        r.timeout = Some(60.0);
+        r
+    };
+    let (ra, rb) = tokio::join!(
+        a.exec(request("with-pypi", "strict-pypi", "with-git")),
+        b.exec(request("with-git", "strict-git", "with-pypi")),
+    );
+    let (ra, rb) = (ra.result.unwrap(), rb.result.unwrap());
+    assert_eq!(ra.output.trim(), "pypi: 200\ngit: 403", "{}", ra.output);
+    assert_eq!(rb.output.trim(), "pypi: 403\ngit: 200", "{}", rb.output);
+
+    let log_path = daemon.state.path().join("audit.network.jsonl");
+    let expected = [
+        ("with-pypi", logged("http", pypi, 80, "allowed")),
+        ("with-pypi", logged("http", git, 80, "not_allowed")),
+        ("with-git", logged("http", git, 80, "allowed")),
+        ("with-git", logged("http", pypi, 80, "not_allowed")),
+    ];
+    let found = |records: &[Value]| {
+        expected.iter().all(|(id, want)| {
+            records
+                .iter()
+                .any(|r| r["command"] == *id && matches(r, want))
+        })
+    };
+    eventually(Duration::from_secs(15), || found(&records(&log_path))).await;
+    let records = records(&log_path);
+    assert!(found(&records), "{records:#?}");
+    assert_eq!(records.len(), expected.len(), "{records:#?}");
 }
