@@ -6,6 +6,9 @@
 //! the test internet's HTTP servers saw a request (the others saw none). Each refusal stands
 //! beside its allowed control in [`cases`].
 //!
+//! Beside the matrix: a policy under `landlock` (no namespaces) is refused when the daemon
+//! starts, and two commands under different policies at once each keep to their own.
+//!
 //! The test internet (`executor_tests::test_internet`) is real servers on documentation-range
 //! addresses in a namespace of their own; the daemon resolves their names through
 //! `--egress-resolve`, as it would a registry's, and judges them like any public address.
