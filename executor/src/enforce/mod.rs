@@ -66,7 +66,8 @@ impl Enforcer {
         let resolver: Arc<dyn egress::resolve::Resolver> = if overrides.is_empty() {
             system
         } else {
-            let mut fixed = egress::resolve::OverrideResolver::new(Some(system));
+            // A name given more than once gets every address, in order (IPv4 and IPv6).
+            let mut by_name: Vec<(&str, Vec<std::net::IpAddr>)> = Vec::new();
             for entry in overrides {
                 let (name, addr) = entry
                     .split_once('=')
@@ -74,7 +75,17 @@ impl Enforcer {
                 let addr: std::net::IpAddr = addr
                     .parse()
                     .with_context(|| format!("--egress-resolve {entry:?}: not an address"))?;
-                fixed.set(name, vec![addr]);
+                match by_name
+                    .iter_mut()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                {
+                    Some((_, addrs)) => addrs.push(addr),
+                    None => by_name.push((name, vec![addr])),
+                }
+            }
+            let mut fixed = egress::resolve::OverrideResolver::new(Some(system));
+            for (name, addrs) in by_name {
+                fixed.set(name, addrs);
             }
             Arc::new(fixed)
         };
@@ -380,6 +391,37 @@ mod tests {
             shape_plan(&mut untouched, "strict", &effective, resolv).unwrap();
             assert_eq!(untouched, before);
         }
+    }
+
+    #[tokio::test]
+    async fn a_name_given_twice_to_egress_resolve_gets_both_addresses() {
+        let dir = std::env::temp_dir().join(format!("enforce-resolve-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let overrides = [
+            "a.test=203.0.113.2".to_string(),
+            "b.test=203.0.113.3".to_string(),
+            "A.test=2001:db8::2".to_string(),
+        ];
+        let enforcer = Enforcer::new(&dir, &dir.join("network.jsonl"), &overrides, vec![]).unwrap();
+        let a = enforcer
+            .engine
+            .resolver
+            .resolve("a.test", 80)
+            .await
+            .unwrap();
+        let want: Vec<std::net::IpAddr> = vec![
+            "203.0.113.2".parse().unwrap(),
+            "2001:db8::2".parse().unwrap(),
+        ];
+        assert_eq!(a, want);
+        let b = enforcer
+            .engine
+            .resolver
+            .resolve("b.test", 80)
+            .await
+            .unwrap();
+        assert_eq!(b, vec!["203.0.113.3".parse::<std::net::IpAddr>().unwrap()]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
