@@ -712,7 +712,13 @@ async fn run_case(
         .extra
         .isolation
         .network
-        .unwrap_or_else(|| panic!("{}: no isolation.network in the result", case.id));
+        .and_then(|network| network.connections)
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: no isolation.network.connections in the result",
+                case.id
+            )
+        });
     (result.output.trim().to_string(), network.denied_first)
 }
 
