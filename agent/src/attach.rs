@@ -89,7 +89,12 @@ pub async fn exec_with_stdin(
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<u8> {
     let env = env_pairs(&args.place.env)?;
-    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    let profile = reached
+        .profile(
+            args.executor.profile.as_deref(),
+            args.place.network.network()?,
+        )
+        .await?;
     let mut client = reached.client().await?;
     crate::target::say_default_profile(&profile, client.hello());
     let outcome = async {
@@ -104,7 +109,7 @@ pub async fn exec_with_stdin(
                 timeout: Some(args.timeout),
                 profile,
                 pty: None,
-                network: None,
+                network: args.place.network.network()?,
             })
             .await
             .map_err(|e| anyhow::anyhow!("the executor refused the command: {e}"))?;
@@ -120,6 +125,11 @@ pub async fn exec_with_stdin(
 
 pub async fn shell(args: ShellArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
+    // A bad flag is said before an executor is started or reached.
+    if let Err(e) = args.place.network.network() {
+        eprintln!("agent shell: {e:#}");
+        return Ok(EXEC_FAILED);
+    }
     let reached = match crate::target::reach(&args.executor, "shell", &mut interrupts).await {
         Ok(reached) => reached,
         Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
@@ -155,7 +165,12 @@ async fn shell_with(
     } else {
         args.command.join(" ")
     };
-    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    let profile = reached
+        .profile(
+            args.executor.profile.as_deref(),
+            args.place.network.network()?,
+        )
+        .await?;
     let mut client = reached.client().await?;
     crate::target::say_default_profile(&profile, client.hello());
     let outcome = async {
@@ -171,7 +186,7 @@ async fn shell_with(
                 timeout: args.timeout,
                 profile,
                 pty: Some(crate::terminal::size().unwrap_or(crate::terminal::DEFAULT_SIZE)),
-                network: None,
+                network: args.place.network.network()?,
             })
             .await
             .map_err(|e| anyhow::anyhow!("the executor refused the shell: {e}"))?;

@@ -31,7 +31,8 @@ pub struct ExecArgs {
 /// Exit code of `agent exec` for its own failures (as ssh uses 255).
 pub const EXEC_FAILED: u8 = 255;
 
-/// Where a command runs and what it adds to its environment (`exec`, `shell`).
+/// Where a command runs, what it adds to its environment and the network it asks for
+/// (`exec`, `shell`).
 #[derive(Args)]
 pub struct CommandPlace {
     /// Working directory (default: the executor's workspace; for a local executor, here).
@@ -40,6 +41,8 @@ pub struct CommandPlace {
     /// Extra environment variable NAME=VALUE; repeatable.
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
+    #[command(flatten)]
+    pub network: crate::network::NetworkArgs,
 }
 
 /// `--env NAME=VALUE` flags as a map.

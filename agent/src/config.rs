@@ -245,6 +245,15 @@ pub struct EnvironmentConfig {
     /// Sandbox profile; chosen from the executor's hello when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
+    /// The network every command asks for: `none`, `host`, or `{mode: policy, allow: [RULE,
+    /// ...], deny: [...]}` (see [`crate::network`]); it narrows what the executor grants this
+    /// client, never widens it. Absent: the client's.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::network::deserialize"
+    )]
+    pub network: Option<protocol::RequestNetwork>,
     /// `ws://` or `wss://` URL of a running executor; a local one is started when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub executor_url: Option<String>,
@@ -300,6 +309,7 @@ impl Default for EnvironmentConfig {
             interpreter: None,
             timeout: default_timeout(),
             profile: None,
+            network: None,
             executor_url: None,
             token_file: None,
             tls_fingerprint: None,

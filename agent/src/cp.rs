@@ -148,7 +148,10 @@ pub async fn cp(args: CpArgs) -> anyhow::Result<u8> {
 }
 
 async fn copy_with(args: &CpArgs, copy: Copy, reached: &Reached) -> anyhow::Result<()> {
-    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    // File operations keep their profile's network: none is asked for.
+    let profile = reached
+        .profile(args.executor.profile.as_deref(), None)
+        .await?;
     let mut client = reached.client().await?;
     crate::target::say_default_profile(&profile, client.hello());
     let result = async {

@@ -14,6 +14,11 @@ use crate::target::{Reached, Unreached};
 
 pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
+    // A bad flag is said before an executor is started or reached.
+    if let Err(e) = args.place.network.network() {
+        eprintln!("agent exec: {e:#}");
+        return Ok(EXEC_FAILED);
+    }
     let reached = match crate::target::reach(&args.executor, "exec", &mut interrupts).await {
         Ok(reached) => reached,
         Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
@@ -44,7 +49,12 @@ async fn exec_with(
 ) -> anyhow::Result<u8> {
     let env = env_pairs(&args.place.env)?;
     // A local executor: the strongest profile whose commands can write here, as `run` does.
-    let profile = reached.profile(args.executor.profile.as_deref()).await?;
+    let profile = reached
+        .profile(
+            args.executor.profile.as_deref(),
+            args.place.network.network()?,
+        )
+        .await?;
     let target = &reached.target;
     let (mut ws, hello) = executor_client::connect(
         &target.endpoint.url,
@@ -67,7 +77,7 @@ async fn exec_with(
         timeout: Some(args.timeout),
         profile,
         stream: true,
-        network: None,
+        network: args.place.network.network()?,
     };
     let text = serde_json::to_string(&ClientMessage::Exec(request))?;
     let outcome = run_command(&mut ws, text, args.timeout, interrupts).await;
@@ -120,6 +130,13 @@ async fn run_command(
                 let _ = stdout.flush();
             }
             ServerMessage::Result(result) => {
+                // The network it ran with, when it is not what was asked (a policy under a
+                // profile and client granting none): said, as the command's output cannot.
+                if let Some(network) = &result.extra.isolation.network {
+                    if !network.note.is_empty() {
+                        eprintln!("agent exec: network {}: {}", network.mode, network.note);
+                    }
+                }
                 if !result.exception_info.is_empty() {
                     eprintln!("agent exec: {}", result.exception_info);
                 }

@@ -17,6 +17,7 @@ mod deploy;
 mod exec;
 mod executor_client;
 mod model;
+mod network;
 mod notes;
 mod run;
 mod shell;

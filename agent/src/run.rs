@@ -47,6 +47,8 @@ pub struct RunArgs {
     script: Option<PathBuf>,
     #[command(flatten)]
     executor: ExecutorArgs,
+    #[command(flatten)]
+    network: crate::network::NetworkArgs,
     /// Working directory of the commands (created if missing).
     #[arg(long, value_name = "DIR")]
     cwd: Option<String>,
@@ -367,6 +369,7 @@ fn apply_flags(config: &mut Config, args: &RunArgs) -> anyhow::Result<()> {
         m.script = args.script.clone();
     }
     args.executor.apply(&mut config.environment)?;
+    args.network.apply(&mut config.environment.network)?;
     let e = &mut config.environment;
     if args.cwd.is_some() {
         e.cwd = args.cwd.clone();

@@ -82,8 +82,14 @@ impl Reached {
     /// The profile requests name, said on stderr with why: `--profile`; for an executor we
     /// started, the strongest whose commands can write here (as `run` chooses, so never
     /// task-container or trusted on this host by itself); else none: the executor's default,
-    /// said by [`say_default_profile`] once the command's connection has its hello.
-    pub async fn profile(&self, flag: Option<&str>) -> anyhow::Result<Option<String>> {
+    /// said by [`say_default_profile`] once the command's connection has its hello. The probe
+    /// asks for the command's `network`, so that a profile that cannot hold it is passed over
+    /// with the executor's reason.
+    pub async fn profile(
+        &self,
+        flag: Option<&str>,
+        network: Option<protocol::RequestNetwork>,
+    ) -> anyhow::Result<Option<String>> {
         match flag {
             Some(p) => {
                 eprintln!("{}", profile_line(p, "named with --profile", &[]));
@@ -92,7 +98,10 @@ impl Reached {
             None if self.target.owned => {
                 let mut probe = Environment::open_endpoint(
                     &self.target.endpoint,
-                    config::EnvironmentConfig::default(),
+                    config::EnvironmentConfig {
+                        network,
+                        ..Default::default()
+                    },
                     self.target.profile_choice(),
                 )
                 .await?;

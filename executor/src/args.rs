@@ -150,6 +150,11 @@ pub(crate) struct ServeArgs {
     /// `disk_quota_files`.
     #[arg(long, value_name = "N")]
     pub(crate) disk_quota_files: Option<u64>,
+    /// For tests and labs: answer the network policy's lookups of NAME with ADDR (like
+    /// curl's --resolve), instead of asking the host's resolver; repeatable (NAME=ADDR).
+    /// The answers are judged by the policy like any other.
+    #[arg(long = "egress-resolve", value_name = "NAME=ADDR")]
+    pub(crate) egress_resolve: Vec<String>,
     /// Build each command's sandbox on demand only: no warm worker (a sandbox built ahead of
     /// time, waiting for the client's next command) is kept. Saves the memory of the idle
     /// workers; costs the sandbox's setup time on every command.

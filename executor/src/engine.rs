@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use protocol::{ErrorCode, ExecResult, Isolation, Limits, ResultExtra};
 
@@ -85,6 +86,9 @@ pub struct Engine {
     pub runner: Runner,
     pub profiles: BTreeMap<String, Profile>,
     pub default_profile: String,
+    /// Network policy enforcement (`crate::enforce`); a daemon without one refuses every
+    /// command whose network is a policy.
+    pub enforcer: Option<crate::enforce::Enforcer>,
 }
 
 impl Engine {
@@ -102,6 +106,7 @@ impl Engine {
             runner,
             profiles,
             default_profile,
+            enforcer: None,
         }
     }
 
@@ -134,19 +139,46 @@ impl Engine {
         stop: impl Future<Output = StopReason>,
     ) -> Result<ExecResult, ExecError> {
         let profile = self.profile(req.profile.as_deref())?;
-        let network = crate::network_policy::effective_network(
+        let granted = crate::network_policy::effective_network(
             profile,
             &req.client_network,
             req.network.as_ref(),
         )?;
-        crate::network_policy::enforce(&network)?;
-        let narrowed = crate::network_policy::narrowed_profile(profile, &network)?;
+        let narrowed = crate::network_policy::narrowed_profile(profile, &granted)?;
         let profile = narrowed.as_ref().unwrap_or(profile);
-        let plan = plan_command(&req.spec, profile, &self.plan_settings)
+        let mut plan = plan_command(&req.spec, profile, &self.plan_settings)
             .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
+        let network = Arc::new(granted.effective.clone());
+        let net = match (&*network, &self.enforcer) {
+            (sandbox::network::Effective::Policy(_), None) => {
+                return Err(ExecError::new(
+                    ErrorCode::EnvironmentError,
+                    crate::enforce::EnforceError::NoEngine.to_string(),
+                ))
+            }
+            (sandbox::network::Effective::Policy(_), Some(enforcer)) => {
+                crate::enforce::shape_plan(
+                    &mut plan,
+                    &profile.name,
+                    &network,
+                    &enforcer.resolv_conf,
+                )
+                .map_err(|err| ExecError::new(ErrorCode::EnvironmentError, err.to_string()))?;
+                Some(crate::runner::NetAttach {
+                    enforcer,
+                    ctx: Arc::new(crate::egress::CommandContext {
+                        client: req.client.clone(),
+                        session: req.session.clone(),
+                        command: req.id.clone(),
+                        policy: network.clone(),
+                    }),
+                })
+            }
+            _ => None,
+        };
         let outcome = self
             .runner
-            .run(&plan, req.warm, req.timeout, io, stop)
+            .run(&plan, req.warm, req.timeout, io, stop, net)
             .await?;
         let captured = outcome.captured;
         let mut limits_hit = outcome.limits_hit;
@@ -173,7 +205,10 @@ impl Engine {
                     profile: profile.name.clone(),
                     layers: outcome.layers,
                     missing: plan.template.missing.clone(),
-                    network: Some(crate::network_policy::report(&network)),
+                    network: Some(protocol::NetworkReport {
+                        connections: outcome.network,
+                        ..crate::network_policy::report(&granted)
+                    }),
                 },
             },
         })
@@ -224,6 +259,8 @@ impl Engine {
                 warm: false,
                 network: None,
                 client_network: sandbox::network::Mode::Host,
+                client: String::new(),
+                session: String::new(),
             };
             let outcome = match self
                 .execute(&req, Io::Capture(None), std::future::pending())

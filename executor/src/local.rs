@@ -124,6 +124,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
             home: std::env::temp_dir(),
             state_dir: default_state_dir(),
             daemon_files: Vec::new(),
+            enforcer: None,
         },
         cgroups,
         ProfileChoice {
@@ -307,6 +308,7 @@ pub(crate) fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             home: workspace,
             state_dir: default_state_dir(),
             daemon_files: Vec::new(),
+            enforcer: None,
         },
         cgroups,
         ProfileChoice {

@@ -14,6 +14,7 @@ mod disk_quota;
 // The egress proxy of issue 38: built and tested here, wired into the daemon in a later step.
 #[cfg_attr(not(test), allow(dead_code))]
 mod egress;
+mod enforce;
 mod engine;
 mod local;
 mod metrics;

@@ -60,6 +60,11 @@ struct LimitLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProfileLabels {
     profile: String,
 }
@@ -86,6 +91,7 @@ pub struct Metrics {
     refusals: Family<CodeLabels, Counter>,
     errors: Family<CodeLabels, Counter>,
     limit_hits: Family<LimitLabels, Counter>,
+    network: crate::enforce::log::Counters,
     memory: MemoryGauges,
 }
 
@@ -187,6 +193,24 @@ impl Metrics {
              read buffer back to the memory budget",
             limit_hits.clone(),
         );
+        let network_decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "network_decisions",
+            "Connection attempts and name lookups of commands under a network policy, by \
+             decision (allowed, denied); each is a line of the decision log",
+            network_decisions.clone(),
+        );
+        let decision = |name: &str| {
+            network_decisions
+                .get_or_create(&DecisionLabels {
+                    decision: name.to_string(),
+                })
+                .clone()
+        };
+        let network = crate::enforce::log::Counters {
+            allowed: decision("allowed"),
+            denied: decision("denied"),
+        };
         let memory = MemoryGauges::default();
         registry.register_with_unit(
             "memory_budget",
@@ -233,7 +257,13 @@ impl Metrics {
             errors,
             limit_hits,
             memory,
+            network,
         }
+    }
+
+    /// The counters of network policy decisions (`crate::enforce::log`).
+    pub fn network(&self) -> crate::enforce::log::Counters {
+        self.network.clone()
     }
 
     /// The gauges the memory budget keeps current.

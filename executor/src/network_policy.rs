@@ -19,11 +19,6 @@ use protocol::{NetworkLayer, NetworkReport, ProfileNetwork, RequestNetwork};
 use sandbox::network::{Effective, Layer, Mode, Policy, Rule, RuleError};
 use sandbox::profile::{Namespace, Network, Profile};
 
-/// Whether this build can enforce a policy (the daemon's proxy as the only way out of the
-/// command's network namespace). Until it can, a command whose network is a policy is
-/// refused: run as `none` it would have less network than stated, as `host` more.
-pub const POLICY_ENFORCED: bool = false;
-
 /// The network a command runs with, and how it came to be that.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Granted {
@@ -65,14 +60,11 @@ pub fn parse_policy(allow: &[String], deny: &[String]) -> Result<Policy, RuleErr
     })
 }
 
-/// Whether a policy from a client or a request can be enforced under `profile` by this build,
-/// and why not.
+/// Whether a policy from a client or a request can be enforced under `profile`, and why not.
+/// (The daemon's proxy, `crate::enforce`, holds the command to it; a process without the
+/// proxy, `executor run`, refuses such a command when it comes.)
 pub fn policy_support(profile: &Profile) -> Result<(), String> {
-    contained(profile)?;
-    if !POLICY_ENFORCED {
-        return Err(not_enforced());
-    }
-    Ok(())
+    contained(profile)
 }
 
 /// Whether `profile` can ever hold a command to a policy, whatever this build enforces.
@@ -98,16 +90,10 @@ fn contained(profile: &Profile) -> Result<(), String> {
     }
 }
 
-fn not_enforced() -> String {
-    "network policy is not enforced by this build (the proxy is not wired in); ask for none or host"
-        .into()
-}
-
 /// The network a command gets under `profile`, for a client granted `client`, when the
 /// request asks for `request` (see the module's comment and docs/profiles.md, "network").
 ///
-/// Refused only where a policy could never be enforced under the profile; whether this build
-/// enforces one at all is [`enforce`]'s to say, just before the command runs.
+/// Refused only where a policy could never be enforced under the profile.
 pub fn effective_network(
     profile: &Profile,
     client: &Mode,
@@ -177,18 +163,6 @@ pub fn effective_network(
     Ok(granted(effective, note))
 }
 
-/// The last check before a command runs with `granted`: the seam where enforcement plugs in.
-/// Until this build enforces a policy, a command with one is refused (fail closed).
-pub fn enforce(granted: &Granted) -> Result<(), Refusal> {
-    match &granted.effective {
-        Effective::Policy(_) if !POLICY_ENFORCED => Err(Refusal {
-            layer: None,
-            message: not_enforced(),
-        }),
-        _ => Ok(()),
-    }
-}
-
 /// The profile a command runs under once its network is decided. A command granted no
 /// network under a profile that gives one (`task-container`: a client granted `none`, a
 /// request asking for `none`) gets a network namespace of its own with only loopback, as
@@ -243,6 +217,7 @@ pub fn report(granted: &Granted) -> NetworkReport {
         mode: mode_name(&granted.effective).into(),
         layers,
         note: granted.note.clone(),
+        connections: None,
     }
 }
 

@@ -28,6 +28,10 @@ pub struct ValidRequest {
     /// The client's network ceiling (its clients-file entry, `executor run --allow-net`);
     /// `host` (no filter of its own) unless the caller sets it.
     pub client_network: Mode,
+    /// Who asks, for the network decision log: the client's name and its session (empty
+    /// unless the caller sets them).
+    pub client: String,
+    pub session: String,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -132,6 +136,8 @@ pub fn validate(req: ExecRequest, limits: &Limits) -> Result<ValidRequest, Reque
         warm: true,
         network,
         client_network: Mode::Host,
+        client: String::new(),
+        session: String::new(),
     })
 }
 
@@ -185,6 +191,8 @@ mod tests {
                 warm: true,
                 network: None,
                 client_network: Mode::Host,
+                client: String::new(),
+                session: String::new(),
             }
         );
     }

@@ -156,10 +156,23 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| state_dir.join("audit.jsonl"));
     let audit = audit::Audit::open(&audit_path)?;
+    // The network policy's decisions, one JSON line per attempt, beside the audit log.
+    let network_log = crate::enforce::log::path_beside(&audit_path);
     let interpreter = interpreter(&args.common.interpreter)?;
 
     let rt = runtime()?;
     rt.block_on(async move {
+        // Bound here, served at the end: the egress engine must know the daemon's own
+        // address (a command's policy never reaches it).
+        let listener = listen(args.listen, args.max_connections)
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        let enforcer = crate::enforce::Enforcer::new(
+            &state_dir,
+            &network_log,
+            &args.egress_resolve,
+            vec![addr],
+        )?;
         let Setup {
             engine,
             probe,
@@ -180,6 +193,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                 daemon_files: [
                     Some(credentials.clone()),
                     Some(audit_path.clone()),
+                    Some(network_log.clone()),
                     Some(workspaces_root.clone()),
                     // Clients' images: one written from outside would be another client's files.
                     Some(volumes.images().to_path_buf()),
@@ -191,6 +205,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                 .flatten()
                 .map(|path| resolved(&path))
                 .collect(),
+                enforcer: Some(enforcer),
             },
             cgroups,
             ProfileChoice {
@@ -298,9 +313,6 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
                     .map(|mb| mb.saturating_mul(1 << 20)),
             },
         ));
-        let listener = listen(args.listen, args.max_connections)
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let addr = listener.local_addr()?;
         let (scheme, fingerprint) = match &tls {
             Some(identity) => ("wss", Some(identity.fingerprint.as_str())),
             None => ("ws", None),

@@ -76,6 +76,9 @@ pub(crate) struct Paths {
     /// The daemon's files outside the state directory: covered, and never opened by landlock
     /// rules (see [`PlanSettings::daemon_files`]).
     pub(crate) daemon_files: Vec<PathBuf>,
+    /// Network policy enforcement (`executor serve`); without it, commands under a policy
+    /// are refused.
+    pub(crate) enforcer: Option<crate::enforce::Enforcer>,
 }
 
 pub(crate) async fn setup(
@@ -161,6 +164,7 @@ pub(crate) async fn setup(
         utf8_locale: sandbox::locale::root_has(Path::new("/"), sandbox::locale::UTF8),
     };
     let mut engine = Engine::new(limits, plan_settings, helper_exe(), profiles, String::new());
+    engine.enforcer = paths.enforcer;
     if let Some(spawner) = spawner {
         engine.runner.use_spawner(spawner);
     }

@@ -40,6 +40,28 @@ pub struct NetworkReport {
     /// How the layers came to this when it is not what the request asked for.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
+    /// In a command's result under `policy`: what the policy let through and refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<NetworkUse>,
+}
+
+/// What a network policy let through for one command, and what it refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkUse {
+    /// Connection attempts (and name lookups) the policy allowed, and refused.
+    pub allowed: u64,
+    pub denied: u64,
+    /// The first refused targets, `host:port (code)`, in the order they came (at most 8).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied_first: Vec<String>,
+    /// Ports reachable by a plain connection to a resolved name (captured in the command's
+    /// namespace); every other allowed port is reachable through the proxy only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub captured_ports: Vec<u16>,
+    /// Allow rules whose ports were not all captured (a range too wide): what they allow is
+    /// reachable through the proxy (`HTTP_PROXY`, `CONNECT`) only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proxy_only: Vec<String>,
 }
 
 /// One layer of a policy.

@@ -130,6 +130,11 @@ pub struct SandboxPlan {
     /// seccomp allows limits, priorities and scheduling changes on the caller only (no pid
     /// namespace: other processes of the same uid are reachable by pid).
     pub own_process_only: bool,
+    /// The command's network namespace is reached only through the daemon's egress
+    /// listeners inside it (a network policy): it is made for this command alone, never
+    /// lent from the pool nor given back to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub egress: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,6 +149,10 @@ pub struct MountPlan {
     pub pins: Vec<PathBuf>,
     /// tmpfs mounts and their sizes in bytes.
     pub tmpfs: Vec<(PathBuf, u64)>,
+    /// Files of the host bound read-only over a path of the sandbox: (sandbox path, host
+    /// file). The daemon's generated `/etc/resolv.conf` under a network policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<(PathBuf, PathBuf)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -698,6 +707,7 @@ fn plan_sandbox(
                     .map(|t| (expand(&t.path), t.size_mb * MIB))
                     .filter(|(path, _)| !fs.writable.iter().any(|w| expand(&w.path) == *path))
                     .collect(),
+                files: Vec::new(),
             }
         });
 
@@ -775,6 +785,7 @@ fn plan_sandbox(
         deny_sysv_ipc: profile.seccomp && !has(Namespace::Ipc),
         own_process_only: profile.seccomp && !has(Namespace::Pid),
         namespaces,
+        egress: false,
     }
 }
 

@@ -236,8 +236,8 @@ pub enum Network {
     /// The host's network.
     Host { reason: String },
     /// Only the connections the rules allow (see [`crate::network`]), through the daemon's
-    /// proxy. Not enforced yet: a profile with it is refused (see `check`), never run with
-    /// more or less network than it states.
+    /// egress listeners in the command's own network namespace. A profile without a network
+    /// namespace cannot have it (see `check`): it would run with more network than it states.
     Policy {
         allow: Vec<Rule>,
         #[serde(default)]
@@ -396,6 +396,13 @@ impl Profile {
         Ok(profile)
     }
 
+    /// Whether a command of this profile can be given a network namespace of its own: one
+    /// it has, or one made beside its pid namespace (whose init builds the sandbox and can
+    /// make it). A network policy is enforced only through one.
+    pub fn can_have_network_namespace(&self) -> bool {
+        self.namespaces.contains(&Namespace::Net) || self.namespaces.contains(&Namespace::Pid)
+    }
+
     /// Rules a profile must follow beyond its shape.
     fn check(&self) -> Result<(), ProfileError> {
         let invalid = |problem: &str| ProfileError::Invalid {
@@ -413,11 +420,19 @@ impl Profile {
                     "network policy with no allow rule: write {\"mode\": \"none\"}",
                 ));
             }
-            // Until the proxy and the namespace's only route to it are in place (issue 38),
-            // a policy could only be run as `none` (less than it states) or `host` (more).
-            return Err(invalid(
-                "network mode \"policy\" is not enforced yet; use \"none\" or \"host\"",
-            ));
+            // A policy is enforced by a network namespace whose only way out is the daemon's
+            // egress listeners inside it (ARCHITECTURE.md, "Egress through the daemon's own
+            // sockets"). A profile with a pid namespace but the host's network
+            // (task-container-like) gets one made for the command. Without namespaces
+            // (landlock), nothing would stop a command from connecting around the proxy:
+            // refused, never run with more network than the profile states.
+            if !self.can_have_network_namespace() {
+                return Err(invalid(
+                    "network mode \"policy\" needs the network namespace (\"net\" in \
+                     namespaces): without one a command could connect around the daemon's \
+                     proxy, so the policy could not be enforced",
+                ));
+            }
         }
         let mount_ns = self.namespaces.contains(&Namespace::Mount);
         if let Some(fs) = &self.filesystem {
@@ -746,7 +761,7 @@ pub mod tests {
     }
 
     #[test]
-    fn a_network_policy_parses_with_clear_errors_and_is_refused_until_enforced() {
+    fn a_network_policy_parses_with_clear_errors_and_is_refused_without_a_namespace() {
         let strict = include_str!("../../sandbox-profiles/strict.json");
         let mut value: serde_json::Value = serde_json::from_str(strict).unwrap();
         let with = |value: &mut serde_json::Value, network| {
@@ -767,9 +782,22 @@ pub mod tests {
         };
         assert_eq!(policy.allow.len(), 3);
         assert_eq!(policy.deny[0].to_string(), "[2001:db8::/32]:443");
-        // Parsed, checked, and refused: not enforced yet.
-        let err = with(&mut value, good.clone());
-        assert!(err.contains("not enforced yet"), "{err}");
+        // Parsed, checked, and accepted where a network namespace enforces it (strict, and
+        // task-container, whose commands get one made), refused where none can (landlock).
+        value["network"] = good.clone();
+        let parsed = Profile::parse("strict", &value.to_string()).unwrap();
+        assert_eq!(parsed.network.mode(), network::Mode::Policy(policy.clone()));
+        let container = include_str!("../../sandbox-profiles/task-container.json");
+        let mut container: serde_json::Value = serde_json::from_str(container).unwrap();
+        container["network"] = good.clone();
+        Profile::parse("task-container", &container.to_string()).unwrap();
+        let landlock = include_str!("../../sandbox-profiles/landlock.json");
+        let mut landlock: serde_json::Value = serde_json::from_str(landlock).unwrap();
+        landlock["network"] = good.clone();
+        let err = Profile::parse("landlock", &landlock.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs the network namespace"), "{err}");
         // A bad rule is named in the profile's error.
         let mut bad = good.clone();
         bad["allow"] = serde_json::json!(["pypi.org", "*"]);

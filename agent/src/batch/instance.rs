@@ -100,6 +100,9 @@ pub async fn run(ctx: &Ctx, slot: usize, instance: Instance) {
 async fn attempt(ctx: &Ctx, slot: usize, instance: &Instance) -> Finished {
     let id = &instance.id;
     let mut environment = ctx.config.environment.clone();
+    if let Some(network) = &instance.network {
+        environment.network = Some(network.clone());
+    }
     let local = ctx.deployment.kind() == "local";
     // A fresh directory per instance, writable by the sandbox's identity (as the demo's),
     // removed when this instance ends however it ends. Its name is made unique on creation:

@@ -15,6 +15,9 @@ pub struct Instance {
     pub problem_statement: String,
     /// `image_name`, else `docker_image`, else SWE-bench's naming.
     pub image: String,
+    /// Its own `network` (the config's shape: `none`, `host`, `{mode: policy, allow: [...]}`),
+    /// which wins over `environment.network` and the flags, as its image does.
+    pub network: Option<protocol::RequestNetwork>,
     /// Every field, for `run.env_startup_command` and templates.
     pub fields: Map<String, Value>,
     /// Why this instance cannot run, if it cannot: it is then recorded as a failure
@@ -69,15 +72,22 @@ fn instance(value: Value) -> anyhow::Result<Instance> {
         .filter(|i| !i.is_empty())
         .unwrap_or_else(|| swebench_image(&id));
     let problem_statement = text("problem_statement");
+    let network = crate::network::from_value(
+        fields.get("network").unwrap_or(&Value::Null),
+        &format!("instance {id:?}: network"),
+    );
     // mini fails such an instance (a KeyError) while the others run; so do we, saying why.
-    let invalid = unsafe_id(&id).or_else(|| {
-        problem_statement.is_none().then(|| {
-            format!("instance {id:?} has no problem_statement (a string): there is no task to give the agent")
+    let invalid = unsafe_id(&id)
+        .or_else(|| {
+            problem_statement.is_none().then(|| {
+                format!("instance {id:?} has no problem_statement (a string): there is no task to give the agent")
+            })
         })
-    });
+        .or_else(|| network.as_ref().err().cloned());
     Ok(Instance {
         problem_statement: problem_statement.unwrap_or_default(),
         invalid,
+        network: network.unwrap_or_default(),
         id,
         image,
         fields,
@@ -515,6 +525,36 @@ mod tests {
         }
         let ok = instance(json!({"instance_id": "a__b-1", "problem_statement": "fix"})).unwrap();
         assert_eq!((ok.invalid, ok.problem_statement.as_str()), (None, "fix"));
+    }
+
+    #[test]
+    fn an_instance_carries_its_own_network_and_a_bad_one_makes_it_invalid_naming_it() {
+        let i = instance(json!({"instance_id": "a__b-1", "problem_statement": "p",
+            "network": {"mode": "policy", "allow": ["pypi.org:443"], "deny": ["evil.pypi.org"]}}))
+        .unwrap();
+        assert_eq!(i.invalid, None);
+        assert_eq!(
+            i.network,
+            Some(protocol::RequestNetwork::Policy {
+                allow: vec!["pypi.org:443".into()],
+                deny: vec!["evil.pypi.org".into()],
+            })
+        );
+        let i = instance(json!({"instance_id": "a__b-1", "problem_statement": "p",
+            "network": "none"}))
+        .unwrap();
+        assert_eq!(i.network, Some(protocol::RequestNetwork::None {}));
+        // The control: no network field, the batch's.
+        let i = instance(json!({"instance_id": "a__b-1", "problem_statement": "p"})).unwrap();
+        assert_eq!((i.invalid, i.network), (None, None));
+        let i = instance(json!({"instance_id": "a__b-1", "problem_statement": "p",
+            "network": {"mode": "policy", "allow": "pypi.org"}}))
+        .unwrap();
+        let why = i.invalid.unwrap();
+        assert!(
+            why.starts_with("instance \"a__b-1\": network: allow must be a list"),
+            "{why}"
+        );
     }
 
     #[test]

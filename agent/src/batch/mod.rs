@@ -71,6 +71,9 @@ pub struct BatchArgs {
     script: Option<PathBuf>,
     #[command(flatten)]
     executor: ExecutorArgs,
+    /// The commands' network, for every instance (an instance's own `network` field wins).
+    #[command(flatten)]
+    network: crate::network::NetworkArgs,
 }
 
 pub async fn command(args: BatchArgs) -> anyhow::Result<u8> {
@@ -262,5 +265,6 @@ fn apply_flags(config: &mut Config, args: &BatchArgs) -> anyhow::Result<()> {
     if args.script.is_some() {
         m.script.clone_from(&args.script);
     }
-    args.executor.apply(&mut config.environment)
+    args.executor.apply(&mut config.environment)?;
+    args.network.apply(&mut config.environment.network)
 }

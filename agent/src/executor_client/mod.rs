@@ -270,7 +270,7 @@ impl Environment {
                 timeout,
                 profile: self.profile.clone(),
                 stream: false,
-                network: None,
+                network: self.config.network.clone(),
             };
             match self.exec_once(&request).await? {
                 Attempt::Done(output) => return Ok(output),

@@ -112,6 +112,18 @@ impl Environment {
                     };
                     return Ok(name);
                 }
+                // Refused before it ran (e.g. a network policy the profile cannot hold):
+                // the executor's reason, not a guess about the workspace.
+                Ok(out)
+                    if out.returncode == protocol::RETURNCODE_NOT_FINISHED
+                        && !out.exception_info.is_empty() =>
+                {
+                    crate::notes::note!(
+                        "executor: not using profile {name:?}: {}",
+                        out.exception_info
+                    );
+                    refused.push(format!("{name}: {}", out.exception_info));
+                }
                 Ok(_) => {
                     let why = format!("its commands cannot write {place}");
                     crate::notes::note!("executor: not using profile {name:?}: {why}");
@@ -150,13 +162,32 @@ impl Environment {
             .unwrap_or_default()
     }
 
-    /// The line every entry point prints on stderr: the profile and why it is the one.
+    /// The line every entry point prints on stderr: the profile and why it is the one, and
+    /// the network the commands ask for (with the executor's word on whether it can hold a
+    /// policy under that profile).
     pub fn profile_line(&self) -> String {
-        profile_line(
+        let mut line = profile_line(
             self.effective_profile(),
             &self.profile_why,
             &self.profile_layers(),
-        )
+        );
+        if let Some(network) = &self.config.network {
+            line.push_str("; network asked: ");
+            line.push_str(&crate::network::describe(network));
+            let name = self.effective_profile();
+            let held = self
+                .hello
+                .profiles
+                .iter()
+                .find(|p| p.name == name)
+                .and_then(|p| p.network.as_ref());
+            if let (protocol::RequestNetwork::Policy { .. }, Some(held)) = (network, held) {
+                if !held.policy_enforceable && !held.policy_reason.is_empty() {
+                    line.push_str(&format!(" (the executor says: {})", held.policy_reason));
+                }
+            }
+        }
+        line
     }
 }
 

@@ -350,3 +350,90 @@ async fn without_a_grace_period_no_resume_is_asked_for() {
         "{seen:?}"
     );
 }
+
+#[tokio::test]
+async fn every_command_asks_for_the_configured_network_and_a_resent_one_too() {
+    let (url, seen) = fake_executor(vec![
+        vec![hello("s1", 30.0), answer(|_| Vec::new()), Step::Drop],
+        vec![
+            hello("s2", 30.0),
+            answer(|_| {
+                vec![ServerMessage::Resumed(Resumed {
+                    session: "s1".into(),
+                    running: Vec::new(),
+                })]
+            }),
+            answer(|sync| match sync {
+                ClientMessage::Cancel(c) => vec![not_found(Some(c.id.clone()))],
+                other => panic!("expected the sync cancel, got {other:?}"),
+            }),
+            answer(|exec| vec![result(&exec_id(exec), "ran\n")]),
+            answer(|exec| vec![result(&exec_id(exec), "again\n")]),
+        ],
+    ])
+    .await;
+    let policy = protocol::RequestNetwork::Policy {
+        allow: vec!["pypi.org:443".into()],
+        deny: vec!["evil.pypi.org".into()],
+    };
+    let config = EnvironmentConfig {
+        network: Some(policy.clone()),
+        ..Default::default()
+    };
+    let mut env = Environment::open(&url, None, config, Choice::Default)
+        .await
+        .unwrap();
+    assert_eq!(execute(&mut env, "echo ran").await.output, "ran\n");
+    assert_eq!(execute(&mut env, "echo again").await.output, "again\n");
+    env.close().await;
+    let seen = seen.lock().unwrap().clone();
+    let networks: Vec<_> = seen
+        .iter()
+        .filter_map(|m| match m {
+            ClientMessage::Exec(req) => Some(req.network.clone()),
+            _ => None,
+        })
+        .collect();
+    // The first try, the one sent again after the resume, and the next command.
+    assert_eq!(networks, vec![Some(policy); 3], "{seen:?}");
+}
+
+#[tokio::test]
+async fn the_profile_line_names_the_network_asked_and_why_the_profile_cannot_hold_a_policy() {
+    let mut held = hello("s1", 0.0);
+    if let Step::Send(message) = &mut held {
+        if let ServerMessage::Hello(h) = message.as_mut() {
+            h.profiles[0].network = Some(protocol::ProfileNetwork {
+                mode: "host".into(),
+                policy_enforceable: false,
+                policy_reason: "no network namespace here".into(),
+                ..Default::default()
+            });
+        }
+    }
+    let (url, _) = fake_executor(vec![vec![held]]).await;
+    let config = EnvironmentConfig {
+        network: Some(protocol::RequestNetwork::Policy {
+            allow: vec!["pypi.org:443".into()],
+            deny: vec!["evil.pypi.org".into()],
+        }),
+        ..Default::default()
+    };
+    let mut env = Environment::open(&url, None, config, Choice::Default)
+        .await
+        .unwrap();
+    let line = env.profile_line();
+    assert!(
+        line.ends_with(
+            "; network asked: policy allow pypi.org:443 deny evil.pypi.org \
+             (the executor says: no network namespace here)"
+        ),
+        "{line}"
+    );
+    // Control: `none` asked needs no policy, so no reason is given; nothing asked, nothing said.
+    env.config.network = Some(protocol::RequestNetwork::None {});
+    assert!(env.profile_line().ends_with("; network asked: none"));
+    env.config.network = None;
+    assert!(!env.profile_line().contains("network"));
+    env.close().await;
+}

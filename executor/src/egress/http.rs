@@ -90,21 +90,19 @@ async fn connect(
     };
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
+        // The command's side closes only once the attempt is recorded (dropped last), so a
+        // command that ends as soon as it sees the close has it counted in its result.
+        let mut client = None;
         match upgrade.await {
             Ok(upgraded) => {
-                let end = tunnel::relay(
-                    TokioIo::new(upgraded),
-                    upstream,
-                    &target,
-                    port,
-                    &engine.limits,
-                )
-                .await;
+                let io = client.insert(TokioIo::new(upgraded));
+                let end = tunnel::relay(io, upstream, &target, port, &engine.limits).await;
                 attempt.ended(end);
             }
             Err(err) => attempt.record.error = Some(format!("upgrade: {err}")),
         }
         attempt.finish(&*engine.sink);
+        drop(client);
     });
     Response::new(Either::Right(Full::default()))
 }

@@ -105,7 +105,7 @@ impl Engine {
     pub async fn serve_tcp<S>(
         self: &Arc<Self>,
         ctx: Arc<CommandContext>,
-        stream: S,
+        mut stream: S,
         host: &str,
         port: u16,
     ) where
@@ -117,11 +117,13 @@ impl Engine {
             None => return attempt.finish(&*self.sink),
         };
         if let Ok(upstream) = self.dial(&ctx, &mut attempt, &target, port).await {
-            let end = tunnel::relay(stream, upstream, &target, port, &self.limits).await;
+            let end = tunnel::relay(&mut stream, upstream, &target, port, &self.limits).await;
             attempt.ended(end);
         }
-        // Denied or failed: dropping the stream closes it.
         attempt.finish(&*self.sink);
+        // Only now, recorded, does the stream close (dropped here): a command that ends as
+        // soon as it sees the close has this attempt counted in its result.
+        drop(stream);
     }
 
     /// Resolve, judge every address, connect to the first that answers.

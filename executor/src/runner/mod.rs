@@ -99,6 +99,15 @@ pub struct Outcome {
     pub layers: Vec<String>,
     pub limits_hit: Vec<String>,
     pub duration: Duration,
+    /// What the network policy let through and refused, when one filtered the command.
+    pub network: Option<protocol::NetworkUse>,
+}
+
+/// A network policy's listeners, to put in the command's namespace before it starts
+/// (`crate::enforce`).
+pub struct NetAttach<'a> {
+    pub enforcer: &'a crate::enforce::Enforcer,
+    pub ctx: Arc<crate::egress::CommandContext>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -204,18 +213,22 @@ impl Runner {
     /// Start a helper for `plan`: from the fork server (a warm worker when one waits for the
     /// template; another kept warm after it when `warm`), or by exec. Returns it and the line
     /// still to be written into its lifeline.
+    /// With `withhold`, none of the command line is written yet (the caller writes it once
+    /// the command may start).
     fn start_helper(
         &self,
         plan: &Plan,
         warm: bool,
         output: Option<&OwnedFd>,
+        withhold: bool,
     ) -> Result<(Helper, Vec<u8>), RunError> {
         if let Some(spawner) = &self.spawner {
             let template = serde_json::to_vec(&plan.template).map_err(RunError::Plan)?;
             let mut command = serde_json::to_vec(&plan.command).map_err(RunError::Plan)?;
             command.push(b'\n');
             let broken_before = spawner.is_broken();
-            match fork_helper(spawner, &template, warm, &command, output) {
+            let line: &[u8] = if withhold { &[] } else { &command };
+            match fork_helper(spawner, &template, warm, line, output) {
                 Ok((helper, written)) => return Ok((helper, command.split_off(written))),
                 // Said once, when it happens, in words a user can act on; every command after
                 // it takes the same slower path without a line each.
@@ -229,6 +242,16 @@ impl Runner {
                 ),
                 Err(err) => tracing::debug!(%err, "fork server unusable; helper started by exec"),
             }
+        }
+        if withhold {
+            // An exec'd helper makes the pid namespace's init itself: the daemon would not
+            // learn which process holds the network namespace. Refused, never run unfiltered.
+            return Err(RunError::Setup {
+                stage: "network".into(),
+                message: "a network policy needs the fork server, which is not running; \
+                          the command was not started"
+                    .into(),
+            });
         }
         // Exec mode: the template's length on a line, the template, then the command line
         // (`helper::main` reads the template alone and leaves the command to the payload).
@@ -276,6 +299,8 @@ impl Runner {
 
     /// Run `plan` until it ends, `timeout` passes, or `stop` resolves. With `warm`, a worker
     /// for the same sandbox is kept ready for the next command.
+    /// Under a network policy (`net`), its listeners are put in the command's namespace
+    /// before the command line is written: the command never runs without them.
     pub async fn run(
         &self,
         plan: &Plan,
@@ -283,6 +308,7 @@ impl Runner {
         timeout: Duration,
         io: Io,
         stop: impl Future<Output = StopReason>,
+        net: Option<NetAttach<'_>>,
     ) -> Result<Outcome, RunError> {
         let started = Instant::now();
         let warm = warm && self.warm_workers;
@@ -298,7 +324,34 @@ impl Runner {
                 mut process,
             },
             rest,
-        ) = self.start_helper(plan, warm, attached.as_ref().map(|a| &a.theirs))?;
+        ) = self.start_helper(
+            plan,
+            warm,
+            attached.as_ref().map(|a| &a.theirs),
+            net.is_some(),
+        )?;
+        let listening = match net {
+            None => None,
+            Some(net) => match net.enforcer.attach(process.pid(), net.ctx).await {
+                Ok(listening) => Some(listening),
+                Err(err) => {
+                    // Closing the lifeline before any command line ends the sandbox. A
+                    // sandbox whose set-up failed (so it made no namespace) says why.
+                    drop(lifeline);
+                    let report = tokio::time::timeout(STOP_GRACE, read_status(status_pipe, None));
+                    if let Ok(Some(HelperReport::SetupFailed { stage, message })) = report.await {
+                        return Err(RunError::Setup { stage, message });
+                    }
+                    return Err(RunError::Setup {
+                        stage: "network".into(),
+                        message: format!(
+                            "cannot put the network policy's listeners in the command's \
+                             network namespace ({err}); the command was not started"
+                        ),
+                    });
+                }
+            },
+        };
         // A failed write means the helper already died; its report (or its absence) says why.
         if !rest.is_empty() {
             let _ = lifeline.write_all(&rest).await;
@@ -446,6 +499,12 @@ impl Runner {
             layers: plan.template.layers.clone(),
             limits_hit: Vec::new(),
             duration: started.elapsed(),
+            // The command has ended: its tally is complete, and its listeners close here.
+            network: listening.map(|l| protocol::NetworkUse {
+                captured_ports: l.captured.clone(),
+                proxy_only: l.proxy_only.clone(),
+                ..l.tally.snapshot()
+            }),
         };
         match report {
             Some(HelperReport::SetupFailed { stage, message }) => {

@@ -722,6 +722,8 @@ impl Connection {
             .profile(Some(&profile).filter(|p| !p.is_empty()).map(String::as_str))?;
         valid.profile = Some(profile).filter(|p| !p.is_empty());
         valid.client_network = client.network.clone();
+        valid.client = client.name.clone();
+        valid.session = self.session.id.clone();
         if self.session.running.contains_key(&valid.id) {
             return Err(ExecError::new(
                 ErrorCode::DuplicateId,

@@ -152,6 +152,9 @@ impl Daemon {
         } = parts;
         let commands = Arc::new(Semaphore::new(engine.limits.max_commands_total));
         let metrics = Metrics::new();
+        if let Some(enforcer) = &engine.enforcer {
+            enforcer.log.count_in(metrics.network());
+        }
         let memory = MemoryBudget::new(memory_budget, client_memory_budget, Some(metrics.memory()));
         for name in clients.table().names() {
             metrics.add_client(&name);

@@ -1,12 +1,14 @@
 """Python client for the executor sandbox daemon (protocol 1 and 1.1), and a mini-swe-agent
 environment class (`executor_client.mini.ExecutorEnvironment`, needs the `mini` extra).
 
-    from executor_client import Client
+    from executor_client import Client, Network
 
     with Client.connect("ws://127.0.0.1:7681/v1/ws", token_file="/var/lib/executor/token") as c:
         print(c.hello.host.kernel, c.hello.default_profile)
         result = c.exec("echo hi; ls /nope", on_output=print)
         print(result.returncode, result.extra["isolation"]["profile"])
+        # Only PyPI for this command (narrowing what this client is granted):
+        c.exec("pip download requests", network=Network.policy(allow=["pypi.org:443"]))
 
 `AsyncClient` is the same over asyncio. An executor offering protocol 1.1
 (`hello.capabilities`) also keeps processes (`spawn`) and moves files (`upload`, `download`,
@@ -44,11 +46,17 @@ from .protocol import (
     FileStat,
     Hello,
     HostFacts,
+    Isolation,
     Limits,
+    Network,
+    NetworkLayer,
+    NetworkReport,
+    NetworkSpec,
     ProcessExit,
     ProcessInfo,
     ProcessOutput,
     Profile,
+    ProfileNetwork,
     Transferred,
 )
 from .sync import Client, Process
@@ -75,8 +83,13 @@ __all__ = [
     "Hello",
     "HostFacts",
     "InternalError",
+    "Isolation",
     "Limits",
     "LocalExecutor",
+    "Network",
+    "NetworkLayer",
+    "NetworkReport",
+    "NetworkSpec",
     "NotFoundError",
     "PinMismatchError",
     "Process",
@@ -85,6 +98,7 @@ __all__ = [
     "ProcessOutput",
     "Profile",
     "ProfileDeniedError",
+    "ProfileNetwork",
     "ProtocolError",
     "QuotaExceededError",
     "ServerError",

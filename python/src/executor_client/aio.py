@@ -24,6 +24,7 @@ from .process import MAX_WAIT, AsyncProcess
 from .protocol import (
     ExecResult,
     JsonDict,
+    NetworkSpec,
     ProcessExit,
     ProcessInfo,
     ProcessOutput,
@@ -119,8 +120,16 @@ class AsyncClient(FileTransfers):
         profile: str | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
+        network: NetworkSpec | None = None,
     ) -> ExecResult:
         """Run `command` (as `<interpreter> <command>`, `bash -c` by default) and wait for it.
+
+        `network` narrows the network this client is granted for this command (never widens
+        it): `Network.none()`, `Network.policy(allow=["pypi.org:443"], deny=[...])`, `"host"`,
+        or the protocol's dict. Its shape is checked here (`ValueError`, `TypeError`), its
+        rules by the executor (`BadRequestError` naming the rule); a policy the executor
+        cannot enforce under the profile is refused, never run with another network.
+        `result.isolation.network` says what the command ran with.
 
         `on_output(text)` is called with each chunk of output as it is produced (the request
         asks for streaming only then). An `error` reply raises its `ServerError` subclass; a
@@ -146,6 +155,7 @@ class AsyncClient(FileTransfers):
                 timeout=timeout,
                 profile=profile,
                 stream=on_output is not None,
+                network=network,
             ),
             on_output=on_output,
             future=loop.create_future(),
@@ -189,16 +199,25 @@ class AsyncClient(FileTransfers):
         profile: str | None = None,
         pty: bool | tuple[int, int] = False,
         request_id: str | None = None,
+        network: NetworkSpec | None = None,
     ) -> AsyncProcess:
         """Start `command` and keep it: write its stdin, read its output, signal it, wait.
 
         `pty=(rows, cols)` (or True: 24x80) runs it on a terminal; else stdin is a socket and
         stdout and stderr are one stream. `timeout` defaults to the executor's `max_timeout`.
+        `network` as for `exec`.
         """
         self.require("processes")
         rid = request_id or self.new_id()
         message: JsonDict = exec_request(
-            rid, command, cwd=cwd, env=env, timeout=timeout, profile=profile, stream=False
+            rid,
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            profile=profile,
+            stream=False,
+            network=network,
         )
         message["type"] = "spawn"
         if pty:

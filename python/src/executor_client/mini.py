@@ -26,7 +26,7 @@ from typing import Any
 
 from minisweagent.exceptions import Submitted
 from minisweagent.utils.serialize import recursive_merge
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from .errors import (
     BadRequestError,
@@ -38,7 +38,7 @@ from .errors import (
     QuotaExceededError,
 )
 from .launch import Deployment, LocalExecutor
-from .protocol import ExecResult, Hello, JsonDict
+from .protocol import ExecResult, Hello, JsonDict, Network
 from .sync import Client
 
 #: Profiles from strongest to weakest; where we choose, we take the first that works.
@@ -69,6 +69,27 @@ class ExecutorEnvironmentConfig(BaseModel):
     """Or verify it against this CA file (PEM) besides the system's."""
     profile: str | None = None
     """Sandbox profile; default: the executor's, or the strongest that works for a local one."""
+    network: Network | None = None
+    """The network every command asks for: `none`, `host`, or `{mode: policy, allow: [RULE,
+    ...], deny: [...]}` (rules such as `pypi.org:443`), as in the Rust agent's
+    `environment.network`; a `Network` too. It narrows what the executor grants this client,
+    never widens it. Default: the client's."""
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _network(cls, value: object) -> Network | None:
+        if value is None:
+            return None
+        try:
+            return Network.of(value)  # type: ignore[arg-type]
+        except TypeError as e:
+            # pydantic reports ValueError and AssertionError only.
+            raise ValueError(str(e)) from e
+
+    @field_serializer("network")
+    def _network_json(self, network: Network | None) -> JsonDict | None:
+        return network.to_json() if network is not None else None
+
     cwd: str = ""
     """Working directory of commands; default: the executor's workspace (local: the current
     directory, which becomes the local executor's workspace)."""
@@ -311,6 +332,15 @@ class ExecutorEnvironment:
             why,
             ", ".join(self._profile_layers()),
         )
+        if config.network is not None:
+            summary = hello.profile(self._effective_profile())
+            held = summary.network if summary is not None else None
+            reason = (
+                f" (the executor says: {held.policy_reason})"
+                if config.network.mode == "policy" and held and not held.policy_enforceable
+                else ""
+            )
+            self.logger.info("commands ask for network %s%s", config.network.to_json(), reason)
 
     def _strongest_usable_profile(self, choices: tuple[str, ...]) -> tuple[str, str]:
         """The first of `choices` (strongest first) the executor reports available and under
@@ -332,13 +362,16 @@ class ExecutorEnvironment:
                 refused.append(f"{name}: {why}")
                 continue
             try:
+                # With the network the commands ask for: a profile that cannot hold it (a
+                # policy under landlock) is not one they can run under.
                 probe = self.client.exec(
                     "test -w . && test -x .",
                     cwd=self.config.cwd or None,
                     timeout=10,
                     profile=name,
+                    network=self.config.network,
                 )
-            except ExecutorEnvironmentError as e:
+            except (ExecutorEnvironmentError, BadRequestError) as e:
                 self.logger.info("not using profile %s: %s", name, e)
                 refused.append(f"{name}: {e}")
                 continue
@@ -386,7 +419,12 @@ class ExecutorEnvironment:
         for attempt in range(BUSY_RETRIES + 1):
             try:
                 return self.client.exec(
-                    command, cwd=cwd, env=env, timeout=timeout, profile=self.profile
+                    command,
+                    cwd=cwd,
+                    env=env,
+                    timeout=timeout,
+                    profile=self.profile,
+                    network=self.config.network,
                 )
             except (BusyError, QuotaExceededError):
                 if attempt == BUSY_RETRIES:

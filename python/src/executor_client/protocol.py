@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -102,6 +102,177 @@ class HostFacts:
         return cls(**_read(cls, data))
 
 
+# --- network by policy ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Network:
+    """The network a command asks for (`network=` of `exec` and `spawn`). It narrows what the
+    executor grants this client and never widens it: `host` under a client policy is that
+    policy, a policy under `none` is `none` (the result's `isolation.network.note` says so).
+
+    Rules are strings the executor checks (`pypi.org:443`, `*.github.com`, `10.0.0.0/8:5432`,
+    `[::1]:8080`); it answers a rule it cannot read with `BadRequestError` naming it. Deny
+    rules win over allow rules.
+
+        Network.policy(allow=["pypi.org:443", "files.pythonhosted.org:443"])
+        Network.none()
+    """
+
+    #: `none`, `host` or `policy`.
+    mode: str
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("none", "host", "policy"):
+            raise ValueError(f"network mode must be none, host or policy, not {self.mode!r}")
+        for name, rules in (("allow", self.allow), ("deny", self.deny)):
+            if isinstance(rules, str) or not all(isinstance(r, str) for r in rules):
+                raise TypeError(f"network {name} must be a list of rules (strings), got {rules!r}")
+            if any(not r.strip() for r in rules):
+                raise ValueError(f"network {name} holds an empty rule")
+        if self.mode != "policy" and (self.allow or self.deny):
+            raise ValueError(f"network mode {self.mode} takes no allow or deny rules")
+        if self.mode == "policy" and not self.allow:
+            raise ValueError(
+                "a network policy with no allow rule allows nothing; use Network.none()"
+            )
+
+    @classmethod
+    def none(cls) -> Network:
+        """No network at all."""
+        return cls("none")
+
+    @classmethod
+    def host(cls) -> Network:
+        """Whatever the client is granted, unnarrowed."""
+        return cls("host")
+
+    @classmethod
+    def policy(cls, allow: Iterable[str], deny: Iterable[str] = ()) -> Network:
+        """Only what `allow` names (and every other layer allows), minus what `deny` names."""
+        if isinstance(allow, str) or isinstance(deny, str):
+            raise TypeError("allow and deny are lists of rules, not one string")
+        return cls("policy", tuple(allow), tuple(deny))
+
+    @classmethod
+    def of(cls, value: NetworkSpec) -> Network:
+        """A `Network` from itself, a mode (`"none"`, `"host"`) or the protocol's dict
+        (`{"mode": "policy", "allow": [...], "deny": [...]}`); `ValueError` or `TypeError`
+        naming what is wrong."""
+        if isinstance(value, Network):
+            return value
+        if isinstance(value, str):
+            if value == "policy":
+                raise ValueError("network mode policy needs its allow rules")
+            return cls(value)
+        if not isinstance(value, dict):
+            raise TypeError(
+                f"network must be a Network, a mode or a dict, not {type(value).__name__}"
+            )
+        unknown = sorted(set(value) - {"mode", "allow", "deny"})
+        if unknown:
+            raise ValueError(f"network: unknown key {unknown[0]!r}")
+        mode = value.get("mode")
+        if mode is None:
+            raise ValueError("network needs a mode: none, host or policy")
+        if not isinstance(mode, str):
+            raise TypeError(f"network mode must be a string, got {mode!r}")
+        allow, deny = value.get("allow") or [], value.get("deny") or []
+        for name, rules in (("allow", allow), ("deny", deny)):
+            if not isinstance(rules, (list, tuple)):
+                raise TypeError(f"network {name} must be a list of rules, got {rules!r}")
+        return cls(mode, tuple(allow), tuple(deny))
+
+    def to_json(self) -> JsonDict:
+        """The request's `network` field."""
+        data: JsonDict = {"mode": self.mode}
+        if self.mode == "policy":
+            data["allow"] = list(self.allow)
+            if self.deny:
+                data["deny"] = list(self.deny)
+        return data
+
+
+#: What `network=` takes: a `Network`, a mode, or the protocol's dict.
+NetworkSpec = Network | str | JsonDict
+
+
+@dataclass(frozen=True)
+class NetworkLayer:
+    """One layer of a policy: `profile`, `client` or `request`, and its rules."""
+
+    layer: str
+    allow: list[str]
+    deny: list[str]
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> NetworkLayer:
+        return cls(**_read(cls, data))
+
+
+@dataclass(frozen=True)
+class NetworkReport:
+    """A network as the executor states it: this client's ceiling (`hello.network`), or a
+    command's (`result.isolation.network`)."""
+
+    #: `none`, `host` or `policy`.
+    mode: str
+    #: Under `policy`, every layer that filters, outermost first: a connection is allowed only
+    #: when each of them allows it.
+    layers: list[NetworkLayer] = field(default_factory=list)
+    #: How the layers came to this when it is not what the request asked for.
+    note: str = ""
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> NetworkReport:
+        layers = [NetworkLayer.from_json(_dict(x)) for x in data.get("layers") or []]
+        return cls(**_read(cls, data, layers=layers))
+
+
+def _network_report(value: object) -> NetworkReport | None:
+    return NetworkReport.from_json(value) if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class ProfileNetwork:
+    """What a profile gives by default, and whether a policy can be enforced under it."""
+
+    #: `none`, `host` or `policy` (then `allow` and `deny` are the profile's rules).
+    mode: str
+    allow: list[str] = field(default_factory=list)
+    deny: list[str] = field(default_factory=list)
+    policy_enforceable: bool = False
+    #: Why not, when it cannot.
+    policy_reason: str = ""
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> ProfileNetwork:
+        return cls(**_read(cls, data))
+
+
+def _profile_network(value: object) -> ProfileNetwork | None:
+    return ProfileNetwork.from_json(value) if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """`extra["isolation"]` of a result: what the command ran under."""
+
+    profile: str
+    #: The layers applied, e.g. `mount_ns`, `seccomp`.
+    layers: list[str]
+    #: Parts of the profile this host could not apply.
+    missing: list[str]
+    #: The network it ran with; `None` from executors older than network policies.
+    network: NetworkReport | None = None
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> Isolation:
+        return cls(**_read(cls, data, network=_network_report(data.get("network"))))
+
+
 @dataclass(frozen=True)
 class Profile:
     """A sandbox profile this connection may use."""
@@ -114,10 +285,12 @@ class Profile:
     #: Parts of its policy this host cannot apply and the profile does without.
     missing: list[str]
     unavailable_reason: str | None
+    #: Its default network and whether it can hold a policy; `None` from older executors.
+    network: ProfileNetwork | None = None
 
     @classmethod
     def from_json(cls, data: JsonDict) -> Profile:
-        return cls(**_read(cls, data))
+        return cls(**_read(cls, data, network=_profile_network(data.get("network"))))
 
 
 @dataclass(frozen=True)
@@ -193,6 +366,9 @@ class Hello:
     capabilities: list[str] = field(default_factory=list)
     #: The client's disk quota; `mechanism == "none"` from daemons without one (or older ones).
     disk_quota: DiskQuota = field(default_factory=lambda: DiskQuota(mechanism="none"))
+    #: This client's network ceiling (requests narrow it, never widen it); `None` from
+    #: executors older than network policies.
+    network: NetworkReport | None = None
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -211,6 +387,7 @@ class Hello:
                 not_offered=[_dict(n) for n in data.get("not_offered") or []],
                 raw=data,
                 disk_quota=DiskQuota.from_json(_dict(data.get("disk_quota"))),
+                network=_network_report(data.get("network")),
             )
         )
 
@@ -241,6 +418,11 @@ class ExecResult:
     def cancelled(self) -> bool:
         return bool(self.extra.get("cancelled"))
 
+    @property
+    def isolation(self) -> Isolation:
+        """What it ran under: profile, layers, and its network (`isolation.network`)."""
+        return Isolation.from_json(_dict(self.extra.get("isolation")))
+
     def to_dict(self) -> JsonDict:
         """mini's shape: `output`, `returncode`, `exception_info`, `extra`."""
         return {
@@ -267,8 +449,10 @@ def exec_request(
     timeout: float | None,
     profile: str | None,
     stream: bool,
+    network: NetworkSpec | None = None,
 ) -> JsonDict:
-    """An `exec` message with only the fields that are set."""
+    """An `exec` message with only the fields that are set (`network` checked for its shape:
+    `ValueError` or `TypeError` naming what is wrong)."""
     message: JsonDict = {"type": "exec", "id": request_id, "command": command}
     if cwd:
         message["cwd"] = cwd
@@ -280,6 +464,8 @@ def exec_request(
         message["profile"] = profile
     if stream:
         message["stream"] = True
+    if network is not None:
+        message["network"] = Network.of(network).to_json()
     return message
 
 
@@ -330,6 +516,11 @@ class ProcessExit:
     exception_info: str
     #: `ended`, `timed_out`, `duration_ms`, ... (empty while running).
     extra: JsonDict
+
+    @property
+    def isolation(self) -> Isolation:
+        """What it ran under, its network included (empty while running)."""
+        return Isolation.from_json(_dict(self.extra.get("isolation")))
 
     @classmethod
     def from_json(cls, data: JsonDict) -> ProcessExit:

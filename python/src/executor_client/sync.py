@@ -24,6 +24,7 @@ from .protocol import (
     ExecResult,
     FileStat,
     Hello,
+    NetworkSpec,
     ProcessExit,
     ProcessInfo,
     ProcessOutput,
@@ -111,8 +112,10 @@ class Client:
         profile: str | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
+        network: NetworkSpec | None = None,
     ) -> ExecResult:
-        """Run `command` and wait for its result; see `AsyncClient.exec`."""
+        """Run `command` and wait for its result; see `AsyncClient.exec` (`network` included:
+        `Network.policy(allow=[...])`, `Network.none()`, ...)."""
         return self._run(
             self._inner.exec(
                 command,
@@ -122,6 +125,7 @@ class Client:
                 profile=profile,
                 on_output=on_output,
                 request_id=request_id,
+                network=network,
             )
         )
 
@@ -151,6 +155,7 @@ class Client:
         profile: str | None = None,
         pty: bool | tuple[int, int] = False,
         request_id: str | None = None,
+        network: NetworkSpec | None = None,
     ) -> Process:
         """Start `command` and keep it; see `AsyncClient.spawn`."""
         inner = self._run(
@@ -162,6 +167,7 @@ class Client:
                 profile=profile,
                 pty=pty,
                 request_id=request_id,
+                network=network,
             )
         )
         return Process(self, inner)

@@ -90,6 +90,9 @@ enum Entry {
     /// Bound onto itself, writable: a mount point cannot be renamed or replaced (EBUSY), so
     /// the directories on the way to what the next helper loads stay where they are.
     Pin,
+    /// A host file (the source, an absolute path) bound read-only over the path: a file the
+    /// daemon generated (`MountPlan::files`).
+    File(PathBuf),
 }
 
 /// Build the new root described by `plan` and pivot into it. Runs in the sandbox's init, in a
@@ -264,6 +267,11 @@ fn entries(plan: &MountPlan) -> Result<Vec<(PathBuf, Entry)>> {
         plan.tmpfs
             .iter()
             .map(|(p, size)| (p.clone(), Entry::Tmpfs(*size))),
+    );
+    entries.extend(
+        plan.files
+            .iter()
+            .map(|(path, source)| (path.clone(), Entry::File(source.clone()))),
     );
     entries.push(("/dev".into(), Entry::Dev));
     entries.push(("/dev/pts".into(), Entry::Pts));
@@ -490,6 +498,29 @@ impl Builder {
             Entry::Dev => self.minimal_dev(&target),
             Entry::Pts => own_devpts(&target),
             Entry::Proc => self.fresh_proc(&target),
+            Entry::File(source) => {
+                // Fail closed: the daemon asked for this file (a network policy's resolver),
+                // so a sandbox without it is not the one it planned. The mount point must be
+                // a file already (a symlink would be followed outside the new root).
+                let is_file = std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_file());
+                if !is_file && !self.mount_point(&target, false)? {
+                    return Err(MountError::Io {
+                        op: "bind a generated file onto",
+                        path: path.to_path_buf(),
+                        source: std::io::Error::other(
+                            "no regular file there to cover (a symlink or nothing)",
+                        ),
+                    });
+                }
+                bind(&from_host(source), &target)?;
+                remount(
+                    &target,
+                    MsFlags::MS_RDONLY
+                        | MsFlags::MS_NOSUID
+                        | MsFlags::MS_NODEV
+                        | MsFlags::MS_NOEXEC,
+                )
+            }
             Entry::Pin => {
                 if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
                     mount(

@@ -46,9 +46,11 @@ const MAX_FREE_PER_TEMPLATE: usize = 4;
 const MAX_FREE: usize = 16;
 
 /// Whether commands of `template` may run in a reused network namespace (module docs).
+/// Never under a network policy (`egress`): the daemon's listeners for one command live in
+/// its namespace, and a namespace made for one command's policy is that command's alone.
 pub fn reusable(template: &Template) -> bool {
     let plan = &template.sandbox;
-    plan.namespaces.contains(&Namespace::Net) && super::unprivileged(plan)
+    plan.namespaces.contains(&Namespace::Net) && !plan.egress && super::unprivileged(plan)
 }
 
 /// The fork server's free namespaces.
@@ -144,5 +146,7 @@ mod tests {
             .retain(|n| *n != Namespace::Net))));
         // The identity's and the pid namespace's part is `unprivileged`'s (tested there).
         assert!(!reusable(&template(|s| s.user = Some((0, 0)))));
+        // A namespace under a network policy holds the daemon's listeners for one command.
+        assert!(!reusable(&template(|s| s.egress = true)));
     }
 }

@@ -228,6 +228,7 @@ mod tests {
                 hidden: vec![],
                 pins: vec![],
                 tmpfs: vec![("/tmp".into(), 1 << 20)],
+                files: vec![],
             });
             f(s)
         })
@@ -259,6 +260,7 @@ mod tests {
             hidden: vec![file.clone()],
             pins: vec![],
             tmpfs: vec![],
+            files: vec![],
         };
         let absent = look_at(&plan);
         assert_eq!(absent, look_at(&plan));

@@ -11,6 +11,7 @@ mod interactive;
 mod messages;
 mod mock;
 mod models;
+mod network;
 mod resume;
 mod tls;
 

@@ -12,6 +12,8 @@ mod files;
 mod host_cgroups;
 mod kill;
 mod metrics;
+mod network_enforce;
+mod network_matrix;
 mod network_policy;
 mod output;
 mod processes;

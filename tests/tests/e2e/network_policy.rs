@@ -113,21 +113,15 @@ async fn the_hello_lists_each_profiles_network_and_this_clients_ceiling() {
     assert_eq!(task.mode, "host");
     let landlock = network(&alice, "landlock");
     assert_eq!(landlock.mode, "none");
-    // Landlock can never hold a policy, and says why; the namespaced profiles could, but this
-    // build does not enforce one.
+    // Landlock can never hold a policy, and says why; the namespaced profiles can.
     assert!(!landlock.policy_enforceable);
     assert!(
         landlock.policy_reason.contains("no network namespace"),
         "{landlock:?}"
     );
     for namespaced in [&strict, &task] {
-        assert!(!namespaced.policy_enforceable);
-        assert!(
-            namespaced
-                .policy_reason
-                .contains("not enforced by this build"),
-            "{namespaced:?}"
-        );
+        assert!(namespaced.policy_enforceable, "{namespaced:?}");
+        assert!(namespaced.policy_reason.is_empty(), "{namespaced:?}");
     }
     // Each client's ceiling, as its entry states it.
     let ceiling = |c: &Client| c.hello.network.clone().expect("a ceiling in the hello");
@@ -316,7 +310,7 @@ async fn landlock_refuses_a_policy_with_the_reason_and_runs_without_one() {
 }
 
 #[tokio::test]
-async fn a_policy_is_refused_as_not_enforced_by_this_build_and_never_run_with_another_network() {
+async fn a_granted_policy_runs_and_its_report_names_every_layer_that_filtered() {
     let (_dir, file) = clients_file(&three_clients());
     let daemon = start(&file, PROFILES);
     let mut alice = connect(&daemon, ALICE).await;
@@ -324,31 +318,42 @@ async fn a_policy_is_refused_as_not_enforced_by_this_build_and_never_run_with_an
     let m = marker();
     let planted = daemon.workspace.join(format!("ran-{m}"));
     let touch = format!("touch {}", planted.display());
-    // Bob's own grant under strict, and alice's request narrowing task-container's host.
-    let refused = [
-        bob.exec(asking("b", &touch, "strict", RequestNetwork::Host {}))
-            .await,
-        bob.exec(asking("n", &touch, "strict", policy(&["pypi.org:443"])))
-            .await,
-        alice
-            .exec(asking(
-                "a",
-                &touch,
-                "task-container",
-                policy(&["pypi.org:443"]),
-            ))
-            .await,
+    // Bob's own grant under strict (his request's `host` cannot widen it), the same narrowed
+    // by his request, and alice's request narrowing task-container's host: each runs under
+    // the policy its layers give, and says so.
+    let cases = [
+        (
+            bob.run_req(asking("b", &touch, "strict", RequestNetwork::Host {}))
+                .await,
+            vec!["client"],
+        ),
+        (
+            bob.run_req(asking("n", &touch, "strict", policy(&["pypi.org:443"])))
+                .await,
+            vec!["client", "request"],
+        ),
+        (
+            alice
+                .run_req(asking(
+                    "a",
+                    &touch,
+                    "task-container",
+                    policy(&["pypi.org:443"]),
+                ))
+                .await,
+            vec!["request"],
+        ),
     ];
-    for received in refused {
-        let err = received.result.unwrap_err();
-        assert_eq!(err.code, ErrorCode::EnvironmentError, "{err:?}");
-        assert!(
-            err.message
-                .contains("network policy is not enforced by this build"),
-            "{err:?}"
-        );
+    for (result, layers) in cases {
+        assert_eq!(result.returncode, 0, "{result:?}");
+        let network = result.extra.isolation.network.clone().unwrap();
+        assert_eq!(network.mode, "policy", "{result:?}");
+        let named: Vec<&str> = network.layers.iter().map(|l| l.layer.as_str()).collect();
+        assert_eq!(named, layers, "{network:?}");
+        assert!(network.connections.is_some(), "{network:?}");
     }
-    assert!(!planted.exists(), "a refused command ran");
+    assert!(planted.exists(), "the commands ran");
+    std::fs::remove_file(&planted).unwrap();
     // Control: bob narrowing his grant to none runs.
     let ok = bob
         .run_req(asking("ok", &touch, "strict", RequestNetwork::None {}))
@@ -370,7 +375,7 @@ async fn a_policy_is_refused_as_not_enforced_by_this_build_and_never_run_with_an
 }
 
 #[tokio::test]
-async fn executor_run_checks_allow_net_rules_and_refuses_a_policy_it_cannot_enforce() {
+async fn executor_run_checks_allow_net_rules_and_refuses_a_policy_it_has_no_proxy_for() {
     if !require("root", is_root()) {
         return;
     }
@@ -398,7 +403,7 @@ async fn executor_run_checks_allow_net_rules_and_refuses_a_policy_it_cannot_enfo
     assert!(!policy.status.success());
     let stderr = String::from_utf8_lossy(&policy.stderr);
     assert!(
-        stderr.contains("network policy is not enforced by this build"),
+        stderr.contains("only `executor serve` runs the egress proxy"),
         "{stderr}"
     );
     let deny_only = run(&["--deny-net", "evil.pypi.org"]);

@@ -169,3 +169,61 @@ async fn a_name_the_policy_refuses_is_never_looked_up() {
     assert!(answer.ends_with("hello"), "{answer}");
     assert_eq!(lookups(), 1);
 }
+
+/// A sink that takes its time (a slow disk): each record lands only after `delay`.
+struct SlowSink {
+    delay: Duration,
+    inner: MemorySink,
+}
+
+impl DecisionSink for SlowSink {
+    fn record(&self, record: &DecisionRecord) {
+        std::thread::sleep(self.delay);
+        self.inner.record(record);
+    }
+}
+
+/// A command's result counts what was recorded by the time the command ended, and a command
+/// ends as soon as it sees its connection close: so a refused tunnel (captured, or after
+/// CONNECT) is recorded before the command's side is closed, however slow the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_tunnel_is_recorded_before_the_command_sees_it_close() {
+    let port = banner_server().await;
+    let Setup { ctx, .. } = banner_setup(Limits::default());
+    let sink = Arc::new(SlowSink {
+        delay: Duration::from_millis(300),
+        inner: MemorySink::default(),
+    });
+    let engine = Arc::new(Engine {
+        resolver: names(&["banner.test"]),
+        sink: sink.clone(),
+        own_listeners: Vec::new(),
+        limits: Limits::default(),
+    });
+    let fronted = b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n";
+    for via_connect in [false, true] {
+        let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let (engine, ctx) = (engine.clone(), ctx.clone());
+        if via_connect {
+            tokio::spawn(async move { engine.serve_proxy(ctx, theirs).await });
+            let connect =
+                format!("CONNECT banner.test:{port} HTTP/1.1\r\nHost: banner.test:{port}\r\n\r\n");
+            ours.write_all(connect.as_bytes()).await.unwrap();
+            let head = read_head(&mut ours).await;
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        } else {
+            tokio::spawn(async move { engine.serve_tcp(ctx, theirs, "banner.test", port).await });
+        }
+        ours.write_all(fronted).await.unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), ours.read_to_end(&mut got))
+            .await
+            .expect("the refused tunnel closes")
+            .unwrap();
+        // At once, no waiting: the record is there.
+        let records = sink.inner.0.lock().unwrap().clone();
+        assert_eq!(records.len(), usize::from(via_connect) + 1, "{records:?}");
+        let record = records.last().unwrap();
+        assert_eq!(record["code"], "host_mismatch", "{record}");
+    }
+}
