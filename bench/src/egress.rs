@@ -108,8 +108,9 @@ pub(crate) struct Plan {
     pub repeats: usize,
     /// Tunnels held open in phase 3.
     pub held: usize,
-    /// `echo hi` pairs in phase 4.
+    /// `echo hi` pairs in phase 4, back to back and alone.
     pub pairs: usize,
+    pub alone_pairs: usize,
 }
 
 pub(crate) struct Way {
@@ -137,8 +138,9 @@ pub(crate) struct EgressReport {
     pub downloads: Vec<Download>,
     pub download_mb: f64,
     pub held: Option<Held>,
-    pub echo_policy: Option<Summary>,
-    pub echo_none: Option<Summary>,
+    /// `echo hi` under the policy and under `none`: back to back, then alone.
+    pub echo: Option<(Summary, Summary)>,
+    pub echo_alone: Option<(Summary, Summary)>,
     pub failures: Vec<String>,
 }
 
@@ -203,9 +205,8 @@ fn serve_web(mut stream: TcpStream, download_bytes: u64) {
     let first_line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
     let big = first_line.windows(5).any(|w| w == b"/big ");
     if !big {
-        let _ = stream.write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n",
-        );
+        let _ = stream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n");
         return;
     }
     let head = format!(
@@ -277,6 +278,19 @@ async fn in_command(
     command: &str,
     profile: &str,
 ) -> anyhow::Result<String> {
+    Ok(judged(client, id, command, profile, 0).await?.0)
+}
+
+/// Run `command` under `profile`, failing unless it exited 0 and the policy allowed at least
+/// `allowed` attempts (so the figures are of connections the daemon relayed); its output and
+/// how many attempts the policy allowed.
+async fn judged(
+    client: &mut Client,
+    id: String,
+    command: &str,
+    profile: &str,
+    allowed: u64,
+) -> anyhow::Result<(String, u64)> {
     let mut req = request(id.clone(), command, profile);
     req.timeout = Some(300.0);
     let (result, _) = client.run(req).await?;
@@ -287,7 +301,15 @@ async fn in_command(
             result.output.trim()
         );
     }
-    Ok(result.output)
+    let network = result.extra.isolation.network.as_ref();
+    let (got, denied) = network.map(|n| (n.allowed, n.denied)).unwrap_or((0, 0));
+    if got < allowed || denied > 0 {
+        bail!(
+            "command {id}: the policy allowed {got} attempts (at least {allowed} expected) and \
+             refused {denied}: {network:?}"
+        );
+    }
+    Ok((result.output, got))
 }
 
 /// The `us ...` line of the client's output, in durations.
@@ -315,24 +337,33 @@ async fn setup_phase(
     for round in 0..=plan.rounds {
         let n = if round == 0 { 20 } else { per_round };
         eprintln!("bench: egress set-up round {round}/{}", plan.rounds);
-        let d = timings(&on_host(&client_command(&format!("setup direct 127.0.0.1 {web} {n}"))).await?)?;
+        let d = timings(
+            &on_host(&client_command(&format!(
+                "setup direct 127.0.0.1 {web} {n}"
+            )))
+            .await?,
+        )?;
         let p = timings(
-            &in_command(
+            &judged(
                 client,
                 format!("setup-proxy-{round}"),
                 &client_command(&format!("setup proxy {NAME} {web} {n}")),
                 POLICY_PROFILE,
+                n as u64,
             )
-            .await?,
+            .await?
+            .0,
         )?;
         let c = timings(
-            &in_command(
+            &judged(
                 client,
                 format!("setup-capture-{round}"),
                 &client_command(&format!("setup capture {NAME} {web} {n}")),
                 POLICY_PROFILE,
+                n as u64,
             )
-            .await?,
+            .await?
+            .0,
         )?;
         if round > 0 {
             direct.extend(d);
@@ -401,17 +432,27 @@ async fn download_phase(
         eprintln!("bench: egress download {}/{}", r + 1, plan.repeats);
         let d = curl_rate(&on_host(&direct_cmd).await?, bytes)?;
         let p = curl_rate(
-            &in_command(client, format!("download-proxy-{r}"), &proxy_cmd, POLICY_PROFILE).await?,
+            &judged(
+                client,
+                format!("download-proxy-{r}"),
+                &proxy_cmd,
+                POLICY_PROFILE,
+                1,
+            )
+            .await?
+            .0,
             bytes,
         )?;
         let c = curl_rate(
-            &in_command(
+            &judged(
                 client,
                 format!("download-capture-{r}"),
                 &capture_cmd,
                 POLICY_PROFILE,
+                1,
             )
-            .await?,
+            .await?
+            .0,
             bytes,
         )?;
         out[0].mb_per_s.push(d);
@@ -443,7 +484,13 @@ async fn hold_round(
     }
     let command = client_command(&format!("hold {NAME} {} {each}", servers.hold));
     let runs = clients.iter_mut().enumerate().map(|(i, c)| {
-        in_command(c, format!("hold-{tag}-{i}"), &command, POLICY_PROFILE)
+        judged(
+            c,
+            format!("hold-{tag}-{i}"),
+            &command,
+            POLICY_PROFILE,
+            each as u64,
+        )
     });
     let all = futures_util::future::join_all(runs);
     let watch = async {
@@ -472,7 +519,7 @@ async fn hold_round(
     }
     let measured = measured?;
     for r in results {
-        let out = r?;
+        let (out, _) = r?;
         if !out.contains(&format!("open {each}")) || !out.contains("released") {
             bail!("a holding command said: {}", out.trim());
         }
@@ -501,11 +548,19 @@ async fn held_phase(daemon: &Daemon, servers: &Servers, plan: &Plan) -> anyhow::
     })
 }
 
-async fn echo_phase(client: &mut Client, pairs: usize) -> anyhow::Result<(Summary, Summary)> {
+/// `pairs` round trips of `echo hi` under each profile, taking turns; with `alone`, each after
+/// [`crate::ALONE_AFTER`] of idleness (the daemon's warm worker for the next command built).
+async fn echo_phase(
+    client: &mut Client,
+    pairs: usize,
+    alone: bool,
+) -> anyhow::Result<(Summary, Summary)> {
     let mut policy = Vec::new();
     let mut none = Vec::new();
-    let warmups = crate::warmups(pairs);
-    let mut progress = crate::Progress::new("egress echo pairs".into(), Some(pairs + warmups));
+    let warmups = if alone { 2 } else { crate::warmups(pairs) };
+    let what = if alone { "alone" } else { "back to back" };
+    let mut progress =
+        crate::Progress::new(format!("egress echo pairs, {what}"), Some(pairs + warmups));
     for i in 0..pairs + warmups {
         // Each pair in the other order than the last, so neither always goes first.
         let order = if i % 2 == 0 {
@@ -514,8 +569,12 @@ async fn echo_phase(client: &mut Client, pairs: usize) -> anyhow::Result<(Summar
             [NONE_PROFILE, POLICY_PROFILE]
         };
         for profile in order {
+            if alone {
+                tokio::time::sleep(crate::ALONE_AFTER).await;
+            }
             let began = Instant::now();
-            let out = in_command(client, format!("echo-{profile}-{i}"), crate::ECHO, profile).await?;
+            let out =
+                in_command(client, format!("echo-{profile}-{i}"), crate::ECHO, profile).await?;
             let took = began.elapsed();
             if out != crate::ECHO_OUTPUT {
                 bail!("echo hi under {profile} printed {out:?}");
@@ -594,7 +653,10 @@ pub(crate) async fn run(executor: &std::path::Path, plan: &Plan) -> anyhow::Resu
     let probe = in_command(
         &mut client,
         "probe".into(),
-        &format!("curl -sS -m 10 -x http://127.0.0.1:3128 http://{NAME}:{}/", servers.web),
+        &format!(
+            "curl -sS -m 10 -x http://127.0.0.1:3128 http://{NAME}:{}/",
+            servers.web
+        ),
         POLICY_PROFILE,
     )
     .await
@@ -605,9 +667,13 @@ pub(crate) async fn run(executor: &std::path::Path, plan: &Plan) -> anyhow::Resu
     eprintln!("bench: egress daemon pid {} at {}", daemon.pid, daemon.url);
 
     let mut failures = Vec::new();
-    let setup = bounded("set-up", &mut failures, setup_phase(&mut client, &servers, plan))
-        .await
-        .unwrap_or_default();
+    let setup = bounded(
+        "set-up",
+        &mut failures,
+        setup_phase(&mut client, &servers, plan),
+    )
+    .await
+    .unwrap_or_default();
     let downloads = bounded(
         "download",
         &mut failures,
@@ -616,24 +682,40 @@ pub(crate) async fn run(executor: &std::path::Path, plan: &Plan) -> anyhow::Resu
     .await
     .unwrap_or_default();
     let held = if plan.held > 0 {
-        bounded("held connections", &mut failures, held_phase(&daemon, &servers, plan)).await
+        bounded(
+            "held connections",
+            &mut failures,
+            held_phase(&daemon, &servers, plan),
+        )
+        .await
     } else {
         None
     };
-    let echo = bounded("echo", &mut failures, echo_phase(&mut client, plan.pairs)).await;
+    let echo = bounded(
+        "echo",
+        &mut failures,
+        echo_phase(&mut client, plan.pairs, false),
+    )
+    .await;
+    let echo_alone = if plan.alone_pairs > 0 {
+        bounded(
+            "echo alone",
+            &mut failures,
+            echo_phase(&mut client, plan.alone_pairs, true),
+        )
+        .await
+    } else {
+        None
+    };
     client.close().await;
     daemon.stop()?;
-    let (echo_policy, echo_none) = match echo {
-        Some((p, n)) => (Some(p), Some(n)),
-        None => (None, None),
-    };
     Ok(EgressReport {
         setup,
         downloads,
         download_mb: plan.download_mb,
         held,
-        echo_policy,
-        echo_none,
+        echo,
+        echo_alone,
         failures,
     })
 }
@@ -713,24 +795,29 @@ pub(crate) fn markdown(r: &EgressReport) -> String {
             per_conn / 1024.0,
         ));
     }
-    if r.echo_policy.is_some() {
-        let ratio = match (&r.echo_policy, &r.echo_none) {
-            (Some(p), Some(n)) => format!("{:+.1}%", 100.0 * (p.p50_ms / n.p50_ms - 1.0)),
-            _ => "-".into(),
-        };
+    if r.echo.is_some() || r.echo_alone.is_some() {
         out.push_str(&format!(
-            "\n`echo hi` round trips, taking turns\n\n\
-             | profile | round trips | p50 ms | p99 ms |\n|---|---:|---:|---:|\n\
-             | {NONE_PROFILE} (network none) | {} | {} | {} |\n\
-             | {POLICY_PROFILE} (network policy) | {} | {} | {} |\n\
-             | policy over none (p50) | | {ratio} | |\n",
-            r.echo_none.as_ref().map(|s| s.count).unwrap_or(0),
-            ms(&r.echo_none, |s| s.p50_ms),
-            ms(&r.echo_none, |s| s.p99_ms),
-            r.echo_policy.as_ref().map(|s| s.count).unwrap_or(0),
-            ms(&r.echo_policy, |s| s.p50_ms),
-            ms(&r.echo_policy, |s| s.p99_ms),
+            "\n`echo hi` round trips under {POLICY_PROFILE} (strict with a network policy) and \
+             {NONE_PROFILE} (network none), taking turns\n\n\
+             | run | pairs | none p50 ms | policy p50 ms | policy over none (p50) | none p99 ms | policy p99 ms |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n"
         ));
+        for (label, got) in [
+            ("back to back", &r.echo),
+            ("alone (100 ms idle before each)", &r.echo_alone),
+        ] {
+            if let Some((p, n)) = got {
+                out.push_str(&format!(
+                    "| {label} | {} | {:.3} | {:.3} | {:+.1}% | {:.3} | {:.3} |\n",
+                    p.count,
+                    n.p50_ms,
+                    p.p50_ms,
+                    100.0 * (p.p50_ms / n.p50_ms - 1.0),
+                    n.p99_ms,
+                    p.p99_ms
+                ));
+            }
+        }
     }
     for f in &r.failures {
         out.push_str(&format!("\nFAILED {f}\n"));

@@ -170,7 +170,8 @@ struct Opts {
     /// and capture, download throughput, the daemon's RSS with --egress-held tunnels open, and
     /// `echo hi` under a policy against `none`, each beside a direct baseline in the same run.
     /// --iterations sets the connections timed per way [default: 1000; quick: 100] and the
-    /// `echo hi` pairs [default: 300; quick: 20]; --repeats the downloads per way.
+    /// `echo hi` pairs [default: 300; quick: 20]; --alone the pairs after 100 ms of idleness;
+    /// --repeats the downloads per way.
     #[arg(long)]
     egress: bool,
     /// Size of the --egress download, in MB (10^6 bytes) [default: 200; quick: 20].
@@ -283,10 +284,17 @@ fn run(opts: Opts) -> anyhow::Result<()> {
         let plan = egress::Plan {
             connections: opts.iterations.unwrap_or(if q { 100 } else { 1000 }).max(1),
             rounds: 5,
-            download_mb: opts.egress_mb.unwrap_or(if q { 20.0 } else { 200.0 }).max(0.001),
+            download_mb: opts
+                .egress_mb
+                .unwrap_or(if q { 20.0 } else { 200.0 })
+                .max(0.001),
             repeats: settings.repeats,
             held: opts.egress_held.unwrap_or(if q { 100 } else { 1000 }),
-            pairs: opts.iterations.map(|n| n.min(2000)).unwrap_or(if q { 20 } else { 300 }),
+            pairs: opts
+                .iterations
+                .map(|n| n.min(2000))
+                .unwrap_or(if q { 20 } else { 300 }),
+            alone_pairs: settings.alone,
         };
         // Two descriptors per held tunnel in the daemon, one here (the holding server).
         let want_fds = (plan.held as u64) * 2 + 1024;
