@@ -40,6 +40,8 @@ const NAME: &str = "bench.test";
 /// The policy profile the daemon is given, and the profile it is compared with.
 const POLICY_PROFILE: &str = "strict-egress";
 const NONE_PROFILE: &str = "strict";
+/// The profile of the direct baseline from a command (the host's network), when available.
+const CONTAINER_PROFILE: &str = "task-container";
 /// Connections one command opens at most in the RSS phase (the daemon allows 256 at once).
 const PER_COMMAND: usize = 250;
 /// Longest a phase may take; past it the run fails naming the phase.
@@ -323,68 +325,95 @@ fn timings(output: &str) -> anyhow::Result<Vec<Duration>> {
         .collect()
 }
 
+/// Where one way of phases 1 and 2 runs: its label, the profile of the command (`None`: on
+/// the host), the host to name and whether the policy judges it.
+struct Route {
+    label: &'static str,
+    profile: Option<&'static str>,
+    host: &'static str,
+    /// `proxy` (the client or curl through 127.0.0.1:3128) or `direct` (a plain connection).
+    how: &'static str,
+}
+
+/// The ways to compare: direct on the host, direct from a command of `task-container` (the
+/// host's network) when this host runs it, through the proxy and through capture.
+fn routes(container: bool) -> Vec<Route> {
+    let mut routes = vec![Route {
+        label: "direct (host, no policy)",
+        profile: None,
+        host: "127.0.0.1",
+        how: "direct",
+    }];
+    if container {
+        routes.push(Route {
+            label: "direct (a task-container command, host network)",
+            profile: Some(CONTAINER_PROFILE),
+            host: "127.0.0.1",
+            how: "direct",
+        });
+    }
+    routes.push(Route {
+        label: "policy: through the proxy (127.0.0.1:3128)",
+        profile: Some(POLICY_PROFILE),
+        host: NAME,
+        how: "proxy",
+    });
+    routes.push(Route {
+        label: "policy: through capture (synthetic address)",
+        profile: Some(POLICY_PROFILE),
+        host: NAME,
+        how: "capture",
+    });
+    routes
+}
+
+/// `command` where `route` runs; under the policy, at least `allowed` attempts allowed.
+async fn run_on(
+    client: &mut Client,
+    route: &Route,
+    id: String,
+    command: &str,
+    allowed: u64,
+) -> anyhow::Result<String> {
+    match route.profile {
+        None => on_host(command).await,
+        Some(POLICY_PROFILE) => Ok(judged(client, id, command, POLICY_PROFILE, allowed)
+            .await?
+            .0),
+        Some(profile) => in_command(client, id, command, profile).await,
+    }
+}
+
 async fn setup_phase(
     client: &mut Client,
     servers: &Servers,
     plan: &Plan,
+    routes: &[Route],
 ) -> anyhow::Result<Vec<Way>> {
     let per_round = (plan.connections / plan.rounds.max(1)).max(1);
     let web = servers.web;
-    let mut direct = Vec::new();
-    let mut proxy = Vec::new();
-    let mut capture = Vec::new();
+    let mut samples: Vec<Vec<Duration>> = routes.iter().map(|_| Vec::new()).collect();
     // Round 0 is a warm-up (python's imports in the page cache, the daemon's first policy).
     for round in 0..=plan.rounds {
         let n = if round == 0 { 20 } else { per_round };
         eprintln!("bench: egress set-up round {round}/{}", plan.rounds);
-        let d = timings(
-            &on_host(&client_command(&format!(
-                "setup direct 127.0.0.1 {web} {n}"
-            )))
-            .await?,
-        )?;
-        let p = timings(
-            &judged(
-                client,
-                format!("setup-proxy-{round}"),
-                &client_command(&format!("setup proxy {NAME} {web} {n}")),
-                POLICY_PROFILE,
-                n as u64,
-            )
-            .await?
-            .0,
-        )?;
-        let c = timings(
-            &judged(
-                client,
-                format!("setup-capture-{round}"),
-                &client_command(&format!("setup capture {NAME} {web} {n}")),
-                POLICY_PROFILE,
-                n as u64,
-            )
-            .await?
-            .0,
-        )?;
-        if round > 0 {
-            direct.extend(d);
-            proxy.extend(p);
-            capture.extend(c);
+        for (k, route) in routes.iter().enumerate() {
+            let command = client_command(&format!("setup {} {} {web} {n}", route.how, route.host));
+            let id = format!("setup-{}-{round}", route.how);
+            let got = timings(&run_on(client, route, id, &command, n as u64).await?)?;
+            if round > 0 {
+                samples[k].extend(got);
+            }
         }
     }
-    Ok(vec![
-        Way {
-            label: "direct (host, no policy)",
-            summary: summarize(&direct),
-        },
-        Way {
-            label: "through the proxy (127.0.0.1:3128)",
-            summary: summarize(&proxy),
-        },
-        Way {
-            label: "through capture (synthetic address)",
-            summary: summarize(&capture),
-        },
-    ])
+    Ok(routes
+        .iter()
+        .zip(samples)
+        .map(|(route, samples)| Way {
+            label: route.label,
+            summary: summarize(&samples),
+        })
+        .collect())
 }
 
 /// MB/s from curl's `-w '%{http_code} %{size_download} %{time_total}'`.
@@ -408,56 +437,32 @@ async fn download_phase(
     servers: &Servers,
     plan: &Plan,
     bytes: u64,
+    routes: &[Route],
 ) -> anyhow::Result<Vec<Download>> {
     let web = servers.web;
     let curl = "curl -sS -o /dev/null -m 240 -w '%{http_code} %{size_download} %{time_total}\\n'";
-    let direct_cmd = format!("{curl} --noproxy '*' http://127.0.0.1:{web}/big");
-    let proxy_cmd = format!("{curl} -x http://127.0.0.1:3128 http://{NAME}:{web}/big");
-    let capture_cmd = format!("{curl} --noproxy '*' http://{NAME}:{web}/big");
-    let mut out = vec![
-        Download {
-            label: "direct (host, no policy)",
+    let mut out: Vec<Download> = routes
+        .iter()
+        .map(|r| Download {
+            label: r.label,
             mb_per_s: Vec::new(),
-        },
-        Download {
-            label: "through the proxy (curl -x)",
-            mb_per_s: Vec::new(),
-        },
-        Download {
-            label: "through capture (curl --noproxy '*')",
-            mb_per_s: Vec::new(),
-        },
-    ];
+        })
+        .collect();
     for r in 0..plan.repeats {
         eprintln!("bench: egress download {}/{}", r + 1, plan.repeats);
-        let d = curl_rate(&on_host(&direct_cmd).await?, bytes)?;
-        let p = curl_rate(
-            &judged(
-                client,
-                format!("download-proxy-{r}"),
-                &proxy_cmd,
-                POLICY_PROFILE,
-                1,
-            )
-            .await?
-            .0,
-            bytes,
-        )?;
-        let c = curl_rate(
-            &judged(
-                client,
-                format!("download-capture-{r}"),
-                &capture_cmd,
-                POLICY_PROFILE,
-                1,
-            )
-            .await?
-            .0,
-            bytes,
-        )?;
-        out[0].mb_per_s.push(d);
-        out[1].mb_per_s.push(p);
-        out[2].mb_per_s.push(c);
+        for (k, route) in routes.iter().enumerate() {
+            let via = if route.how == "proxy" {
+                "-x http://127.0.0.1:3128"
+            } else {
+                "--noproxy '*'"
+            };
+            let command = format!("{curl} {via} http://{}:{web}/big", route.host);
+            let id = format!("download-{}-{r}", route.how);
+            out[k].mb_per_s.push(curl_rate(
+                &run_on(client, route, id, &command, 1).await?,
+                bytes,
+            )?);
+        }
     }
     Ok(out)
 }
@@ -631,6 +636,8 @@ pub(crate) async fn run(executor: &std::path::Path, plan: &Plan) -> anyhow::Resu
         POLICY_PROFILE,
         "--allow-profile",
         NONE_PROFILE,
+        "--allow-profile",
+        CONTAINER_PROFILE,
         "--egress-resolve",
         &format!("{NAME}=127.0.0.1"),
     ]
@@ -649,6 +656,17 @@ pub(crate) async fn run(executor: &std::path::Path, plan: &Plan) -> anyhow::Resu
             None => bail!("the daemon does not offer profile {name}"),
         }
     }
+    let container = hello
+        .profiles
+        .iter()
+        .any(|p| p.name == CONTAINER_PROFILE && p.available);
+    if !container {
+        eprintln!(
+            "bench: egress: {CONTAINER_PROFILE} is unavailable here; no direct baseline from a \
+             command (the host's one only)"
+        );
+    }
+    let routes = routes(container);
     // A first command under the policy: its answer says whether the proxy works at all.
     let probe = in_command(
         &mut client,
@@ -670,14 +688,14 @@ pub(crate) async fn run(executor: &std::path::Path, plan: &Plan) -> anyhow::Resu
     let setup = bounded(
         "set-up",
         &mut failures,
-        setup_phase(&mut client, &servers, plan),
+        setup_phase(&mut client, &servers, plan, &routes),
     )
     .await
     .unwrap_or_default();
     let downloads = bounded(
         "download",
         &mut failures,
-        download_phase(&mut client, &servers, plan, bytes),
+        download_phase(&mut client, &servers, plan, bytes, &routes),
     )
     .await
     .unwrap_or_default();
