@@ -150,6 +150,8 @@ pub(crate) struct EgressReport {
 /// else with a short page; `hold` keeps every connection open until released.
 struct Servers {
     web: u16,
+    /// A plain relay to `web`: what any user-space relay costs on this machine.
+    relay: u16,
     hold: u16,
     held: Arc<Mutex<Vec<TcpStream>>>,
     accepted: Arc<AtomicUsize>,
@@ -177,8 +179,16 @@ impl Servers {
                 }
             }
         });
+        let relay = TcpListener::bind("127.0.0.1:0").context("cannot bind the relay")?;
+        let relay_port = relay.local_addr()?.port();
+        std::thread::spawn(move || {
+            for client in relay.incoming().flatten() {
+                std::thread::spawn(move || serve_relay(client, web_port));
+            }
+        });
         Ok(Self {
             web: web_port,
+            relay: relay_port,
             hold: hold_port,
             held,
             accepted,
@@ -192,6 +202,26 @@ impl Servers {
             self.accepted.store(0, Ordering::SeqCst);
         }
     }
+}
+
+/// Relay `client` to the web server with a thread and `std::io::copy` each way (read and
+/// write through an 8 KiB buffer, as `tokio::io::copy` does).
+fn serve_relay(client: TcpStream, web: u16) {
+    let Ok(upstream) = TcpStream::connect(("127.0.0.1", web)) else {
+        return;
+    };
+    let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
+    let (Ok(mut client_read), Ok(mut up_read)) = (client.try_clone(), upstream.try_clone()) else {
+        return;
+    };
+    let (mut client_write, mut up_write) = (client, upstream);
+    let up = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut client_read, &mut up_write);
+        let _ = up_write.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut up_read, &mut client_write);
+    let _ = client_write.shutdown(std::net::Shutdown::Write);
+    let _ = up.join();
 }
 
 fn serve_web(mut stream: TcpStream, download_bytes: u64) {
@@ -333,6 +363,18 @@ struct Route {
     host: &'static str,
     /// `proxy` (the client or curl through 127.0.0.1:3128) or `direct` (a plain connection).
     how: &'static str,
+    /// To the host's plain relay instead of the web server.
+    relay: bool,
+}
+
+impl Route {
+    fn port(&self, servers: &Servers) -> u16 {
+        if self.relay {
+            servers.relay
+        } else {
+            servers.web
+        }
+    }
 }
 
 /// The ways to compare: direct on the host, direct from a command of `task-container` (the
@@ -343,6 +385,7 @@ fn routes(container: bool) -> Vec<Route> {
         profile: None,
         host: "127.0.0.1",
         how: "direct",
+        relay: false,
     }];
     if container {
         routes.push(Route {
@@ -350,19 +393,29 @@ fn routes(container: bool) -> Vec<Route> {
             profile: Some(CONTAINER_PROFILE),
             host: "127.0.0.1",
             how: "direct",
+            relay: false,
         });
     }
+    routes.push(Route {
+        label: "reference: the host, through a plain relay (threads, 8 KiB copies)",
+        profile: None,
+        host: "127.0.0.1",
+        how: "direct",
+        relay: true,
+    });
     routes.push(Route {
         label: "policy: through the proxy (127.0.0.1:3128)",
         profile: Some(POLICY_PROFILE),
         host: NAME,
         how: "proxy",
+        relay: false,
     });
     routes.push(Route {
         label: "policy: through capture (synthetic address)",
         profile: Some(POLICY_PROFILE),
         host: NAME,
         how: "capture",
+        relay: false,
     });
     routes
 }
@@ -391,14 +444,18 @@ async fn setup_phase(
     routes: &[Route],
 ) -> anyhow::Result<Vec<Way>> {
     let per_round = (plan.connections / plan.rounds.max(1)).max(1);
-    let web = servers.web;
     let mut samples: Vec<Vec<Duration>> = routes.iter().map(|_| Vec::new()).collect();
     // Round 0 is a warm-up (python's imports in the page cache, the daemon's first policy).
     for round in 0..=plan.rounds {
         let n = if round == 0 { 20 } else { per_round };
         eprintln!("bench: egress set-up round {round}/{}", plan.rounds);
         for (k, route) in routes.iter().enumerate() {
-            let command = client_command(&format!("setup {} {} {web} {n}", route.how, route.host));
+            let command = client_command(&format!(
+                "setup {} {} {} {n}",
+                route.how,
+                route.host,
+                route.port(servers)
+            ));
             let id = format!("setup-{}-{round}", route.how);
             let got = timings(&run_on(client, route, id, &command, n as u64).await?)?;
             if round > 0 {
@@ -439,7 +496,6 @@ async fn download_phase(
     bytes: u64,
     routes: &[Route],
 ) -> anyhow::Result<Vec<Download>> {
-    let web = servers.web;
     let curl = "curl -sS -o /dev/null -m 240 -w '%{http_code} %{size_download} %{time_total}\\n'";
     let mut out: Vec<Download> = routes
         .iter()
@@ -456,7 +512,11 @@ async fn download_phase(
             } else {
                 "--noproxy '*'"
             };
-            let command = format!("{curl} {via} http://{}:{web}/big", route.host);
+            let command = format!(
+                "{curl} {via} http://{}:{}/big",
+                route.host,
+                route.port(servers)
+            );
             let id = format!("download-{}-{r}", route.how);
             out[k].mb_per_s.push(curl_rate(
                 &run_on(client, route, id, &command, 1).await?,
