@@ -901,3 +901,49 @@ pub(crate) fn markdown(r: &EgressReport) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timings_read_the_clients_microseconds() {
+        let got = timings("noise\nus 120 85 3000\n").unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Duration::from_micros(120),
+                Duration::from_micros(85),
+                Duration::from_micros(3000)
+            ]
+        );
+        assert!(timings("Traceback ...").is_err());
+    }
+
+    #[test]
+    fn curl_rate_is_megabytes_per_second_and_checks_the_size() {
+        let rate = curl_rate("200 200000000 0.5\n", 200_000_000).unwrap();
+        assert!((rate - 400.0).abs() < 1e-9);
+        assert!(curl_rate("200 1000 0.5\n", 200_000_000).is_err());
+        assert!(curl_rate("403 0 0.01\n", 200_000_000).is_err());
+    }
+
+    #[test]
+    fn the_host_direct_way_comes_first_and_the_container_only_when_available() {
+        let with = routes(true);
+        let without = routes(false);
+        assert_eq!(with[0].profile, None);
+        assert!(!with[0].relay);
+        assert_eq!(with.len(), without.len() + 1);
+        assert!(with.iter().any(|r| r.profile == Some(CONTAINER_PROFILE)));
+        assert!(!without.iter().any(|r| r.profile == Some(CONTAINER_PROFILE)));
+        assert_eq!(
+            without
+                .iter()
+                .filter(|r| r.profile == Some(POLICY_PROFILE))
+                .map(|r| r.how)
+                .collect::<Vec<_>>(),
+            ["proxy", "capture"]
+        );
+    }
+}
