@@ -23,6 +23,7 @@ mod baselines;
 mod client;
 mod daemon;
 mod deployments;
+mod egress;
 mod files;
 mod lab;
 mod memory;
@@ -165,6 +166,21 @@ struct Opts {
     /// Concurrent clients of --soak.
     #[arg(long, value_name = "N", default_value_t = 6)]
     soak_clients: usize,
+    /// Instead: what a network policy costs (issue 38): connection set-up through the proxy
+    /// and capture, download throughput, the daemon's RSS with --egress-held tunnels open, and
+    /// `echo hi` under a policy against `none`, each beside a direct baseline in the same run.
+    /// --iterations sets the connections timed per way [default: 1000; quick: 100] and the
+    /// `echo hi` pairs [default: 300; quick: 20]; --alone the pairs after 100 ms of idleness;
+    /// --repeats the downloads per way.
+    #[arg(long)]
+    egress: bool,
+    /// Size of the --egress download, in MB (10^6 bytes) [default: 200; quick: 20].
+    #[arg(long, value_name = "MB")]
+    egress_mb: Option<f64>,
+    /// Tunnels held open through the proxy for the --egress RSS figure [default: 1000;
+    /// quick: 100].
+    #[arg(long, value_name = "N")]
+    egress_held: Option<usize>,
     /// The daemon's --memory-budget-mb for --memory-sessions and --soak.
     #[arg(long, value_name = "MIB", default_value_t = 256)]
     memory_budget_mb: u64,
@@ -260,6 +276,41 @@ fn run(opts: Opts) -> anyhow::Result<()> {
             anyhow::Ok(deployments::markdown(&overheads, &throughputs))
         })?;
         println!("{table}");
+        return Ok(());
+    }
+    if opts.egress {
+        let executor = find_executor(opts.executor.clone(), !opts.no_build)?;
+        let q = opts.quick;
+        let plan = egress::Plan {
+            connections: opts.iterations.unwrap_or(if q { 100 } else { 1000 }).max(1),
+            rounds: 5,
+            download_mb: opts
+                .egress_mb
+                .unwrap_or(if q { 20.0 } else { 200.0 })
+                .max(0.001),
+            repeats: settings.repeats,
+            held: opts.egress_held.unwrap_or(if q { 100 } else { 1000 }),
+            pairs: opts
+                .iterations
+                .map(|n| n.min(2000))
+                .unwrap_or(if q { 20 } else { 300 }),
+            alone_pairs: settings.alone,
+        };
+        // Two descriptors per held tunnel in the daemon, one here (the holding server).
+        let want_fds = (plan.held as u64) * 2 + 1024;
+        let nofile = raise_nofile(want_fds)?;
+        if nofile < want_fds {
+            eprintln!("bench: RLIMIT_NOFILE is {nofile}, below the {want_fds} wanted");
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let report = rt.block_on(egress::run(&executor, &plan))?;
+        println!("{}", egress::markdown(&report));
+        if !report.failures.is_empty() {
+            bail!("some egress phases failed (see FAILED above)");
+        }
         return Ok(());
     }
     if let Some(sessions) = opts.memory_sessions {
