@@ -53,17 +53,34 @@ struct Bound {
     captures: Vec<(u16, std::net::TcpListener)>,
 }
 
-/// Wait for `pid`'s network namespace to be another than ours, then bind the listeners in it
-/// from a thread of their own.
+/// Wait for `pid`'s network namespace to be another than ours, then bind the listeners in it,
+/// both on a thread of their own: the command waits for its listeners, so the wait polls
+/// finer than tokio's timer (1 ms) can.
 async fn bind_in(pid: u32, ports: Vec<u16>) -> io::Result<Bound> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("egress-bind".into())
+        .spawn(move || {
+            let start = Instant::now();
+            let bound = namespace_of(pid, start).and_then(|ns| bind_here(&ns, &ports, start));
+            let _ = tx.send(bound);
+        })?;
+    rx.await
+        .unwrap_or_else(|_| Err(io::Error::other("the binding thread ended without a word")))
+}
+
+/// How often the binding thread looks again for the namespace and its loopback.
+const POLL: Duration = Duration::from_micros(100);
+
+/// On the binding thread: `pid`'s network namespace, once it is another than ours.
+fn namespace_of(pid: u32, start: Instant) -> io::Result<std::fs::File> {
     let ours = std::fs::metadata("/proc/self/ns/net")?.ino();
-    let start = Instant::now();
     let path = format!("/proc/{pid}/ns/net");
-    let ns = loop {
+    loop {
         // Opened first, then compared: the descriptor holds the namespace it was opened on.
         let file = std::fs::File::open(&path)?;
         if file.metadata()?.ino() != ours {
-            break file;
+            return Ok(file);
         }
         if start.elapsed() > NAMESPACE_TIMEOUT {
             return Err(io::Error::new(
@@ -71,16 +88,8 @@ async fn bind_in(pid: u32, ports: Vec<u16>) -> io::Result<Bound> {
                 "the sandbox made no network namespace in time",
             ));
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("egress-bind".into())
-        .spawn(move || {
-            let _ = tx.send(bind_here(&ns, &ports, start));
-        })?;
-    rx.await
-        .unwrap_or_else(|_| Err(io::Error::other("the binding thread ended without a word")))
+        std::thread::sleep(POLL);
+    }
 }
 
 /// On the binding thread: enter `ns` and bind. The thread ends right after.
@@ -95,7 +104,7 @@ fn bind_here(ns: &std::fs::File, ports: &[u16], start: Instant) -> io::Result<Bo
                 if err.kind() == io::ErrorKind::AddrNotAvailable
                     && start.elapsed() < NAMESPACE_TIMEOUT =>
             {
-                std::thread::sleep(Duration::from_millis(2));
+                std::thread::sleep(POLL);
             }
             Err(err) => return Err(err),
         }
