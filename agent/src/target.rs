@@ -47,6 +47,7 @@ pub async fn reach(
         } else {
             None
         },
+        network: environment.network.clone(),
     };
     let resolve = crate::deploy::start_within(
         deployment.as_ref(),

@@ -150,6 +150,15 @@ pub(crate) struct ServeArgs {
     /// `disk_quota_files`.
     #[arg(long, value_name = "N")]
     pub(crate) disk_quota_files: Option<u64>,
+    /// The single token's network ceiling (without --clients): let its commands connect to
+    /// what RULE names and nothing else (repeatable): `pypi.org`, `*.github.com:443`,
+    /// `10.0.0.0/8:5432`. A request may narrow it, never widen it (docs/profiles.md,
+    /// "network"). With --clients, each entry's `network` says it instead.
+    #[arg(long = "allow-net", value_name = "RULE")]
+    pub(crate) allow_net: Vec<String>,
+    /// Refuse what RULE names even where an --allow-net rule covers it (repeatable; deny wins).
+    #[arg(long = "deny-net", value_name = "RULE")]
+    pub(crate) deny_net: Vec<String>,
     /// For tests and labs: answer the network policy's lookups of NAME with ADDR (like
     /// curl's --resolve), instead of asking the host's resolver; repeatable (NAME=ADDR).
     /// The answers are judged by the policy like any other.

@@ -604,7 +604,10 @@ mod tests {
     use protocol::{ExecResult, OutputChunk};
 
     fn client() -> Arc<Client> {
-        crate::clients::ClientTable::single(b"token-token-token-token-token-token")
+        crate::clients::ClientTable::single(
+            b"token-token-token-token-token-token",
+            sandbox::network::Mode::Host,
+        )
             .current_by_name(crate::clients::DEFAULT_CLIENT)
             .unwrap()
     }
