@@ -250,7 +250,8 @@ impl super::Deployment for Local {
             };
             std::fs::create_dir_all(&workspace)
                 .with_context(|| format!("cannot create the workspace {}", workspace.display()))?;
-            let local = LocalExecutor::start(&self.binary, &workspace, task.network.as_ref()).await?;
+            let local =
+                LocalExecutor::start(&self.binary, &workspace, task.network.as_ref()).await?;
             crate::notes::note!(
                 "executor: started a local executor ({}) at {} with workspace {}",
                 local.binary.display(),

@@ -608,8 +608,8 @@ mod tests {
             b"token-token-token-token-token-token",
             sandbox::network::Mode::Host,
         )
-            .current_by_name(crate::clients::DEFAULT_CLIENT)
-            .unwrap()
+        .current_by_name(crate::clients::DEFAULT_CLIENT)
+        .unwrap()
     }
 
     fn output(id: &str, seq: u64) -> ServerMessage {
