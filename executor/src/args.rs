@@ -211,6 +211,18 @@ pub(crate) struct RunArgs {
     /// Refuse what RULE names even where an --allow-net rule covers it (repeatable; deny wins).
     #[arg(long = "deny-net", value_name = "RULE")]
     pub(crate) deny_net: Vec<String>,
+    /// Append the policy's decisions (one JSON line per connection attempt and name lookup,
+    /// as `serve`'s decision log) to PATH. Without it they are only counted, on stderr.
+    #[arg(long, value_name = "PATH", requires = "allow_net")]
+    pub(crate) network_log: Option<PathBuf>,
+    /// For tests and labs, as `serve --egress-resolve`: answer the policy's lookups of NAME
+    /// with ADDR; repeatable (NAME=ADDR).
+    #[arg(
+        long = "egress-resolve",
+        value_name = "NAME=ADDR",
+        requires = "allow_net"
+    )]
+    pub(crate) egress_resolve: Vec<String>,
     #[command(flatten)]
     pub(crate) common: CommonArgs,
     /// The command; several words are joined with spaces, as ssh does.

@@ -190,7 +190,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         let enforcer = crate::enforce::Enforcer::new(
             &state_dir,
-            &network_log,
+            Some(&network_log),
             &args.egress_resolve,
             vec![addr],
         )?;
