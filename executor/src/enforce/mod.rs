@@ -142,8 +142,8 @@ pub enum EnforceError {
     )]
     ResolverUnreachable { profile: String },
     #[error(
-        "the network policy cannot be enforced here: only `executor serve` runs the egress \
-         proxy a policy needs, so this command was not started"
+        "the network policy cannot be enforced here: no egress proxy runs beside this engine \
+         (`executor serve` and `executor run` run one), so this command was not started"
     )]
     NoEngine,
 }

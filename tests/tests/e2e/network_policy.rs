@@ -1,9 +1,9 @@
 //! Network by policy (issue 38), from the user's side: what the hello says about each profile's
 //! network and this client's ceiling, how rules are checked (clients file at start, requests
-//! when they arrive), and that a request never gets more network than its layers give. The
-//! proxy that enforces a policy is not in this build: a command whose network is a policy is
-//! refused, never run with more or less network than stated. Checked on the host, each denial
-//! beside its allowed control.
+//! when they arrive), and that a request never gets more network than its layers give; and
+//! `executor run --allow-net`, enforced by the run's own proxy (what the daemon's proxy lets
+//! through is network_enforce.rs's and network_matrix.rs's to check). Checked on the host,
+//! each denial beside its allowed control.
 
 use std::io::Read;
 use std::net::TcpListener;
