@@ -126,18 +126,22 @@ pub async fn exec_with_stdin(
 pub async fn shell(args: ShellArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
     // A bad flag is said before an executor is started or reached.
-    if let Err(e) = args.place.network.network() {
-        eprintln!("agent shell: {e:#}");
-        return Ok(EXEC_FAILED);
-    }
-    let reached = match crate::target::reach(&args.executor, "shell", &mut interrupts).await {
-        Ok(reached) => reached,
-        Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
-        Err(Unreached::Failed(e)) => {
+    let network = match args.place.network.network() {
+        Ok(network) => network,
+        Err(e) => {
             eprintln!("agent shell: {e:#}");
             return Ok(EXEC_FAILED);
         }
     };
+    let reached =
+        match crate::target::reach(&args.executor, "shell", network, &mut interrupts).await {
+            Ok(reached) => reached,
+            Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
+            Err(Unreached::Failed(e)) => {
+                eprintln!("agent shell: {e:#}");
+                return Ok(EXEC_FAILED);
+            }
+        };
     let result = shell_with(&args, &reached, &mut interrupts).await;
     reached.stop().await;
     match result {

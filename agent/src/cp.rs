@@ -121,7 +121,7 @@ pub async fn cp(args: CpArgs) -> anyhow::Result<u8> {
         }
     }
     let mut interrupts = Interrupts::install()?;
-    let reached = match crate::target::reach(&args.executor, "cp", &mut interrupts).await {
+    let reached = match crate::target::reach(&args.executor, "cp", None, &mut interrupts).await {
         Ok(reached) => reached,
         Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
         Err(Unreached::Failed(e)) => {

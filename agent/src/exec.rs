@@ -15,11 +15,15 @@ use crate::target::{Reached, Unreached};
 pub async fn exec(args: ExecArgs) -> anyhow::Result<u8> {
     let mut interrupts = Interrupts::install()?;
     // A bad flag is said before an executor is started or reached.
-    if let Err(e) = args.place.network.network() {
-        eprintln!("agent exec: {e:#}");
-        return Ok(EXEC_FAILED);
-    }
-    let reached = match crate::target::reach(&args.executor, "exec", &mut interrupts).await {
+    let network = match args.place.network.network() {
+        Ok(network) => network,
+        Err(e) => {
+            eprintln!("agent exec: {e:#}");
+            return Ok(EXEC_FAILED);
+        }
+    };
+    let reached = match crate::target::reach(&args.executor, "exec", network, &mut interrupts).await
+    {
         Ok(reached) => reached,
         Err(Unreached::Interrupted) => return Ok(INTERRUPTED),
         Err(Unreached::Failed(e)) => {

@@ -152,6 +152,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
         name: args.instance_id.clone().unwrap_or_else(|| "run".into()),
         image: config.environment.image.clone(),
         workspace,
+        network: config.environment.network.clone(),
     };
     let deadline = crate::deploy::start_timeout(&config.environment);
     let target = tokio::select! {

@@ -24,13 +24,18 @@ pub enum Unreached {
     Failed(anyhow::Error),
 }
 
-/// Start or find the executor `executor`'s flags name; `label` names the run (`exec`, `cp`).
+/// Start or find the executor `executor`'s flags name; `label` names the run (`exec`, `cp`);
+/// `network` is what its commands ask for (a local executor is started with it as ceiling).
 pub async fn reach(
     executor: &ExecutorArgs,
     label: &str,
+    network: Option<protocol::RequestNetwork>,
     interrupts: &mut Interrupts,
 ) -> Result<Reached, Unreached> {
-    let mut environment = config::EnvironmentConfig::default();
+    let mut environment = config::EnvironmentConfig {
+        network,
+        ..config::EnvironmentConfig::default()
+    };
     executor
         .apply(&mut environment)
         .map_err(Unreached::Failed)?;
@@ -47,6 +52,7 @@ pub async fn reach(
         } else {
             None
         },
+        network: environment.network.clone(),
     };
     let resolve = crate::deploy::start_within(
         deployment.as_ref(),

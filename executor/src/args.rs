@@ -150,6 +150,15 @@ pub(crate) struct ServeArgs {
     /// `disk_quota_files`.
     #[arg(long, value_name = "N")]
     pub(crate) disk_quota_files: Option<u64>,
+    /// The single token's network ceiling (without --clients): let its commands connect to
+    /// what RULE names and nothing else (repeatable): `pypi.org`, `*.github.com:443`,
+    /// `10.0.0.0/8:5432`. A request may narrow it, never widen it (docs/profiles.md,
+    /// "network"). With --clients, each entry's `network` says it instead.
+    #[arg(long = "allow-net", value_name = "RULE")]
+    pub(crate) allow_net: Vec<String>,
+    /// Refuse what RULE names even where an --allow-net rule covers it (repeatable; deny wins).
+    #[arg(long = "deny-net", value_name = "RULE")]
+    pub(crate) deny_net: Vec<String>,
     /// For tests and labs: answer the network policy's lookups of NAME with ADDR (like
     /// curl's --resolve), instead of asking the host's resolver; repeatable (NAME=ADDR).
     /// The answers are judged by the policy like any other.
@@ -202,6 +211,18 @@ pub(crate) struct RunArgs {
     /// Refuse what RULE names even where an --allow-net rule covers it (repeatable; deny wins).
     #[arg(long = "deny-net", value_name = "RULE")]
     pub(crate) deny_net: Vec<String>,
+    /// Append the policy's decisions (one JSON line per connection attempt and name lookup,
+    /// as `serve`'s decision log) to PATH. Without it they are only counted, on stderr.
+    #[arg(long, value_name = "PATH", requires = "allow_net")]
+    pub(crate) network_log: Option<PathBuf>,
+    /// For tests and labs, as `serve --egress-resolve`: answer the policy's lookups of NAME
+    /// with ADDR; repeatable (NAME=ADDR).
+    #[arg(
+        long = "egress-resolve",
+        value_name = "NAME=ADDR",
+        requires = "allow_net"
+    )]
+    pub(crate) egress_resolve: Vec<String>,
     #[command(flatten)]
     pub(crate) common: CommonArgs,
     /// The command; several words are joined with spaces, as ssh does.

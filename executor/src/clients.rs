@@ -153,8 +153,9 @@ pub struct ClientTable {
 }
 
 impl ClientTable {
-    /// Single-token mode: one client, every profile, the daemon's limits, the shared workspace.
-    pub fn single(token: &[u8]) -> Self {
+    /// Single-token mode: one client, every profile, the daemon's limits, the shared
+    /// workspace, and `network` as its network ceiling (`serve --allow-net`; `host` without).
+    pub fn single(token: &[u8], network: Mode) -> Self {
         Self {
             clients: vec![Arc::new(Client {
                 name: DEFAULT_CLIENT.into(),
@@ -165,7 +166,7 @@ impl ClientTable {
                 resume_grace: None,
                 metrics: true,
                 uid: None,
-                network: Mode::Host,
+                network,
             })],
         }
     }

@@ -111,6 +111,27 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Before Linux 5.5 the helper's first cgroup v1 move would wait for an RCU grace period:
     // let it start now, beside the rest of the set-up.
     cgroup::warm_attach(&cgroups);
+    // A policy is enforced as the daemon does it, by an egress engine of this run's own: its
+    // proxy, resolver and capture listeners put in the command's namespace and served by our
+    // runtime while the command runs. Its resolver configuration lies in a directory of the
+    // run's own, removed afterwards.
+    let egress = match &valid.client_network {
+        sandbox::network::Mode::Policy(_) => {
+            let dir = RunDir::make()?;
+            let enforcer = crate::enforce::Enforcer::new(
+                &dir.0,
+                args.network_log.as_deref(),
+                &args.egress_resolve,
+                Vec::new(),
+            )?;
+            Some((dir, enforcer))
+        }
+        _ => None,
+    };
+    let (_egress_dir, enforcer) = match egress {
+        Some((dir, enforcer)) => (Some(dir), Some(enforcer)),
+        None => (None, None),
+    };
     let rt = local_runtime()?;
     let Setup {
         mut engine,
@@ -124,7 +145,7 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
             home: std::env::temp_dir(),
             state_dir: default_state_dir(),
             daemon_files: Vec::new(),
-            enforcer: None,
+            enforcer,
         },
         cgroups,
         ProfileChoice {
@@ -225,6 +246,9 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         if !result.exception_info.is_empty() {
             eprintln!("executor: {}", result.exception_info);
         }
+        if let Some(network) = &result.extra.isolation.network {
+            say_network(network, args.network_log.as_deref());
+        }
         if result.extra.truncated {
             eprintln!(
                 "executor: output was {} bytes; the result kept {kept} of them (head and tail)",
@@ -245,6 +269,43 @@ pub(crate) fn run_local(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     code
+}
+
+/// A directory of the run's own in the temporary directory (mode 0700), removed when dropped.
+struct RunDir(std::path::PathBuf);
+
+impl RunDir {
+    fn make() -> anyhow::Result<Self> {
+        let template = std::env::temp_dir().join("executor-run-XXXXXX");
+        let dir = nix::unistd::mkdtemp(&template)
+            .with_context(|| format!("cannot make a directory like {}", template.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What the run's network policy let through and refused, on stderr: the decision log's
+/// summary, and where its lines went (`--network-log`), if anywhere.
+fn say_network(network: &protocol::NetworkReport, log: Option<&std::path::Path>) {
+    let Some(used) = &network.connections else {
+        return;
+    };
+    let mut line = format!(
+        "executor: network policy: {} allowed, {} refused",
+        used.allowed, used.denied
+    );
+    if !used.denied_first.is_empty() {
+        line.push_str(&format!(" ({})", used.denied_first.join(", ")));
+    }
+    if let Some(log) = log {
+        line.push_str(&format!("; decisions in {}", log.display()));
+    }
+    eprintln!("{line}");
 }
 
 /// Load built-in profile `name` into `engine` for a run stepping down to it, with the home it

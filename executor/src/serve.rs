@@ -16,6 +16,26 @@ use sandbox::{cgroup, spawner, sys};
 
 use crate::{audit, clients, server, token, workspaces};
 
+/// The single token's network ceiling from `--allow-net`/`--deny-net`: `host` without them.
+/// A clients file says each client's in its entries, so both together are refused.
+fn single_token_network(args: &ServeArgs) -> anyhow::Result<sandbox::network::Mode> {
+    if args.allow_net.is_empty() && args.deny_net.is_empty() {
+        return Ok(sandbox::network::Mode::Host);
+    }
+    if args.clients.is_some() {
+        bail!(
+            "--allow-net/--deny-net set the single token's network; with --clients, put \
+             `network` in the clients file's entries instead"
+        );
+    }
+    if args.allow_net.is_empty() {
+        bail!("--deny-net narrows what --allow-net allows; give at least one --allow-net");
+    }
+    let policy = crate::network_policy::parse_policy(&args.allow_net, &args.deny_net)
+        .context("--allow-net/--deny-net")?;
+    Ok(sandbox::network::Mode::Policy(policy))
+}
+
 pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     sys::tune_allocator();
     // Held to the end: dropping it flushes what is queued (for a second at most).
@@ -23,6 +43,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     resolve_daemon_paths(&mut args);
     let mut limits = default_limits();
     apply_overrides(&mut limits, &args);
+    let single_network = single_token_network(&args)?;
     // Same-uid commands must not read our memory or environment through /proc or ptrace.
     nix::sys::prctl::set_dumpable(false).context("cannot make the daemon non-dumpable")?;
     // Cgroups first: where the daemon must move into a leaf of its own (cgroup v2), it must do
@@ -169,7 +190,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         let enforcer = crate::enforce::Enforcer::new(
             &state_dir,
-            &network_log,
+            Some(&network_log),
             &args.egress_resolve,
             vec![addr],
         )?;
@@ -229,7 +250,7 @@ pub(crate) fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
             Some(path) => clients::ClientTable::load(path, &engine.profiles)?,
             None => {
                 let (token, _) = token::Token::load_or_create(&credentials, loopback)?;
-                clients::ClientTable::single(token.as_bytes())
+                clients::ClientTable::single(token.as_bytes(), single_network)
             }
         };
         let client_names = clients.names();

@@ -4,17 +4,23 @@ the hello's and the result's network reports are read. What the daemon does with
 the Rust e2e suite's to check (tests/tests/e2e/network_policy.rs): here, that it received the
 request, read from its answer. A build that does not enforce a policy refuses a command with
 one ("not enforced"), never running it with another network; each refusal is beside a
-control with `none` that runs, and a planted file shows on the host whether it ran."""
+control with `none` that runs, and a planted file shows on the host whether it ran. One test
+checks enforcement itself: a local executor the environment starts is given its policy, and a
+command reaches the allowed server on the host's loopback and not another."""
 
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon
+from conftest import Daemon, shared_dir
 from minisweagent.environments import get_environment
 from pydantic import ValidationError
 
@@ -272,5 +278,75 @@ def test_the_mini_environment_refuses_a_bad_network_shape_naming_it(
         assert environment.config.network is None
         assert environment.serialize()["info"]["config"]["environment"]["network"] is None
         assert environment.execute({"command": "true"})["returncode"] == 0
+    finally:
+        environment.close()
+
+
+class _CountingServer(http.server.ThreadingHTTPServer):
+    """An HTTP server on the host's loopback answering every GET with 200, counting them."""
+
+    seen = 0
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Counted)
+
+
+class _Counted(http.server.BaseHTTPRequestHandler):
+    server: _CountingServer
+
+    def do_GET(self) -> None:
+        self.server.seen += 1
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def two_servers() -> Iterator[tuple[_CountingServer, _CountingServer]]:
+    """Two HTTP servers on the host's loopback, each counting the requests it gets."""
+    servers = (_CountingServer(), _CountingServer())
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield servers
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_local_executor_started_with_a_policy_reaches_the_allowed_server_and_not_another(
+    two_servers: tuple[_CountingServer, _CountingServer],
+) -> None:
+    # With no url the environment starts an executor of its own, whose one client (us) gets
+    # the policy as its ceiling: under strict a requested policy is then that policy (with a
+    # ceiling of `host` it would be no network at all). Loopback is special to a policy, so
+    # the rule names it by address: the allowed server's port only.
+    allowed, other = (server.server_address[1] for server in two_servers)
+    environment = ExecutorEnvironment(
+        cwd=shared_dir(),
+        profile="strict",
+        network={"mode": "policy", "allow": [f"127.0.0.1/32:{allowed}"]},
+    )
+    try:
+        # Through the sandbox's proxy (its environment excepts 127.0.0.1 from it by default).
+        curl = "curl -s -o /dev/null -m 20 -w '%{http_code}' -x http://127.0.0.1:3128 --noproxy ''"
+        output = environment.execute(
+            {
+                "command": f"echo $({curl} http://127.0.0.1:{allowed}/) "
+                f"$({curl} http://127.0.0.1:{other}/)"
+            }
+        )
+        assert output["output"] == "200 403\n", output
+        assert output["extra"]["isolation"]["network"]["mode"] == "policy", output
+        assert [server.seen for server in two_servers] == [1, 0]
+        # The refusal is in the executor's decision log, under its one client.
+        local = environment._resources.local
+        assert local is not None
+        log = Path(local.state_dir.name) / "audit.network.jsonl"
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        decided = {(r["port"], r["allowed"]) for r in records if r["client"] == "default"}
+        assert decided == {(allowed, True), (other, False)}, records
     finally:
         environment.close()

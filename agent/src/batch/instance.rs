@@ -129,6 +129,7 @@ async fn attempt(ctx: &Ctx, slot: usize, instance: &Instance) -> Finished {
         name: id.clone(),
         image: Some(instance.image.clone()),
         workspace,
+        network: environment.network.clone(),
     };
     let deadline = crate::deploy::start_timeout(&environment);
     let deadline_at = tokio::time::Instant::now() + deadline;

@@ -76,8 +76,15 @@ pub struct LocalExecutor {
 }
 
 impl LocalExecutor {
-    /// Start `binary serve` with `workspace` as its default working directory.
-    pub async fn start(binary: &Path, workspace: &Path) -> anyhow::Result<Self> {
+    /// Start `binary serve` with `workspace` as its default working directory, and, when
+    /// `network` is a policy, that policy as the ceiling of its one client (us): without it
+    /// the client's ceiling is `host`, and a profile that enforces policies (strict) would
+    /// answer a requested policy with no network at all.
+    pub async fn start(
+        binary: &Path,
+        workspace: &Path,
+        network: Option<&protocol::RequestNetwork>,
+    ) -> anyhow::Result<Self> {
         let state = tempfile::Builder::new()
             .prefix("agent-executor-")
             .tempdir()
@@ -117,6 +124,7 @@ impl LocalExecutor {
             // every deliberate end of ours sends a close frame (commands killed at once), and
             // if we die the executor does too, killing everything.
             .args(["--resume-grace", LOCAL_RESUME_GRACE])
+            .args(network_args(network))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -186,6 +194,22 @@ impl LocalExecutor {
     }
 }
 
+/// `serve`'s flags giving its single token `network` as its ceiling: a policy's rules; none
+/// for `host`, `none` or no setting (`none` is the request's to ask, and is always granted).
+fn network_args(network: Option<&protocol::RequestNetwork>) -> Vec<String> {
+    match network {
+        Some(protocol::RequestNetwork::Policy { allow, deny }) => allow
+            .iter()
+            .flat_map(|rule| ["--allow-net".to_string(), rule.clone()])
+            .chain(
+                deny.iter()
+                    .flat_map(|rule| ["--deny-net".to_string(), rule.clone()]),
+            )
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 fn tail(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
@@ -226,7 +250,8 @@ impl super::Deployment for Local {
             };
             std::fs::create_dir_all(&workspace)
                 .with_context(|| format!("cannot create the workspace {}", workspace.display()))?;
-            let local = LocalExecutor::start(&self.binary, &workspace).await?;
+            let local =
+                LocalExecutor::start(&self.binary, &workspace, task.network.as_ref()).await?;
             crate::notes::note!(
                 "executor: started a local executor ({}) at {} with workspace {}",
                 local.binary.display(),

@@ -42,6 +42,10 @@ pub struct TaskSpec {
     /// Default working directory of the executor: a host path for `local`, a path in the
     /// container for `docker`, on the host for `ssh`; ignored by `remote`.
     pub workspace: Option<String>,
+    /// The network the task's commands ask for (`environment.network`). A `local` executor
+    /// is started with it as its client's ceiling (`serve --allow-net`), since the client of
+    /// an executor of our own is us; other deployments leave it to their executor's clients.
+    pub network: Option<protocol::RequestNetwork>,
 }
 
 /// A started executor, owned until [`Deployed::stop`].

@@ -73,6 +73,7 @@ pub async fn command(args: UpArgs) -> anyhow::Result<u8> {
         name: "deploy-up".into(),
         image: env.image.clone(),
         workspace,
+        network: env.network.clone(),
     };
     let start = super::start_within(deployment.as_ref(), &task, super::start_timeout(env));
     let deployed = tokio::select! {

@@ -4,7 +4,10 @@
 //! long as the command runs; the capture listeners map that address back to the name, and the
 //! egress engine resolves and judges it when the command connects. `AAAA` gets no record (so
 //! programs fall back to `A`), a name the policy refuses `NXDOMAIN` (and a record in the
-//! decision log), anything else `REFUSED`. Messages are parsed and built by `simple-dns`.
+//! decision log), anything else `REFUSED`. The command's own host names, `localhost` and the
+//! sandbox's host name ([`OWN_NAMES`]), are answered with 127.0.0.1 and judged by no policy:
+//! programs look them up for themselves (git does on every clone) and connect to nothing
+//! outside by them. Messages are parsed and built by `simple-dns`.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -20,6 +23,11 @@ use crate::egress::CommandContext;
 
 /// Time to live of a synthetic answer: the mapping lasts as long as the command.
 const TTL: u32 = 300;
+
+/// Names that are the command's own host: `localhost`, and the host name its UTS namespace
+/// gives it (`sandbox`, what `uname -n` says inside; `sandbox::plan`). Answered with
+/// 127.0.0.1, the namespace's own loopback, where nothing of the outside listens.
+pub const OWN_NAMES: [&str; 2] = ["localhost", "sandbox"];
 
 /// Names and their synthetic addresses, for one command.
 #[derive(Default)]
@@ -79,6 +87,23 @@ impl Resolver {
         };
         reply.questions.push(question.clone());
         let name = question.qname.to_string();
+        let bare = name.strip_suffix('.').unwrap_or(&name);
+        if OWN_NAMES.iter().any(|own| own.eq_ignore_ascii_case(bare)) {
+            match question.qtype {
+                QTYPE::TYPE(TYPE::A) => reply.answers.push(ResourceRecord::new(
+                    question.qname.clone(),
+                    CLASS::IN,
+                    TTL,
+                    RData::A(A {
+                        address: u32::from(Ipv4Addr::LOCALHOST),
+                    }),
+                )),
+                // AAAA: no record (NOERROR, empty), as for every name: the A answer serves.
+                QTYPE::TYPE(TYPE::AAAA) => {}
+                _ => *reply.rcode_mut() = RCODE::Refused,
+            }
+            return reply.build_bytes_vec().ok();
+        }
         let allowed = match question.qtype {
             QTYPE::TYPE(TYPE::A) | QTYPE::TYPE(TYPE::AAAA) => self.judge(&name),
             _ => {
@@ -270,5 +295,38 @@ mod tests {
         let mx_bytes = ask(&resolver, "pypi.org", TYPE::MX);
         let mx = Packet::parse(&mx_bytes).unwrap();
         assert_eq!(mx.rcode(), RCODE::Refused);
+    }
+
+    #[test]
+    fn the_commands_own_host_names_get_loopback_unjudged_beside_a_name_refused() {
+        let sink = Arc::new(Kept::default());
+        let resolver = resolver(sink.clone());
+        for name in ["localhost", "sandbox", "Sandbox.", "LOCALHOST"] {
+            let bytes = ask(&resolver, name, TYPE::A);
+            let reply = Packet::parse(&bytes).unwrap();
+            assert_eq!(reply.rcode(), RCODE::NoError, "{name}");
+            assert_eq!(reply.answers.len(), 1, "{name}: {reply:?}");
+            let RData::A(a) = &reply.answers[0].rdata else {
+                panic!("{reply:?}")
+            };
+            assert_eq!(Ipv4Addr::from(a.address), Ipv4Addr::LOCALHOST, "{name}");
+            let v6_bytes = ask(&resolver, name, TYPE::AAAA);
+            let v6 = Packet::parse(&v6_bytes).unwrap();
+            assert_eq!(v6.rcode(), RCODE::NoError, "{name}");
+            assert!(v6.answers.is_empty(), "{name}: {v6:?}");
+        }
+        // Not the policy's to judge: no decision recorded, and no synthetic address taken.
+        assert!(sink.0.lock().unwrap().is_empty());
+        assert!(resolver.names.lock().unwrap().by_name.is_empty());
+        // Control: a name merely like them is judged, and refused.
+        for name in ["sandbox.example", "localhost.evil.example"] {
+            let bytes = ask(&resolver, name, TYPE::A);
+            let reply = Packet::parse(&bytes).unwrap();
+            assert_eq!(reply.rcode(), RCODE::NameError, "{name}");
+        }
+        let kept = sink.0.lock().unwrap();
+        let hosts: Vec<&str> = kept.iter().map(|r| r.host.as_str()).collect();
+        assert_eq!(hosts, ["sandbox.example", "localhost.evil.example"]);
+        assert!(kept.iter().all(|r| !r.allowed));
     }
 }

@@ -51,12 +51,13 @@ pub struct Enforcer {
 }
 
 impl Enforcer {
-    /// The daemon's enforcer: decisions logged to `log_path`; names resolved by the host's
-    /// resolver, or by `overrides` (`NAME=ADDR`, for tests and labs) first; `own` the
-    /// daemon's listening addresses, which no policy reaches.
+    /// The daemon's enforcer (or `executor run`'s): decisions logged to `log_path` (without
+    /// one, only counted in each result); names resolved by the host's resolver, or by
+    /// `overrides` (`NAME=ADDR`, for tests and labs) first; `own` the daemon's listening
+    /// addresses, which no policy reaches.
     pub fn new(
         state_dir: &Path,
-        log_path: &Path,
+        log_path: Option<&Path>,
         overrides: &[String],
         own: Vec<std::net::SocketAddr>,
     ) -> anyhow::Result<Self> {
@@ -90,8 +91,8 @@ impl Enforcer {
             Arc::new(fixed)
         };
         let log = Arc::new(
-            log::DecisionLog::open(Some(log_path))
-                .with_context(|| format!("cannot open {}", log_path.display()))?,
+            log::DecisionLog::open(log_path)
+                .with_context(|| format!("cannot open the decision log {log_path:?}"))?,
         );
         let resolv_conf = Self::write_resolv_conf(state_dir)
             .with_context(|| format!("cannot write {RESOLV_CONF} in {}", state_dir.display()))?;
@@ -114,11 +115,15 @@ impl Enforcer {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
+        // Written beside and renamed over: a command starting meanwhile (another run's, or
+        // the previous daemon's) binds the old file or the new one, never a half-written one.
+        let fresh = path.with_extension(format!("conf.{}", std::process::id()));
         std::fs::write(
-            &path,
+            &fresh,
             "# Written by the executor: the resolver in this command's network namespace.\n\
              nameserver 127.0.0.1\noptions ndots:1\n",
         )?;
+        std::fs::rename(&fresh, &path)?;
         Ok(path)
     }
 }
@@ -137,8 +142,8 @@ pub enum EnforceError {
     )]
     ResolverUnreachable { profile: String },
     #[error(
-        "the network policy cannot be enforced here: only `executor serve` runs the egress \
-         proxy a policy needs, so this command was not started"
+        "the network policy cannot be enforced here: no egress proxy runs beside this engine \
+         (`executor serve` and `executor run` run one), so this command was not started"
     )]
     NoEngine,
 }
@@ -402,7 +407,8 @@ mod tests {
             "b.test=203.0.113.3".to_string(),
             "A.test=2001:db8::2".to_string(),
         ];
-        let enforcer = Enforcer::new(&dir, &dir.join("network.jsonl"), &overrides, vec![]).unwrap();
+        let enforcer =
+            Enforcer::new(&dir, Some(&dir.join("network.jsonl")), &overrides, vec![]).unwrap();
         let a = enforcer
             .engine
             .resolver

@@ -604,9 +604,12 @@ mod tests {
     use protocol::{ExecResult, OutputChunk};
 
     fn client() -> Arc<Client> {
-        crate::clients::ClientTable::single(b"token-token-token-token-token-token")
-            .current_by_name(crate::clients::DEFAULT_CLIENT)
-            .unwrap()
+        crate::clients::ClientTable::single(
+            b"token-token-token-token-token-token",
+            sandbox::network::Mode::Host,
+        )
+        .current_by_name(crate::clients::DEFAULT_CLIENT)
+        .unwrap()
     }
 
     fn output(id: &str, seq: u64) -> ServerMessage {

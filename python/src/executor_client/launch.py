@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from .errors import DeploymentError
+from .protocol import Network
 
 #: Variables a local executor inherits. Everything else, API keys above all, stays with us.
 INHERITED_ENV = (
@@ -130,8 +131,14 @@ class LocalExecutor:
         resume_grace: float = 30,
         start_timeout: float = 20,
         extra_args: tuple[str, ...] = (),
+        network: Network | None = None,
     ) -> LocalExecutor:
-        """Start it with `workspace` as its default working directory (created if missing)."""
+        """Start it with `workspace` as its default working directory (created if missing).
+
+        A policy `network` becomes the ceiling of its one client, us (`serve --allow-net`):
+        without it that ceiling is `host`, and a profile that enforces policies (strict)
+        answers a requested policy with no network at all.
+        """
         path = find_binary("executor", binary, "EXECUTOR_BIN")
         state = tempfile.TemporaryDirectory(prefix="executor-client-")
         Path(state.name).chmod(0o700)  # only we may read the token it writes there
@@ -144,6 +151,11 @@ class LocalExecutor:
         argv += ["--resume-grace", f"{resume_grace:g}"]
         for name in allow_profiles:
             argv += ["--allow-profile", name]
+        if network is not None and network.mode == "policy":
+            for rule in network.allow:
+                argv += ["--allow-net", rule]
+            for rule in network.deny:
+                argv += ["--deny-net", rule]
         argv += list(extra_args)
         env = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
         env.setdefault("RUST_LOG", "warn")

@@ -285,7 +285,11 @@ class ExecutorEnvironment:
             elif deployment.owned:
                 choose = PROFILE_PREFERENCE
         else:
-            local = LocalExecutor.start(config.cwd or str(Path.cwd()), binary=config.executor_bin)
+            local = LocalExecutor.start(
+                config.cwd or str(Path.cwd()),
+                binary=config.executor_bin,
+                network=config.network,
+            )
             self._resources.local = local
             self.logger.info("started a local executor at %s", local.url)
             url, token_file, fingerprint = local.url, local.token_file, None

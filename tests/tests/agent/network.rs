@@ -9,7 +9,7 @@
 use executor_tests::{eventually, is_root, marker, require, Daemon, PATIENCE};
 use serde_json::Value;
 
-use crate::{agent_against, assert_complete_trajectory, Scratch};
+use crate::{agent_against, assert_complete_trajectory, finish_one_shot, one_shot, Scratch};
 
 /// The "PyPI, npm and GitHub only" recipe of the docs, plus a deny rule.
 const POLICY_YAML: &str = "environment:\n  network:\n    mode: policy\n    allow:\n      - pypi.org:443\n      - files.pythonhosted.org:443\n      - registry.npmjs.org:443\n      - github.com:443\n      - codeload.github.com:443\n      - objects.githubusercontent.com:443\n    deny: [evil.pypi.org]\n";
@@ -467,4 +467,48 @@ async fn a_batch_instance_carries_its_own_network_over_the_batchs() {
     assert_eq!(b["info"]["exit_status"], "Submitted", "{b}");
     assert_eq!(first_report(&b)["mode"], "none");
     assert!(daemon.workspace.join(format!("ran-{mb}")).exists());
+}
+
+/// The GET requests `role`'s server of the test internet has logged.
+fn served(net: &executor_tests::test_internet::TestInternet, role: &str) -> usize {
+    net.log(role).matches("\"GET ").count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_executor_started_with_a_policy_reaches_the_allowed_server_and_not_another() {
+    if !require("root", is_root()) {
+        return;
+    }
+    // Without --executor the agent starts an executor of its own, whose one client (us) it
+    // gives the policy as ceiling: under strict a requested policy is then that policy, where
+    // a ceiling of `host` would give no network at all. No --egress-resolve there, so the
+    // rule names the allowed server by its address.
+    let net = executor_tests::test_internet::TestInternet::start();
+    let scratch = Scratch::new();
+    let (pypi, git) = (net.pypi().v4, net.git().v4);
+    let allow = format!("{pypi}/32:80");
+    let code = |url: String| {
+        format!("echo \"$(curl -s -o /dev/null -m 20 -w '%{{http_code}}' {url}) rc=$?\"")
+    };
+    let command = format!(
+        "{}; {}",
+        code(format!("http://{pypi}/simple/")),
+        code(format!("http://{git}/HEAD"))
+    );
+    let child = one_shot()
+        .args(["exec", "--profile", "strict", "--allow-net", &allow, "--"])
+        .arg(&command)
+        .current_dir(scratch.path())
+        .spawn()
+        .unwrap();
+    let done = finish_one_shot(child, "agent exec --allow-net").await;
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The allowed server answered, through the proxy; the other was refused by the proxy
+    // (403), and its server saw nothing.
+    assert_eq!(lines, ["200 rc=0", "403 rc=0"], "{stdout}");
+    assert_eq!(served(&net, "pypi"), 1, "{}", net.log("pypi"));
+    assert_eq!(served(&net, "git"), 0, "{}", net.log("git"));
+    assert!(!done.stderr.contains("not enforced"), "{}", done.stderr);
 }

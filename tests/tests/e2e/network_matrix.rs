@@ -865,3 +865,159 @@ echo "git: $(curl -s -o /dev/null -m 20 -w '%{{http_code}}' {repo}/HEAD)"
     assert!(found(&records), "{records:#?}");
     assert_eq!(records.len(), expected.len(), "{records:#?}");
 }
+
+/// `curl`'s HTTP status for the test internet's index and for its git server, one line each.
+fn pypi_and_git(net: &TestInternet) -> String {
+    format!(
+        "echo \"pypi: $(curl -s -o /dev/null -m 20 -w '%{{http_code}}' http://{pypi}/simple/)\"
+echo \"git: $(curl -s -o /dev/null -m 20 -w '%{{http_code}}' {repo}/HEAD)\"",
+        pypi = net.pypi().name,
+        repo = net.repo_url()
+    )
+}
+
+/// `serve --egress-resolve` for each of the test internet's names.
+fn resolve_args(net: &TestInternet) -> Vec<String> {
+    net.resolve_pairs()
+        .into_iter()
+        .flat_map(|pair| ["--egress-resolve".to_string(), pair])
+        .collect()
+}
+
+/// `serve --allow-net` without a clients file: the single token's ceiling is that policy, so
+/// under strict a command that asks for nothing gets it (reaches the allowed server, is
+/// refused the other, its refusal in the decision log under the client `default`). With a
+/// clients file the flag is refused at start, naming where a client's network goes.
+#[tokio::test]
+async fn serve_allow_net_is_the_single_tokens_ceiling_and_is_refused_beside_a_clients_file() {
+    if !require("root (network namespaces, the test internet)", is_root()) {
+        return;
+    }
+    let net = TestInternet::start();
+    let (pypi, git) = (net.pypi().name, net.git().name);
+    let allow = format!("{pypi}:80");
+    let mut args = vec![
+        "--allow-profile".to_string(),
+        "strict".to_string(),
+        "--allow-net".to_string(),
+        allow.clone(),
+        "--deny-net".to_string(),
+        BLOCKED.to_string(),
+    ];
+    args.extend(resolve_args(&net));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = Daemon::start_with(&args);
+    let mut client = daemon.connect().await;
+    let ceiling = client
+        .hello
+        .network
+        .clone()
+        .expect("a ceiling in the hello");
+    assert_eq!(ceiling.mode, "policy", "{ceiling:?}");
+    assert_eq!(ceiling.layers.len(), 1, "{ceiling:?}");
+    assert_eq!(ceiling.layers[0].layer, "client");
+    assert_eq!(ceiling.layers[0].allow, [allow.as_str()]);
+    assert_eq!(ceiling.layers[0].deny, [BLOCKED]);
+    let mut r = req("single", &pypi_and_git(&net));
+    r.profile = Some("strict".into());
+    r.timeout = Some(60.0);
+    let result = client.exec(r).await.result.unwrap();
+    assert_eq!(result.output.trim(), "pypi: 200\ngit: 403", "{result:?}");
+    let network = result.extra.isolation.network.clone().unwrap();
+    assert_eq!(network.mode, "policy", "{network:?}");
+    let [(_, pypi_seen), (_, git_seen), _] = requests_seen(&net);
+    assert_eq!((pypi_seen, git_seen), (1, 0), "{}", net.log("git"));
+    let log_path = daemon.state.path().join("audit.network.jsonl");
+    let expected = [
+        logged("http", pypi, 80, "allowed"),
+        logged("http", git, 80, "not_allowed"),
+    ];
+    let found = |records: &[Value]| {
+        expected.iter().all(|want| {
+            records
+                .iter()
+                .any(|r| r["command"] == "single" && r["client"] == "default" && matches(r, want))
+        })
+    };
+    eventually(Duration::from_secs(15), || found(&records(&log_path))).await;
+    assert!(found(&records(&log_path)), "{:#?}", records(&log_path));
+
+    // A clients file says each client's network in its entries: beside it the flag is
+    // refused at start.
+    let (_dir, file) = crate::clients::clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": crate::clients::ALICE},
+    ]}));
+    let refused = Daemon::try_start_opts(DaemonOptions {
+        extra: vec![
+            "--clients".into(),
+            file.display().to_string(),
+            "--allow-net".into(),
+            allow.clone(),
+        ],
+        state_parent: Some("/var/tmp".into()),
+        ..Default::default()
+    })
+    .err()
+    .expect("refused");
+    assert!(
+        refused.contains("put `network` in the clients file's entries"),
+        "{refused}"
+    );
+    // Control: the same clients file without the flag starts.
+    let started = crate::clients::start(&file, &["--allow-profile", "strict"]);
+    crate::clients::connect(&started, crate::clients::ALICE).await;
+}
+
+/// Two clients of one daemon, each with a policy of its own in the clients file (the index
+/// only, the git server only), both under strict: each reaches its own server and is refused
+/// the other's, and each refusal is in the decision log under its own client's name.
+#[tokio::test]
+async fn two_clients_with_policies_of_their_own_stay_apart() {
+    if !require("root (network namespaces, the test internet)", is_root()) {
+        return;
+    }
+    let net = TestInternet::start();
+    let (pypi, git) = (net.pypi().name, net.git().name);
+    let only = |name: &str| serde_json::json!({"mode": "policy", "allow": [format!("{name}:80")]});
+    let (_dir, file) = crate::clients::clients_file(&serde_json::json!({"clients": [
+        {"name": "alice", "token": crate::clients::ALICE, "network": only(pypi)},
+        {"name": "bob", "token": crate::clients::BOB, "network": only(git)},
+    ]}));
+    let mut args = vec!["--allow-profile".to_string(), "strict".to_string()];
+    args.extend(resolve_args(&net));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = crate::clients::start(&file, &args);
+    let mut alice = crate::clients::connect(&daemon, crate::clients::ALICE).await;
+    let mut bob = crate::clients::connect(&daemon, crate::clients::BOB).await;
+    let request = |id: &str| {
+        let mut r = req(id, &pypi_and_git(&net));
+        r.profile = Some("strict".into());
+        r.timeout = Some(60.0);
+        r
+    };
+    let (ra, rb) = tokio::join!(alice.exec(request("a")), bob.exec(request("b")));
+    let (ra, rb) = (ra.result.unwrap(), rb.result.unwrap());
+    assert_eq!(ra.output.trim(), "pypi: 200\ngit: 403", "{ra:?}");
+    assert_eq!(rb.output.trim(), "pypi: 403\ngit: 200", "{rb:?}");
+    let [(_, pypi_seen), (_, git_seen), _] = requests_seen(&net);
+    assert_eq!((pypi_seen, git_seen), (1, 1));
+
+    let log_path = daemon.state.path().join("audit.network.jsonl");
+    let expected = [
+        ("alice", logged("http", pypi, 80, "allowed")),
+        ("alice", logged("http", git, 80, "not_allowed")),
+        ("bob", logged("http", git, 80, "allowed")),
+        ("bob", logged("http", pypi, 80, "not_allowed")),
+    ];
+    let found = |records: &[Value]| {
+        expected.iter().all(|(client, want)| {
+            records
+                .iter()
+                .any(|r| r["client"] == *client && matches(r, want))
+        })
+    };
+    eventually(Duration::from_secs(15), || found(&records(&log_path))).await;
+    let records = records(&log_path);
+    assert!(found(&records), "{records:#?}");
+    assert_eq!(records.len(), expected.len(), "{records:#?}");
+}

@@ -1,9 +1,9 @@
 //! Network by policy (issue 38), from the user's side: what the hello says about each profile's
 //! network and this client's ceiling, how rules are checked (clients file at start, requests
-//! when they arrive), and that a request never gets more network than its layers give. The
-//! proxy that enforces a policy is not in this build: a command whose network is a policy is
-//! refused, never run with more or less network than stated. Checked on the host, each denial
-//! beside its allowed control.
+//! when they arrive), and that a request never gets more network than its layers give; and
+//! `executor run --allow-net`, enforced by the run's own proxy (what the daemon's proxy lets
+//! through is network_enforce.rs's and network_matrix.rs's to check). Checked on the host,
+//! each denial beside its allowed control.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -375,7 +375,7 @@ async fn a_granted_policy_runs_and_its_report_names_every_layer_that_filtered() 
 }
 
 #[tokio::test]
-async fn executor_run_checks_allow_net_rules_and_refuses_a_policy_it_has_no_proxy_for() {
+async fn executor_run_checks_allow_net_rules_and_enforces_a_policy_with_its_own_proxy() {
     if !require("root", is_root()) {
         return;
     }
@@ -386,31 +386,79 @@ async fn executor_run_checks_allow_net_rules_and_refuses_a_policy_it_has_no_prox
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let planted = dir.path().join(format!("ran-{}", marker()));
     let touch = format!("touch {}", planted.display());
-    let run = |extra: &[&str]| {
+    let run = |extra: &[&str], command: &str| {
         let mut run = Command::new(executor_tests::binary("executor"));
         run.args(["run", "--profile", "strict"])
             .args(extra)
             .arg("--cwd")
             .arg(dir.path())
-            .args(["--", &touch]);
+            .args(["--", command]);
         run.output().unwrap()
     };
-    let bad = run(&["--allow-net", "pypi.org:0"]);
+    let bad = run(&["--allow-net", "pypi.org:0"], &touch);
     assert!(!bad.status.success());
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains("rule \"pypi.org:0\""), "{stderr}");
-    let policy = run(&["--allow-net", "pypi.org:443", "--deny-net", "evil.pypi.org"]);
-    assert!(!policy.status.success());
-    let stderr = String::from_utf8_lossy(&policy.stderr);
-    assert!(
-        stderr.contains("only `executor serve` runs the egress proxy"),
-        "{stderr}"
-    );
-    let deny_only = run(&["--deny-net", "evil.pypi.org"]);
+    let deny_only = run(&["--deny-net", "evil.pypi.org"], &touch);
     assert!(!deny_only.status.success());
     assert!(!planted.exists(), "a refused run ran");
     // Control: without a rule the same run runs.
-    let ok = run(&[]);
+    let ok = run(&[], &touch);
     assert!(ok.status.success(), "{ok:?}");
     assert!(planted.exists());
+    std::fs::remove_file(&planted).unwrap();
+
+    // A policy is enforced by the run's own proxy and resolver: the allowed server of the
+    // test internet answers, the other is refused (and sees nothing), and both decisions are
+    // in the run's decision log.
+    let net = executor_tests::test_internet::TestInternet::start();
+    let (pypi, git) = (net.pypi().name, net.git().name);
+    let log = dir.path().join("network.jsonl");
+    let allow = format!("{pypi}:80");
+    let log_arg = log.display().to_string();
+    let mut extra = vec![
+        "--allow-net",
+        &allow,
+        "--deny-net",
+        "evil.pypi.org",
+        "--network-log",
+        &log_arg,
+    ];
+    let pairs = net.resolve_pairs();
+    for pair in &pairs {
+        extra.extend(["--egress-resolve", pair]);
+    }
+    let code = |url: String| format!("curl -s -o /dev/null -m 20 -w '%{{http_code}}' {url}");
+    let command = format!(
+        "{touch}; echo \"pypi: $({})\"; echo \"git: $({})\"",
+        code(format!("http://{pypi}/simple/")),
+        code(format!("{}/HEAD", net.repo_url()))
+    );
+    let policy = run(&extra, &command);
+    let stdout = String::from_utf8_lossy(&policy.stdout);
+    let stderr = String::from_utf8_lossy(&policy.stderr);
+    assert!(policy.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "pypi: 200\ngit: 403", "{stderr}");
+    assert!(planted.exists(), "the policy's run ran");
+    assert!(
+        stderr.contains("network policy: 1 allowed, 1 refused"),
+        "{stderr}"
+    );
+    assert_eq!(net.log("pypi").matches("\"GET ").count(), 1);
+    assert_eq!(
+        net.log("git").matches("\"GET ").count(),
+        0,
+        "{}",
+        net.log("git")
+    );
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let decided: Vec<(&str, bool)> = records
+        .iter()
+        .map(|r| (r["host"].as_str().unwrap(), r["allowed"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(decided, [(pypi, true), (git, false)], "{records:#?}");
 }
