@@ -1,5 +1,5 @@
 //! The resolver inside a command's namespace. It never looks a name up: an `A` query for a
-//! name the policy may allow (on some port, [`Effective::decide_before_resolving`]) is
+//! name the policy may allow (on some port, [`sandbox::network::Effective::decide_before_resolving`]) is
 //! answered with a synthetic address of 127.1.0.0/16, the same one for the same name for as
 //! long as the command runs; the capture listeners map that address back to the name, and the
 //! egress engine resolves and judges it when the command connects. `AAAA` gets no record (so

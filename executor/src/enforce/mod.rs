@@ -2,7 +2,7 @@
 //! in a network namespace of its own whose only way out is the daemon's egress engine.
 //!
 //! The namespace holds nothing but loopback, and the daemon's own sockets, bound inside it
-//! before the command starts ([`listen::bind_in`]):
+//! before the command starts (`listen::bind_in`):
 //! - an HTTP proxy on `127.0.0.1:3128` ([`crate::egress::Engine::serve_proxy`]), named by
 //!   the command's `HTTP_PROXY` and friends;
 //! - a resolver on `127.0.0.1:53` (UDP and TCP; `/etc/resolv.conf` in the sandbox names it) that
@@ -14,7 +14,7 @@
 //!
 //! Anything else finds no listener, and nothing leaves the namespace by a route of its own
 //! (it has none): that is the enforcement, and it fails closed. The listeners are closed when
-//! the command ends ([`Attached`] is dropped); the namespace is never lent to another command
+//! the command ends ([`listen::Attached`] is dropped); the namespace is never lent to another command
 //! (`sandbox::spawner::net_pool::reusable`).
 //!
 //! Every attempt becomes one JSON line in the decision log ([`log::DecisionLog`]), is counted
