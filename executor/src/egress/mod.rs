@@ -33,11 +33,13 @@ pub mod record;
 pub mod resolve;
 
 mod http;
+mod splice;
 mod tunnel;
 
 #[cfg(test)]
 mod tests;
 
+use std::any::Any;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,7 +119,13 @@ impl Engine {
             None => return attempt.finish(&*self.sink),
         };
         if let Ok(upstream) = self.dial(&ctx, &mut attempt, &target, port).await {
-            let end = tunnel::relay(&mut stream, upstream, &target, port, &self.limits).await;
+            // A TCP socket (the daemon's listeners) is relayed with splice(2); anything else
+            // (Unix sockets in tests) by copying.
+            let limits = &self.limits;
+            let end = match (&mut stream as &mut dyn Any).downcast_mut::<TcpStream>() {
+                Some(tcp) => tunnel::relay_tcp(tcp, &[], upstream, &target, port, limits).await,
+                None => tunnel::relay(&mut stream, upstream, &target, port, limits).await,
+            };
             attempt.ended(end);
         }
         attempt.finish(&*self.sink);
