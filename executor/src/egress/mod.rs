@@ -26,7 +26,8 @@
 //! the log file) comes in a later step.
 //!
 //! Files: `resolve.rs` (resolvers), `record.rs` (the decision log), `tunnel.rs` (judging the
-//! first bytes of a tunnel and relaying it), `http.rs` (the HTTP side, on hyper); this file
+//! first bytes of a tunnel and relaying it), `splice.rs` (the relay between two TCP sockets,
+//! with splice(2)), `http.rs` (the HTTP side, on hyper); this file
 //! holds the engine and the dialing all three entry points share.
 
 pub mod record;
