@@ -17,12 +17,15 @@
 //! once those have begun must the message complete within the time limit.
 
 use std::io;
+use std::sync::atomic::Ordering;
 
 use rustls::server::Acceptor;
 use sandbox::network::Host;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 
-use super::{authority_matches, Limits};
+use super::splice::{self, Count};
+use super::{authority_matches, Counted, Limits};
 
 /// Why a tunnel ended early.
 #[derive(Debug)]
@@ -74,6 +77,42 @@ where
         Ok::<_, End>(())
     };
     // A refused first message ends both directions at once.
+    tokio::try_join!(up, down).map(|_| ())
+}
+
+/// [`relay`] for a command's side that is a TCP socket: the same judging, then the bytes
+/// moved with splice(2) ([`splice`]). `early` is what was already read from `client` (by
+/// hyper, past a CONNECT's head), and comes first.
+pub async fn relay_tcp(
+    client: &TcpStream,
+    early: &[u8],
+    upstream: Counted<TcpStream>,
+    target: &Host,
+    port: u16,
+    limits: &Limits,
+) -> Result<(), End> {
+    let Counted {
+        inner: upstream,
+        up,
+        down,
+    } = upstream;
+    let upstream = &upstream;
+    let up = async {
+        let mut reader = early.chain(splice::ReadRef(client));
+        let first = first_message(&mut reader, target, port, limits).await?;
+        // What hyper read that judging did not need follows the first message.
+        let (rest, _) = reader.into_inner();
+        for bytes in [&first[..], rest] {
+            splice::write_all(upstream, bytes).await?;
+            up.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+        splice::copy(client, upstream, Count::Written(&up)).await?;
+        Ok::<_, End>(())
+    };
+    let down = async {
+        splice::copy(upstream, client, Count::Read(&down)).await?;
+        Ok::<_, End>(())
+    };
     tokio::try_join!(up, down).map(|_| ())
 }
 

@@ -227,3 +227,46 @@ async fn a_refused_tunnel_is_recorded_before_the_command_sees_it_close() {
         assert_eq!(record["code"], "host_mismatch", "{record}");
     }
 }
+
+/// The daemon's listeners hand over TCP sockets, relayed with splice(2) once the first
+/// message is judged: the bytes each way are counted exactly as through the copying relay,
+/// on the capture path and through CONNECT, where the first message comes in the same write
+/// as the CONNECT head (read by hyper with it, so relayed from what hyper read).
+#[tokio::test]
+async fn a_tcp_socket_is_relayed_and_counted_exactly_on_both_paths() {
+    let port = banner_server().await;
+    let s = banner_setup(Limits::default());
+    let listener = TcpListener::bind((LOOPBACK, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    for via_connect in [false, true] {
+        let (ours, theirs) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (mut ours, theirs) = (ours.unwrap(), theirs.unwrap().0);
+        let (engine, ctx) = (s.engine.clone(), s.ctx.clone());
+        let mut sent = Vec::new();
+        if via_connect {
+            tokio::spawn(async move { engine.serve_proxy(ctx, theirs).await });
+            let head = format!("CONNECT banner.test:{port} HTTP/1.1\r\nHost: banner.test\r\n\r\n");
+            sent.extend_from_slice(head.as_bytes());
+        } else {
+            tokio::spawn(async move { engine.serve_tcp(ctx, theirs, "banner.test", port).await });
+        }
+        sent.extend_from_slice(b"EHLO me\r\n");
+        ours.write_all(&sent).await.unwrap();
+        let answer = read_all(&mut ours).await;
+        assert!(answer.ends_with("220 banner\r\nEHLO me\r\n"), "{answer}");
+        drop(ours);
+        let records = s.sink.all(usize::from(via_connect) + 1).await;
+        let record = records.last().unwrap();
+        let kind = if via_connect { "connect" } else { "tcp" };
+        assert_eq!(
+            (
+                &record["kind"],
+                &record["allowed"],
+                &record["bytes_up"],
+                &record["bytes_down"]
+            ),
+            (&kind.into(), &true.into(), &9.into(), &21.into()),
+            "{record}"
+        );
+    }
+}
