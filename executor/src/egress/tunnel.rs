@@ -44,9 +44,10 @@ impl From<io::Error> for End {
     }
 }
 
-/// Bytes read at once each way of a relay: `tokio::io::copy`'s 8 KiB made a 200 MB download
-/// through the proxy a syscall pair per 8 KiB each side (bench/README, "--egress").
-const RELAY_BUFFER: usize = 256 * 1024;
+/// Bytes read at once each way of a relay that is not TCP to TCP (those splice, `splice.rs`):
+/// larger than `tokio::io::copy`'s 8 KiB (a syscall pair per 8 KiB each side), small enough
+/// that every tunnel a command may hold (256) stays a few MiB when data flows.
+const RELAY_BUFFER: usize = 64 * 1024;
 
 /// Judge the command's first message, then relay both ways until both sides are done.
 pub async fn relay<C, U>(
