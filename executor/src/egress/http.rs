@@ -70,24 +70,24 @@ async fn connect(
         Some(a) => (a.host().to_string(), a.port_u16().unwrap_or(0)),
         None => (req.uri().to_string(), 0),
     };
-    let mut attempt = Attempt::new(&ctx, "connect", &host, port);
+    let mut attempt = Attempt::new(&ctx, &engine.sink, "connect", &host, port);
     if port == 0 {
         attempt.refuse("bad_request", "CONNECT needs host:port".to_string());
-        return refuse(attempt, &engine, StatusCode::BAD_REQUEST);
+        return refuse(attempt, StatusCode::BAD_REQUEST);
     }
     let Some(target) = attempt.target(&host) else {
-        return refuse(attempt, &engine, StatusCode::FORBIDDEN);
+        return refuse(attempt, StatusCode::FORBIDDEN);
     };
     if let Some(value) = req.headers().get(header::HOST) {
         if !authority_matches(value.as_bytes(), &target, port, None) {
             attempt.refuse("host_mismatch", host_mismatch(value, &target, port));
-            return refuse(attempt, &engine, StatusCode::FORBIDDEN);
+            return refuse(attempt, StatusCode::FORBIDDEN);
         }
     }
     let upstream = match engine.dial(&ctx, &mut attempt, &target, port).await {
         Ok(upstream) => upstream,
-        Err(Refusal::Denied) => return refuse(attempt, &engine, StatusCode::FORBIDDEN),
-        Err(Refusal::Failed) => return refuse(attempt, &engine, StatusCode::BAD_GATEWAY),
+        Err(Refusal::Denied) => return refuse(attempt, StatusCode::FORBIDDEN),
+        Err(Refusal::Failed) => return refuse(attempt, StatusCode::BAD_GATEWAY),
     };
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
@@ -114,7 +114,7 @@ async fn connect(
             },
             Err(err) => attempt.record.error = Some(format!("upgrade: {err}")),
         }
-        attempt.finish(&*engine.sink);
+        attempt.finish();
         drop((client, tcp_client));
     });
     Response::new(Either::Right(Full::default()))
@@ -132,29 +132,29 @@ async fn forward(
         .map(|a| a.host().to_string())
         .unwrap_or_default();
     let port = authority.as_ref().and_then(|a| a.port_u16()).unwrap_or(80);
-    let mut attempt = Attempt::new(&ctx, "http", &host, port);
+    let mut attempt = Attempt::new(&ctx, &engine.sink, "http", &host, port);
     if uri.scheme_str() != Some("http") || authority.is_none() {
         attempt.refuse(
             "bad_request",
             format!("the proxy takes absolute http:// URIs (CONNECT for https), not {uri}"),
         );
-        return refuse(attempt, &engine, StatusCode::BAD_REQUEST);
+        return refuse(attempt, StatusCode::BAD_REQUEST);
     }
     let Some(target) = attempt.target(&host) else {
-        return refuse(attempt, &engine, StatusCode::FORBIDDEN);
+        return refuse(attempt, StatusCode::FORBIDDEN);
     };
     // The Host header and the URI must name one target: a server that trusts Host would
     // otherwise serve a name the policy never judged.
     if let Some(value) = req.headers().get(header::HOST) {
         if !authority_matches(value.as_bytes(), &target, port, Some(80)) {
             attempt.refuse("host_mismatch", host_mismatch(value, &target, port));
-            return refuse(attempt, &engine, StatusCode::FORBIDDEN);
+            return refuse(attempt, StatusCode::FORBIDDEN);
         }
     }
     let upstream = match engine.dial(&ctx, &mut attempt, &target, port).await {
         Ok(upstream) => upstream,
-        Err(Refusal::Denied) => return refuse(attempt, &engine, StatusCode::FORBIDDEN),
-        Err(Refusal::Failed) => return refuse(attempt, &engine, StatusCode::BAD_GATEWAY),
+        Err(Refusal::Denied) => return refuse(attempt, StatusCode::FORBIDDEN),
+        Err(Refusal::Failed) => return refuse(attempt, StatusCode::BAD_GATEWAY),
     };
     let (mut parts, body) = req.into_parts();
     let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
@@ -162,7 +162,7 @@ async fn forward(
         Ok(path) => path,
         Err(err) => {
             attempt.refuse("bad_request", format!("path {path:?}: {err}"));
-            return refuse(attempt, &engine, StatusCode::BAD_REQUEST);
+            return refuse(attempt, StatusCode::BAD_REQUEST);
         }
     };
     strip_hop_by_hop(&mut parts.headers);
@@ -180,12 +180,11 @@ async fn forward(
             Ok(pair) => pair,
             Err(err) => {
                 attempt.record.error = Some(format!("http handshake: {err}"));
-                return refuse(attempt, &engine, StatusCode::BAD_GATEWAY);
+                return refuse(attempt, StatusCode::BAD_GATEWAY);
             }
         };
     // The record is written when the target's connection closes: after the response's last
     // byte, or when either side gives up.
-    let sink = engine.sink.clone();
     let (error_tx, error_rx) = tokio::sync::oneshot::channel::<String>();
     tokio::spawn(async move {
         if let Err(err) = conn.await {
@@ -194,7 +193,7 @@ async fn forward(
         if let Ok(err) = error_rx.await {
             attempt.record.error.get_or_insert(err);
         }
-        attempt.finish(&*sink);
+        attempt.finish();
     });
     let answer = sender.send_request(Request::from_parts(parts, body)).await;
     drop(sender);
@@ -223,9 +222,9 @@ fn host_mismatch(value: &HeaderValue, target: &sandbox::network::Host, port: u16
 }
 
 /// Record the attempt and answer with its reason.
-fn refuse(attempt: Attempt, engine: &Engine, status: StatusCode) -> Response<Body> {
+fn refuse(attempt: Attempt, status: StatusCode) -> Response<Body> {
     let body = attempt.denial_text();
-    attempt.finish(&*engine.sink);
+    attempt.finish();
     text(status, body)
 }
 

@@ -114,10 +114,10 @@ impl Engine {
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let mut attempt = Attempt::new(&ctx, "tcp", host, port);
+        let mut attempt = Attempt::new(&ctx, &self.sink, "tcp", host, port);
         let target = match attempt.target(host) {
             Some(target) => target,
-            None => return attempt.finish(&*self.sink),
+            None => return attempt.finish(),
         };
         if let Ok(upstream) = self.dial(&ctx, &mut attempt, &target, port).await {
             // A TCP socket (the daemon's listeners) is relayed with splice(2); anything else
@@ -129,7 +129,7 @@ impl Engine {
             };
             attempt.ended(end);
         }
-        attempt.finish(&*self.sink);
+        attempt.finish();
         // Only now, recorded, does the stream close (dropped here): a command that ends as
         // soon as it sees the close has this attempt counted in its result.
         drop(stream);
@@ -199,16 +199,30 @@ enum Refusal {
 }
 
 /// One connection attempt, becoming its [`DecisionRecord`].
+///
+/// Its record is written once: when it finishes, or when it is dropped unfinished (its
+/// command ended while it was still being decided or relayed: the daemon closes every
+/// connection of a command that has ended), so that no attempt goes unlogged.
 struct Attempt {
     started: Instant,
     record: DecisionRecord,
     up: Arc<AtomicU64>,
     down: Arc<AtomicU64>,
+    sink: Arc<dyn DecisionSink>,
+    recorded: bool,
 }
 
 impl Attempt {
-    fn new(ctx: &CommandContext, kind: &'static str, host: &str, port: u16) -> Self {
+    fn new(
+        ctx: &CommandContext,
+        sink: &Arc<dyn DecisionSink>,
+        kind: &'static str,
+        host: &str,
+        port: u16,
+    ) -> Self {
         Self {
+            sink: sink.clone(),
+            recorded: false,
             started: Instant::now(),
             record: DecisionRecord {
                 ts: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
@@ -294,11 +308,36 @@ impl Attempt {
         )
     }
 
-    fn finish(mut self, sink: &dyn DecisionSink) {
+    fn finish(mut self) {
+        self.write();
+    }
+
+    fn write(&mut self) {
+        if self.recorded {
+            return;
+        }
+        self.recorded = true;
         self.record.bytes_up = self.up.load(Ordering::Relaxed);
         self.record.bytes_down = self.down.load(Ordering::Relaxed);
         self.record.duration_ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        sink.record(&self.record);
+        self.sink.record(&self.record);
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if self.recorded {
+            return;
+        }
+        if self.record.code == "pending" {
+            self.refuse(
+                "command_ended",
+                "its command ended before it was decided".into(),
+            );
+        } else if self.record.error.is_none() {
+            self.record.error = Some("closed: its command ended".into());
+        }
+        self.write();
     }
 }
 

@@ -270,3 +270,38 @@ async fn a_tcp_socket_is_relayed_and_counted_exactly_on_both_paths() {
         );
     }
 }
+
+/// A tunnel still open when its command ends (the daemon drops the task serving it) is
+/// recorded all the same, allowed, with why it closed: no attempt goes unlogged.
+#[tokio::test]
+async fn a_tunnel_cut_when_its_command_ends_is_still_recorded() {
+    let listener = TcpListener::bind((LOOPBACK, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = stream.write_all(b"hello\n").await;
+                // Held open until the other side goes.
+                let mut rest = Vec::new();
+                let _ = stream.read_to_end(&mut rest).await;
+            });
+        }
+    });
+    let Setup { engine, ctx, sink } = banner_setup(Limits::default());
+    let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+    let task =
+        tokio::spawn(async move { engine.serve_tcp(ctx, theirs, "banner.test", port).await });
+    let mut hello = [0u8; 6];
+    ours.read_exact(&mut hello).await.unwrap();
+    assert_eq!(&hello, b"hello\n");
+    assert!(sink.0.lock().unwrap().is_empty(), "recorded while open");
+    // The command ends: the daemon drops its connections' tasks.
+    task.abort();
+    let records = sink.all(1).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record = &records[0];
+    assert_eq!(record["allowed"], true, "{record}");
+    assert_eq!(record["code"], "allowed", "{record}");
+    assert_eq!(record["error"], "closed: its command ended", "{record}");
+    assert_eq!(record["bytes_down"], 6, "{record}");
+}
