@@ -9,7 +9,6 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 
 use super::{authority_matches, tunnel, Attempt, CommandContext, Engine, Refusal};
 
@@ -93,29 +92,17 @@ async fn connect(
     tokio::spawn(async move {
         // The command's side closes only once the attempt is recorded (dropped last), so a
         // command that ends as soon as it sees the close has it counted in its result.
-        let (mut client, mut tcp_client) = (None, None);
-        let limits = &engine.limits;
+        let mut client = None;
         match upgrade.await {
-            // The daemon's listeners give TCP sockets: hyper hands the socket back (with what
-            // it read past the CONNECT head) and the tunnel is relayed with splice(2).
-            Ok(upgraded) => match upgraded.downcast::<TokioIo<TcpStream>>() {
-                Ok(parts) => {
-                    let io = tcp_client.insert(parts.io.into_inner());
-                    let end =
-                        tunnel::relay_tcp(io, &parts.read_buf, upstream, &target, port, limits)
-                            .await;
-                    attempt.ended(end);
-                }
-                Err(upgraded) => {
-                    let io = client.insert(TokioIo::new(upgraded));
-                    let end = tunnel::relay(io, upstream, &target, port, limits).await;
-                    attempt.ended(end);
-                }
-            },
+            Ok(upgraded) => {
+                let io = client.insert(TokioIo::new(upgraded));
+                let end = tunnel::relay(io, upstream, &target, port, &engine.limits).await;
+                attempt.ended(end);
+            }
             Err(err) => attempt.record.error = Some(format!("upgrade: {err}")),
         }
         attempt.finish();
-        drop((client, tcp_client));
+        drop(client);
     });
     Response::new(Either::Right(Full::default()))
 }

@@ -26,21 +26,18 @@
 //! the log file) comes in a later step.
 //!
 //! Files: `resolve.rs` (resolvers), `record.rs` (the decision log), `tunnel.rs` (judging the
-//! first bytes of a tunnel and relaying it), `splice.rs` (the relay between two TCP sockets,
-//! with splice(2)), `http.rs` (the HTTP side, on hyper); this file
+//! first bytes of a tunnel and relaying it), `http.rs` (the HTTP side, on hyper); this file
 //! holds the engine and the dialing all three entry points share.
 
 pub mod record;
 pub mod resolve;
 
 mod http;
-mod splice;
 mod tunnel;
 
 #[cfg(test)]
 mod tests;
 
-use std::any::Any;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,13 +117,7 @@ impl Engine {
             None => return attempt.finish(),
         };
         if let Ok(upstream) = self.dial(&ctx, &mut attempt, &target, port).await {
-            // A TCP socket (the daemon's listeners) is relayed with splice(2); anything else
-            // (Unix sockets in tests) by copying.
-            let limits = &self.limits;
-            let end = match (&mut stream as &mut dyn Any).downcast_mut::<TcpStream>() {
-                Some(tcp) => tunnel::relay_tcp(tcp, &[], upstream, &target, port, limits).await,
-                None => tunnel::relay(&mut stream, upstream, &target, port, limits).await,
-            };
+            let end = tunnel::relay(&mut stream, upstream, &target, port, &self.limits).await;
             attempt.ended(end);
         }
         attempt.finish();

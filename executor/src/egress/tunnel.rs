@@ -17,15 +17,12 @@
 //! once those have begun must the message complete within the time limit.
 
 use std::io;
-use std::sync::atomic::Ordering;
 
 use rustls::server::Acceptor;
 use sandbox::network::Host;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-use super::splice::{self, Count};
-use super::{authority_matches, Counted, Limits};
+use super::{authority_matches, Limits};
 
 /// Why a tunnel ended early.
 #[derive(Debug)]
@@ -44,9 +41,10 @@ impl From<io::Error> for End {
     }
 }
 
-/// Bytes read at once each way of a relay that is not TCP to TCP (those splice, `splice.rs`):
-/// larger than `tokio::io::copy`'s 8 KiB (a syscall pair per 8 KiB each side), small enough
-/// that every tunnel a command may hold (256) stays a few MiB when data flows.
+/// Bytes read at once each way of a relay: larger than `tokio::io::copy`'s 8 KiB (a syscall
+/// pair per 8 KiB each side), small enough that the tunnels a command may hold (256) stay a
+/// few MiB when data flows. (splice(2) through a pipe was tried and measured no faster on
+/// loopback, at two more descriptors per tunnel: bench/JOURNAL.md, "Network policy".)
 const RELAY_BUFFER: usize = 64 * 1024;
 
 /// Judge the command's first message, then relay both ways until both sides are done.
@@ -78,42 +76,6 @@ where
         Ok::<_, End>(())
     };
     // A refused first message ends both directions at once.
-    tokio::try_join!(up, down).map(|_| ())
-}
-
-/// [`relay`] for a command's side that is a TCP socket: the same judging, then the bytes
-/// moved with splice(2) ([`splice`]). `early` is what was already read from `client` (by
-/// hyper, past a CONNECT's head), and comes first.
-pub async fn relay_tcp(
-    client: &TcpStream,
-    early: &[u8],
-    upstream: Counted<TcpStream>,
-    target: &Host,
-    port: u16,
-    limits: &Limits,
-) -> Result<(), End> {
-    let Counted {
-        inner: upstream,
-        up,
-        down,
-    } = upstream;
-    let upstream = &upstream;
-    let up = async {
-        let mut reader = early.chain(splice::ReadRef(client));
-        let first = first_message(&mut reader, target, port, limits).await?;
-        // What hyper read that judging did not need follows the first message.
-        let (rest, _) = reader.into_inner();
-        for bytes in [&first[..], rest] {
-            splice::write_all(upstream, bytes).await?;
-            up.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        }
-        splice::copy(client, upstream, Count::Written(&up)).await?;
-        Ok::<_, End>(())
-    };
-    let down = async {
-        splice::copy(upstream, client, Count::Read(&down)).await?;
-        Ok::<_, End>(())
-    };
     tokio::try_join!(up, down).map(|_| ())
 }
 

@@ -228,10 +228,9 @@ async fn a_refused_tunnel_is_recorded_before_the_command_sees_it_close() {
     }
 }
 
-/// The daemon's listeners hand over TCP sockets, relayed with splice(2) once the first
-/// message is judged: the bytes each way are counted exactly as through the copying relay,
-/// on the capture path and through CONNECT, where the first message comes in the same write
-/// as the CONNECT head (read by hyper with it, so relayed from what hyper read).
+/// The daemon's listeners hand over TCP sockets: the bytes each way are counted exactly on the
+/// capture path and through CONNECT, where the first message comes in the same write as the
+/// CONNECT head (read by hyper with it, so relayed from what hyper read).
 #[tokio::test]
 async fn a_tcp_socket_is_relayed_and_counted_exactly_on_both_paths() {
     let port = banner_server().await;
