@@ -2,9 +2,7 @@
 //! `--allow-net` / `--no-net` flags and a batch instance's own `network` reach the executor on
 //! every command's request. What the executor does with them is the e2e suite's to check
 //! (tests/tests/e2e/network_policy.rs); here: that it received them, read from its answer, the
-//! trajectory and its audit log. A build that does not enforce a policy refuses a command
-//! with one ("not enforced"), never running it with another network; each refusal beside a
-//! control with `none` that runs.
+//! trajectory and its audit log; each beside a control with `none` that runs.
 
 use executor_tests::{eventually, is_root, marker, require, Daemon, PATIENCE};
 use serde_json::Value;
@@ -33,8 +31,8 @@ fn daemon() -> Daemon {
     ])
 }
 
-/// Whether this build enforces a policy under `profile`, as the daemon's hello says.
-async fn enforceable(daemon: &Daemon, profile: &str) -> bool {
+/// The daemon's hello says a policy is enforced under `profile`.
+async fn assert_enforceable(daemon: &Daemon, profile: &str) {
     let client = daemon.connect().await;
     let summary = client
         .hello
@@ -42,11 +40,16 @@ async fn enforceable(daemon: &Daemon, profile: &str) -> bool {
         .iter()
         .find(|p| p.name == profile)
         .unwrap_or_else(|| panic!("no {profile} in {:?}", client.hello.profiles));
-    summary
+    let network = summary
         .network
         .as_ref()
-        .expect("the hello states each profile's network")
-        .policy_enforceable
+        .expect("the hello states each profile's network");
+    assert!(network.policy_enforceable, "{network:?}");
+}
+
+/// A script that plants `ran-{m}` in the workspace, then submits.
+fn planting(m: &str) -> String {
+    format!("- command: touch ran-{m}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n")
 }
 
 /// The audit records of commands whose text contains `needle`, once there is one (the log
@@ -80,35 +83,16 @@ async fn a_policy_in_the_config_reaches_the_executor_on_every_command_beside_non
         return;
     }
     let daemon = daemon();
-    let enforced = enforceable(&daemon, "task-container").await;
+    assert_enforceable(&daemon, "task-container").await;
     let s = Scratch::new();
     let config = s.write("net.yaml", POLICY_YAML).display().to_string();
     let m = marker();
     let planted = daemon.workspace.join(format!("ran-{m}"));
-    let script = s
-        .write(
-            "s.yaml",
-            &format!(
-                "- command: touch ran-{m}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n"
-            ),
-        )
-        .display()
-        .to_string();
     let run = s
-        .run_against(
+        .run_scripted_against(
             &daemon,
-            &[
-                "--model",
-                "scripted",
-                "--script",
-                &script,
-                "--task",
-                "t",
-                "--profile",
-                "task-container",
-                "-c",
-                &config,
-            ],
+            &planting(&m),
+            &["--profile", "task-container", "-c", &config],
         )
         .await;
     // The trajectory records the network the run asked for, in the protocol's shape.
@@ -122,65 +106,29 @@ async fn a_policy_in_the_config_reaches_the_executor_on_every_command_beside_non
     );
     let records = audited(&daemon, &format!("touch ran-{m}")).await;
     assert_eq!(records.len(), 1, "{records:?}");
-    if enforced {
-        // Enforced: the command ran with the request's rules among its layers.
-        assert_eq!(run.code, 0, "{}", run.stderr);
-        let report = first_report(&run.traj);
-        assert_eq!(report["mode"], "policy", "{report}");
-        let request = report["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["layer"] == "request")
-            .unwrap_or_else(|| panic!("no request layer: {report}"));
-        assert_eq!(request["allow"], serde_json::json!(ALLOWED), "{report}");
-        assert!(planted.exists());
-    } else {
-        // Not enforced by this build: the executor refused the command for its policy,
-        // which ends the run (an environment error, never shown to the model).
-        assert_eq!(run.code, 6, "{}", run.stderr);
-        assert_complete_trajectory(&run, "EnvironmentError");
-        assert!(
-            run.with_role("tool").is_empty(),
-            "the model saw the refusal"
-        );
-        let exit = run.messages().last().unwrap()["content"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        assert!(exit.contains("network policy is not enforced"), "{exit}");
-        let error = records[0]["error"].as_str().unwrap_or_default();
-        assert!(
-            error.contains("environment_error") && error.contains("not enforced"),
-            "{records:?}"
-        );
-        assert!(!planted.exists(), "a refused command ran");
-    }
+    // The command ran with the request's rules among its layers.
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report = first_report(&run.traj);
+    assert_eq!(report["mode"], "policy", "{report}");
+    let request = report["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["layer"] == "request")
+        .unwrap_or_else(|| panic!("no request layer: {report}"));
+    assert_eq!(request["allow"], serde_json::json!(ALLOWED), "{report}");
+    assert!(planted.exists());
 
     // Control: `none` (a -c override) on the same daemon and profile runs, and the executor
     // reports the command had no network.
     let s = Scratch::new();
     let m = marker();
     let planted = daemon.workspace.join(format!("ran-{m}"));
-    let script = s
-        .write(
-            "s.yaml",
-            &format!(
-                "- command: touch ran-{m}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n"
-            ),
-        )
-        .display()
-        .to_string();
     let run = s
-        .run_against(
+        .run_scripted_against(
             &daemon,
+            &planting(&m),
             &[
-                "--model",
-                "scripted",
-                "--script",
-                &script,
-                "--task",
-                "t",
                 "--profile",
                 "task-container",
                 "-c",
@@ -205,13 +153,7 @@ async fn a_policy_in_the_config_reaches_the_executor_on_every_command_beside_non
 async fn a_network_of_the_wrong_shape_stops_the_run_before_any_command_naming_the_fault() {
     let daemon = Daemon::start();
     let s = Scratch::new();
-    let script = s
-        .write(
-            "s.yaml",
-            "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n",
-        )
-        .display()
-        .to_string();
+    let submit = "- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n";
     let config = s
         .write(
             "net.yaml",
@@ -220,12 +162,7 @@ async fn a_network_of_the_wrong_shape_stops_the_run_before_any_command_naming_th
         .display()
         .to_string();
     let run = s
-        .run_against(
-            &daemon,
-            &[
-                "--model", "scripted", "--script", &script, "--task", "t", "-c", &config,
-            ],
-        )
+        .run_scripted_against(&daemon, submit, &["-c", &config])
         .await;
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(
@@ -236,19 +173,7 @@ async fn a_network_of_the_wrong_shape_stops_the_run_before_any_command_naming_th
     );
     // --deny-net alone would allow nothing: said, not sent.
     let run = s
-        .run_against(
-            &daemon,
-            &[
-                "--model",
-                "scripted",
-                "--script",
-                &script,
-                "--task",
-                "t",
-                "--deny-net",
-                "evil.pypi.org",
-            ],
-        )
+        .run_scripted_against(&daemon, submit, &["--deny-net", "evil.pypi.org"])
         .await;
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(
@@ -260,20 +185,10 @@ async fn a_network_of_the_wrong_shape_stops_the_run_before_any_command_naming_th
     // Control: the flags well formed, the run reaches the executor and submits (strict: the
     // client is granted no policy there, so the command has none, as its report says).
     let run = s
-        .run_against(
+        .run_scripted_against(
             &daemon,
-            &[
-                "--model",
-                "scripted",
-                "--script",
-                &script,
-                "--task",
-                "t",
-                "--allow-net",
-                "pypi.org:443",
-                "--deny-net",
-                "evil.pypi.org",
-            ],
+            submit,
+            &["--allow-net", "pypi.org:443", "--deny-net", "evil.pypi.org"],
         )
         .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -293,7 +208,7 @@ async fn agent_exec_sends_its_network_flags_and_no_net_runs() {
         return;
     }
     let daemon = daemon();
-    let enforced = enforceable(&daemon, "task-container").await;
+    assert_enforceable(&daemon, "task-container").await;
     let m = marker();
     let planted = daemon.workspace.join(format!("ran-{m}"));
     let ws = daemon.workspace.display().to_string();
@@ -314,18 +229,9 @@ async fn agent_exec_sends_its_network_flags_and_no_net_runs() {
         b"",
     )
     .await;
-    if enforced {
-        assert_eq!(asked.code, 0, "{}", asked.stderr);
-        assert!(planted.exists());
-    } else {
-        assert_eq!(asked.code, 255, "{}", asked.stderr);
-        assert!(
-            asked.stderr.contains("network policy is not enforced"),
-            "{}",
-            asked.stderr
-        );
-        assert!(!planted.exists(), "a refused command ran");
-    }
+    assert_eq!(asked.code, 0, "{}", asked.stderr);
+    assert!(planted.exists());
+    std::fs::remove_file(&planted).unwrap();
     // The same through `spawn` (exec --stdin).
     let spawned = agent_against(
         &daemon,
@@ -344,14 +250,8 @@ async fn agent_exec_sends_its_network_flags_and_no_net_runs() {
         b"through spawn\n",
     )
     .await;
-    if !enforced {
-        assert_eq!(spawned.code, 255, "{}", spawned.stderr);
-        assert!(
-            spawned.stderr.contains("not enforced"),
-            "{}",
-            spawned.stderr
-        );
-    }
+    assert_eq!(spawned.code, 0, "{}", spawned.stderr);
+    assert_eq!(String::from_utf8_lossy(&spawned.stdout), "through spawn\n");
     // Control: --no-net runs the same command.
     let none = agent_against(
         &daemon,
@@ -403,16 +303,11 @@ async fn a_batch_instance_carries_its_own_network_over_the_batchs() {
         return;
     }
     let daemon = daemon();
-    let enforced = enforceable(&daemon, "task-container").await;
+    assert_enforceable(&daemon, "task-container").await;
     let s = Scratch::new();
     let (ma, mb) = (marker(), marker());
     for (id, m) in [("a", &ma), ("b", &mb)] {
-        s.write(
-            &format!("s-{id}.yaml"),
-            &format!(
-                "- command: touch ran-{m}\n- command: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n"
-            ),
-        );
+        s.write(&format!("s-{id}.yaml"), &planting(m));
     }
     // The batch asks for none; instance a for a policy of its own, instance b nothing of its
     // own (the batch's).
@@ -450,15 +345,9 @@ async fn a_batch_instance_carries_its_own_network_over_the_batchs() {
     );
     let a_records = audited(&daemon, &format!("touch ran-{ma}")).await;
     assert_eq!(a_records.len(), 1, "{a_records:?}");
-    if enforced {
-        assert_eq!(a["info"]["exit_status"], "Submitted", "{a}");
-        assert_eq!(first_report(&a)["mode"], "policy");
-    } else {
-        assert_eq!(a["info"]["exit_status"], "EnvironmentError", "{a}");
-        let error = a_records[0]["error"].as_str().unwrap_or_default();
-        assert!(error.contains("not enforced"), "{a_records:?}");
-        assert!(!daemon.workspace.join(format!("ran-{ma}")).exists());
-    }
+    assert_eq!(a["info"]["exit_status"], "Submitted", "{a}");
+    assert_eq!(first_report(&a)["mode"], "policy");
+    assert!(daemon.workspace.join(format!("ran-{ma}")).exists());
     // Control: b has the batch's none, and runs.
     assert_eq!(
         b["info"]["config"]["environment"]["config"]["network"],
@@ -510,5 +399,4 @@ async fn a_local_executor_started_with_a_policy_reaches_the_allowed_server_and_n
     assert_eq!(lines, ["200 rc=0", "403 rc=0"], "{stdout}");
     assert_eq!(served(&net, "pypi"), 1, "{}", net.log("pypi"));
     assert_eq!(served(&net, "git"), 0, "{}", net.log("git"));
-    assert!(!done.stderr.contains("not enforced"), "{}", done.stderr);
 }
