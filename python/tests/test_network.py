@@ -2,9 +2,8 @@
 (sync and asyncio) and `ExecutorEnvironment(network=...)` reach the daemon on every command;
 the hello's and the result's network reports are read. What the daemon does with a policy is
 the Rust e2e suite's to check (tests/tests/e2e/network_policy.rs): here, that it received the
-request, read from its answer. A build that does not enforce a policy refuses a command with
-one ("not enforced"), never running it with another network; each refusal is beside a
-control with `none` that runs, and a planted file shows on the host whether it ran. One test
+request, read from its answer, each beside a control with `none` that runs, and a planted
+file shows on the host whether it ran. One test
 checks enforcement itself: a local executor the environment starts is given its policy, and a
 command reaches the allowed server on the host's loopback and not another."""
 
@@ -27,7 +26,6 @@ from pydantic import ValidationError
 from executor_client import (
     BadRequestError,
     Client,
-    ExecutorEnvironmentError,
     Network,
     NetworkReport,
     NetworkSpec,
@@ -46,11 +44,12 @@ RECIPE = [
 ]
 
 
-def enforceable(client: Client, profile: str) -> bool:
+def assert_enforceable(client: Client, profile: str) -> None:
+    """The hello says a policy is enforced under `profile`."""
     summary = client.hello.profile(profile)
     assert summary is not None, client.hello.profiles
     assert summary.network is not None, summary
-    return summary.network.policy_enforceable
+    assert summary.network.policy_enforceable, summary.network
 
 
 def planted(daemon: Daemon) -> tuple[str, Path]:
@@ -120,25 +119,19 @@ def test_the_hello_states_each_profiles_network_and_this_clients_ceiling(daemon:
 
 def test_a_policy_reaches_the_daemon_beside_none_which_runs(daemon: Daemon) -> None:
     with daemon.connect() as client:
-        enforced = enforceable(client, "task-container")
+        assert_enforceable(client, "task-container")
         networks: list[NetworkSpec] = [
             Network.policy(allow=RECIPE, deny=["evil.pypi.org"]),
             {"mode": "policy", "allow": RECIPE},
         ]
         for network in networks:
             command, file = planted(daemon)
-            if enforced:
-                result = client.exec(command, profile="task-container", network=network)
-                report = result.isolation.network
-                assert report is not None, result.extra
-                assert report.mode == "policy", report
-                assert request_layer(report) == RECIPE
-                assert file.exists()
-            else:
-                with pytest.raises(ExecutorEnvironmentError, match="not enforced") as refused:
-                    client.exec(command, profile="task-container", network=network)
-                assert refused.value.code == "environment_error"
-                assert not file.exists(), "a refused command ran"
+            result = client.exec(command, profile="task-container", network=network)
+            report = result.isolation.network
+            assert report is not None, result.extra
+            assert report.mode == "policy", report
+            assert request_layer(report) == RECIPE
+            assert file.exists()
         # Under strict this client is granted no network: the request's policy cannot widen
         # it. The command runs with none, and the report says why (the daemon read the policy).
         command, file = planted(daemon)
@@ -180,18 +173,24 @@ def test_spawn_and_the_asyncio_client_carry_the_network(daemon: Daemon) -> None:
             summary = client.hello.profile("task-container")
             assert summary is not None
             assert summary.network is not None
+            assert summary.network.policy_enforceable, summary.network
+            # A policy, by exec and by spawn.
             command, file = planted(daemon)
-            if not summary.network.policy_enforceable:
-                with pytest.raises(ExecutorEnvironmentError, match="not enforced"):
-                    await client.exec(
-                        command, profile="task-container", network=Network.policy(RECIPE)
-                    )
-                with pytest.raises(ExecutorEnvironmentError, match="not enforced"):
-                    await client.spawn(
-                        command, profile="task-container", network=Network.policy(RECIPE)
-                    )
-                assert not file.exists(), "a refused command ran"
+            result = await client.exec(
+                command, profile="task-container", network=Network.policy(RECIPE)
+            )
+            assert result.isolation.network is not None, result.extra
+            assert result.isolation.network.mode == "policy", result.extra
+            assert file.exists()
+            process = await client.spawn(
+                "echo spawned", profile="task-container", network=Network.policy(RECIPE)
+            )
+            ended = await process.wait(timeout=20)
+            assert ended.returncode == 0, ended
+            assert ended.isolation.network is not None, ended.extra
+            assert ended.isolation.network.mode == "policy", ended.extra
             # Controls: none, by exec and by spawn.
+            command, file = planted(daemon)
             result = await client.exec(command, profile="task-container", network="none")
             assert result.isolation.network == NetworkReport(mode="none")
             assert file.exists()
@@ -224,15 +223,10 @@ def test_the_mini_environment_asks_for_its_network_on_every_command(daemon: Daem
         recorded = environment.serialize()["info"]["config"]["environment"]["network"]
         assert recorded == policy
         command, file = planted(daemon)
-        if enforceable(environment.client, "task-container"):
-            output = environment.execute({"command": command})
-            assert output["extra"]["isolation"]["network"]["mode"] == "policy"
-        else:
-            # The environment is unusable with a policy this build cannot hold: an error that
-            # ends the run, never an observation the model sees, and nothing ran.
-            with pytest.raises(ExecutorEnvironmentError, match="not enforced"):
-                environment.execute({"command": command})
-            assert not file.exists(), "a refused command ran"
+        assert_enforceable(environment.client, "task-container")
+        output = environment.execute({"command": command})
+        assert output["extra"]["isolation"]["network"]["mode"] == "policy"
+        assert file.exists()
     finally:
         environment.close()
     # Control: none runs, and every command's report says so.
