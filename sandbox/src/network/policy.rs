@@ -71,6 +71,21 @@ pub enum Effective {
     Policy(Vec<(Layer, Policy)>),
 }
 
+/// Ask every layer in turn (conjunction): the first refusal, naming its layer; else the
+/// innermost layer's allowing decision, the narrowest statement of why.
+fn conjoin(layers: &[(Layer, Policy)], judge: impl Fn(&Policy) -> Decision) -> Decision {
+    let mut last = None;
+    for (layer, policy) in layers {
+        let mut decision = judge(policy);
+        decision.layer = Some(*layer);
+        if !decision.allowed {
+            return decision;
+        }
+        last = Some(decision);
+    }
+    last.unwrap_or_else(|| Decision::denied(None, None, Reason::NoNetwork))
+}
+
 impl Effective {
     /// Combine the layers (see [`Effective`] for how and why).
     pub fn combine<'a>(layers: impl IntoIterator<Item = (Layer, &'a Mode)>) -> Self {
@@ -107,17 +122,7 @@ impl Effective {
                 reason: Reason::HostNetwork,
             },
             Self::Policy(layers) => {
-                let mut last = None;
-                for (layer, policy) in layers {
-                    let mut decision = policy.decide(target, port, resolved, own);
-                    decision.layer = Some(*layer);
-                    if !decision.allowed {
-                        return decision;
-                    }
-                    last = Some(decision);
-                }
-                // The innermost layer's allowing rule is the narrowest statement of why.
-                last.unwrap_or_else(|| Decision::denied(None, None, Reason::NoNetwork))
+                conjoin(layers, |policy| policy.decide(target, port, resolved, own))
             }
         }
     }
@@ -133,18 +138,7 @@ impl Effective {
         own: &[SocketAddr],
     ) -> Decision {
         match self {
-            Self::Policy(layers) => {
-                let mut last = None;
-                for (layer, policy) in layers {
-                    let mut decision = policy.judge(target, port, None, own);
-                    decision.layer = Some(*layer);
-                    if !decision.allowed {
-                        return decision;
-                    }
-                    last = Some(decision);
-                }
-                last.unwrap_or_else(|| Decision::denied(None, None, Reason::NoNetwork))
-            }
+            Self::Policy(layers) => conjoin(layers, |policy| policy.judge(target, port, None, own)),
             other => other.decide(target, port, &[], own),
         }
     }
